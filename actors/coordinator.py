@@ -1,0 +1,214 @@
+"""The coordinator: splits a run into units, schedules their stages on DistillWorker actors,
+retries lost work, and finishes the run's manifest.
+
+It runs in the driver. Its ledger is rebuilt from the store at every start (finished units from
+their verified manifests, partial units from their newest stage checkpoint), so a restarted
+driver recomputes only unfinished stages. Every event is also appended to `ledger.jsonl` in the
+run directory, which is what tests and operators read to see what ran where.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from actors.worker import DistillWorker, latest_checkpoints
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.data import get_dataset
+from fadrm_ray.distill import DistillResult, Unit, plan_units, prepare_run, provenance
+
+# glibc's default malloc thresholds cost up to 1.9x on conv nets here (ARCHITECTURE.md).
+ALLOCATOR_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "33554432",
+    "MALLOC_TRIM_THRESHOLD_": "8589934592",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None):
+    """Use the Ray already initialized in this process, join `address`, or start an embedded one.
+
+    Only a Ray this function started is shut down at the end; a bare `ray.init()` is never
+    used, since it would join any Ray instance already running on the machine.
+    """
+    if ray.is_initialized():
+        yield
+        return
+    runtime_env = {"env_vars": dict(ALLOCATOR_ENV)}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
+                 include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                 object_store_memory=256 * 1024 * 1024)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@dataclass
+class _Task:
+    unit: Unit
+    stage: int
+    attempts: int = 0
+
+
+class Coordinator:
+    def __init__(self, cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
+                 out_root: str | Path, workers: int | None = None, cpus_per_worker: float = 1.0,
+                 gpus_per_worker: float | None = None, data_root: str | None = None,
+                 max_attempts: int = 3, progress: bool = True):
+        self.dataset_spec, self.data_root = dataset_spec, data_root
+        self.teacher_paths = [str(p) for p in teacher_paths]
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.max_attempts = max_attempts
+        self.progress = progress
+        self.device = "cuda" if gpus_per_worker else "cpu"
+        self.dataset = get_dataset(dataset_spec, root=data_root)
+        self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root, "cpu")
+        if self.device == "cuda":  # precision "auto" resolves per device
+            self.cfg = cfg.resolve(self.dataset.image_size, self.dataset.num_classes, self.dataset.hflip, "cuda")
+        self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
+        self.units = plan_units(self.cfg, self.dataset.num_classes)
+        self.stages = self.cfg.k + 1
+        self.num_workers = workers
+        self.ledger_path = self.store.run_dir / "ledger.jsonl"
+
+    # ------------------------------------------------------------------ ledger
+    def log(self, event: str, **fields) -> None:
+        line = json.dumps({"t": time.time(), "event": event, **fields})
+        with open(self.ledger_path, "a") as f:
+            f.write(line + "\n")
+
+    def pending(self) -> tuple[list[_Task], int]:
+        """Tasks to run, rebuilt from the store, and the stages already done."""
+        finished = self.store.finished_units()
+        partial = latest_checkpoints(self.store)
+        tasks, done = [], 0
+        for unit in self.units:
+            if unit.unit_id in finished:
+                done += self.stages
+                continue
+            stage = min(partial.get(unit.unit_id, 0), self.stages - 1)
+            done += stage
+            tasks.append(_Task(unit, stage))
+        return tasks, done
+
+    # ------------------------------------------------------------------ workers
+    def _default_workers(self) -> int:
+        resources = ray.cluster_resources()
+        if self.gpus_per_worker:
+            return max(1, int(resources.get("GPU", 0) // self.gpus_per_worker))
+        return max(1, int(resources.get("CPU", 1) // self.cpus_per_worker))
+
+    def _start_workers(self, count: int) -> list:
+        # One copy of the weights in the object store, read by every worker.
+        self.teacher_refs = [ray.put(Path(p).read_bytes()) for p in self.teacher_paths]
+        actor = ray.remote(DistillWorker).options(
+            num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or 0,
+            max_restarts=3, max_task_retries=0, scheduling_strategy="SPREAD")
+        workers = [actor.remote(self.cfg.to_dict(), self.dataset_spec, self.data_root,
+                                str(self.store.root), self.store.run_id, self.provenance, self.device,
+                                max(1, int(self.cpus_per_worker))) for _ in range(count)]
+        for w, info in zip(workers, ray.get([w.ping.remote() for w in workers])):
+            self.log("worker_started", worker=w._actor_id.hex(), **info)
+        return workers
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> DistillResult:
+        from tqdm.auto import tqdm
+
+        started = time.perf_counter()
+        tasks, done_stages = self.pending()
+        result = DistillResult(self.store.run_id, self.store.run_dir, 0)
+        result.units_skipped = [u.unit_id for u in self.units if u.unit_id not in {t.unit.unit_id for t in tasks}]
+        self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages,
+                 resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0})
+        if tasks:
+            count = min(self.num_workers or self._default_workers(), len(tasks))
+            workers = self._start_workers(count)
+            bar = tqdm(total=len(self.units) * self.stages, initial=done_stages, unit="stage",
+                       desc=f"distill {self.store.run_id} ({count} workers)", disable=not self.progress)
+            try:
+                self._schedule(deque(tasks), workers, bar, result)
+            finally:
+                bar.close()
+                for w in workers:
+                    ray.kill(w)
+        seconds = time.perf_counter() - started
+        manifest = self.store.finalize({"seconds": seconds, "executor": "ray", "device": self.device,
+                                        "workers": self.num_workers, "cpus_per_worker": self.cpus_per_worker,
+                                        "gpus_per_worker": self.gpus_per_worker})
+        self.log("run_finished", seconds=seconds)
+        result.images = int(manifest["rows"])
+        result.seconds = seconds
+        return result
+
+    def _schedule(self, queue: deque, workers: list, bar, result: DistillResult) -> None:
+        idle = deque(workers)
+        inflight: dict = {}    # ObjectRef -> (worker, task)
+        probes: dict = {}      # ObjectRef of a ping -> worker that failed a task
+        while queue or inflight:
+            while queue and idle:
+                worker, task = idle.popleft(), queue.popleft()
+                inflight[worker.run_stage.remote(task.unit, task.stage, self.teacher_refs)] = (worker, task)
+            if not inflight and not probes:
+                raise RuntimeError("no distill worker is left alive; see ledger.jsonl in the run directory")
+            ready, _ = ray.wait(list(inflight) + list(probes), num_returns=1, timeout=60)
+            for ref in ready:
+                if ref in probes:  # a worker that failed answers again: it restarted
+                    worker = probes.pop(ref)
+                    try:
+                        ray.get(ref)
+                        idle.append(worker)
+                    except RayActorError:
+                        self.log("worker_lost", worker=worker._actor_id.hex())
+                    continue
+                worker, task = inflight.pop(ref)
+                try:
+                    reply = ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    task.attempts += 1
+                    self.log("stage_failed", unit=task.unit.unit_id, stage=task.stage, attempt=task.attempts,
+                             worker=worker._actor_id.hex(), error=type(exc).__name__, message=str(exc)[:500])
+                    if task.attempts >= self.max_attempts:
+                        raise RuntimeError(f"unit {task.unit.unit_id} stage {task.stage} failed "
+                                           f"{task.attempts} times; last error: {str(exc).splitlines()[0]}") from exc
+                    queue.appendleft(task)  # from its last checkpoint, on whichever worker is free
+                    if isinstance(exc, RayActorError):
+                        probes[worker.ping.remote()] = worker
+                    else:
+                        idle.append(worker)
+                    continue
+                bar.update(1)
+                self.log("stage_done", unit=task.unit.unit_id, stage=task.stage, pid=reply["pid"],
+                         seconds=reply["seconds"])
+                if reply["done"]:
+                    self.log("unit_done", unit=task.unit.unit_id, rows=reply["rows"], pid=reply["pid"])
+                    result.units_run.append(task.unit.unit_id)
+                    idle.append(worker)
+                else:  # the worker holds the unit's states in memory: keep the unit there
+                    inflight[worker.run_stage.remote(task.unit, task.stage + 1, self.teacher_refs)] = (worker, _Task(task.unit, task.stage + 1))
+
+
+def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
+                   out_root: str | Path, address: str | None = None, workers: int | None = None,
+                   cpus_per_worker: float = 1.0, gpus_per_worker: float | None = None,
+                   data_root: str | None = None, progress: bool = True) -> DistillResult:
+    """Distill through Ray: on the cluster at `address`, or on an embedded local Ray."""
+    with ray_session(address):
+        coordinator = Coordinator(cfg, dataset_spec, teacher_paths, out_root, workers=workers,
+                                  cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                                  data_root=data_root, progress=progress)
+        return coordinator.run()

@@ -1,0 +1,241 @@
+"""The `fadrm` command: one subcommand per phase, each a thin wrapper over a library function.
+
+Every subcommand prints a short human summary, or with `--json` one JSON object on stdout
+(progress bars go to stderr). Bad input exits with status 2 and one line naming what is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+# How `fadrm distill` runs a plan: "local" is this process; the Ray layer (`actors`) registers
+# "ray" before it calls `main`, so this module never imports Ray itself.
+EXECUTORS: dict = {}
+
+
+def register_executor(name: str, distill_fn) -> None:
+    """`distill_fn(cfg, dataset_spec, teacher_paths, out_root, args) -> DistillResult`."""
+    EXECUTORS[name] = distill_fn
+
+
+def _executor(args):
+    if args.local:
+        return "local", None
+    if "ray" not in EXECUTORS:
+        raise CLIError("the Ray executor is not available in this entry point; pass --local "
+                       "or use the `fadrm` console script")
+    return "ray", EXECUTORS["ray"]
+
+
+class CLIError(Exception):
+    """A user error the CLI reports in one line."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from fadrm_ray.config import ConfigError
+    from fadrm_ray.data.base import DatasetError
+    from fadrm_ray.models import ModelError
+    from fadrm_ray.store import StoreError
+    return CLIError, ConfigError, DatasetError, ModelError, StoreError, FileNotFoundError, ValueError
+
+
+def _parse_classes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise CLIError(f"--classes must be comma-separated class indices like 0,3,7, got {text!r}") from None
+
+
+def _emit(args, payload: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(payload, default=str))
+    else:
+        print(human)
+
+
+# --------------------------------------------------------------------------- subcommands
+def cmd_squeeze(args) -> None:
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.squeeze import squeeze
+
+    dataset = get_dataset(args.dataset, root=args.data_root)
+    extra = {} if args.epochs is None else {"epochs": args.epochs}
+    result = squeeze(dataset, model_name=args.model, seed=args.seed, out_dir=args.out,
+                     num_threads=args.threads, progress=not args.quiet, **extra)
+    payload = {"teacher": str(result.path), "model": args.model, "dataset": dataset.name,
+               "test_accuracy": result.test_accuracy, "train_seconds": result.train_seconds,
+               "epochs": result.epochs}
+    _emit(args, payload, f"teacher {args.model} on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
+                         f"after {result.epochs} epochs ({result.train_seconds:.1f} s)\nwritten to {result.path}")
+
+
+def build_config(args):
+    from fadrm_ray.config import make_config
+
+    overrides = list(args.set or [])
+    cfg = make_config(args.preset, args.config, overrides)
+    if args.ipc is not None:
+        cfg.ipc = args.ipc
+    classes = _parse_classes(args.classes)
+    if classes is not None:
+        cfg.classes = classes
+    if args.seed is not None:
+        cfg.seed = args.seed
+    cfg.validate()
+    return cfg
+
+
+def cmd_distill(args) -> None:
+    from fadrm_ray.data import get_dataset
+
+    for path in args.teacher:
+        if not Path(path).is_file():
+            raise CLIError(f"teacher checkpoint {path} does not exist")
+    cfg = build_config(args)
+    name, distill_fn = _executor(args)
+    if name == "local":
+        from fadrm_ray.distill import distill_local
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        dataset = get_dataset(args.dataset, root=args.data_root)
+        result = distill_local(cfg, dataset, args.teacher, args.out, device=args.device, progress=not args.quiet)
+    else:
+        result = distill_fn(cfg, args.dataset, args.teacher, args.out, args)
+    payload = result.to_dict()
+    _emit(args, payload, f"distilled {result.images} images ({len(result.units_run)} units run, "
+                         f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s\n"
+                         f"run: {result.run_dir}")
+
+
+def cmd_export(args) -> None:
+    from fadrm_ray.store import export_imagefolder, export_tensors
+
+    classes = _parse_classes(args.classes)
+    if args.format == "imagefolder":
+        count = export_imagefolder(args.run, args.out, classes=classes)
+    else:
+        count = export_tensors(args.run, args.out, classes=classes)
+    _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count},
+          f"exported {count} images as {args.format} to {args.out}")
+
+
+def cmd_info(args) -> None:
+    from fadrm_ray.store import open_run
+
+    info = open_run(args.run).info()
+    if args.json:
+        print(json.dumps(info, default=str))
+        return
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+            value = value if len(value) < 200 else value[:197] + "..."
+        print(f"{key:<{width}}  {value}")
+
+
+def cmd_demo(args) -> None:
+    """The main job on the embedded default: train a teacher on a real offline dataset, distill, export."""
+    from fadrm_ray.pipeline import run_demo
+
+    name, distill_fn = _executor(args)
+    summary = run_demo(out=args.out, dataset_name=args.dataset, ipc=args.ipc, iterations=args.iterations,
+                       epochs=args.epochs, progress=not args.quiet,
+                       distill_fn=None if distill_fn is None else (lambda *a: distill_fn(*a, args)))
+    lines = [f"{k}: {v}" for k, v in summary.items() if not isinstance(v, dict)]
+    _emit(args, summary, "\n".join(lines))
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    from fadrm_ray.config import PRESETS
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    execution = argparse.ArgumentParser(add_help=False)
+    execution.add_argument("--local", action="store_true", help="run in this process, without Ray")
+    execution.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    execution.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    execution.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
+    execution.add_argument("--workers", type=int, default=None,
+                           help="distill actors (default: one per GPU, else one per --cpus-per-worker CPUs)")
+    execution.add_argument("--cpus-per-worker", type=float, default=1.0)
+    execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
+
+    parser = argparse.ArgumentParser(prog="fadrm", description="FADRM dataset distillation.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_help = "digits, mnist-sample, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+
+    p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
+    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--model", default="convnet-bn", help="convnet-bn, resnet18-cifar, or a timm/torchvision name")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: per dataset)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--data-root", default=None, help="where downloadable datasets live")
+    p.add_argument("--out", required=True, help="directory for teacher.pt")
+    p.set_defaults(func=cmd_squeeze)
+
+    p = sub.add_parser("distill", parents=[common, execution], help="distill a dataset into a store run")
+    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
+    p.add_argument("--preset", default="fadrm", choices=list(PRESETS))
+    p.add_argument("--ipc", type=int, default=None, help="images per class")
+    p.add_argument("--classes", default=None, help="comma-separated class indices, e.g. 0,3,7 (default: all)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--config", default=None, help="YAML file of config values")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value (repeatable)")
+    p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
+    p.add_argument("--data-root", default=None)
+    p.set_defaults(func=cmd_distill)
+
+    p = sub.add_parser("export", parents=[common], help="export a run as an ImageFolder or a tensor file")
+    p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.add_argument("--format", choices=["imagefolder", "pt"], default="imagefolder")
+    p.add_argument("--classes", default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("info", parents=[common], help="describe a run: config, classes, rows, timings")
+    p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("demo", parents=[common, execution], help="the whole pipeline on an offline dataset (main job)")
+    p.add_argument("--out", default="fadrm-demo", help="output directory")
+    p.add_argument("--dataset", default="digits", help="digits or mnist-sample")
+    p.add_argument("--ipc", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=None)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except _user_errors() as exc:
+        if os.environ.get("FADRM_DEBUG"):
+            raise
+        print(f"fadrm {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"fadrm {args.command}: interrupted; finished units are kept and a rerun resumes", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Dataset sources behind one interface (see base.py): ``get_dataset(spec)``."""
+from __future__ import annotations
+
+from .base import DatasetError, ImageDataset, Split, channel_stats
+
+DATASET_NAMES = ["digits", "mnist-sample", "cifar10", "cifar100", "imagefolder:PATH", "parquet:PATH"]
+
+__all__ = ["DATASET_NAMES", "DatasetError", "ImageDataset", "Split", "channel_stats", "get_dataset"]
+
+
+def get_dataset(spec: str, root: str | None = None, image_size: int | None = None,
+                download: bool | None = None) -> ImageDataset:
+    """Open a dataset by spec.
+
+    ``root`` is where CIFAR lives (default: env FADRM_DATA or ~/.cache/fadrm/data).
+    ``image_size`` resizes (shorter side + center crop) to that size; None keeps the native size.
+    ``download`` (CIFAR only): None tries a download unless env FADRM_OFFLINE is set.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise DatasetError(f"unknown dataset {spec!r}; choose one of: {', '.join(DATASET_NAMES)}")
+    spec = spec.strip()
+    kind, sep, arg = spec.partition(":")
+    key = kind.lower()
+    if sep and key in ("imagefolder", "folder"):
+        from .folder import load_image_folder
+
+        return load_image_folder(arg, image_size=image_size)
+    if sep and key == "parquet":
+        from .parquet import load_parquet
+
+        return load_parquet(arg, image_size=image_size)
+    if not sep:
+        if key == "digits":
+            from .builtin import load_digits_dataset
+
+            return load_digits_dataset(image_size=image_size)
+        if key in ("mnist-sample", "mnist_sample"):
+            from .builtin import load_mnist_sample
+
+            return load_mnist_sample(image_size=image_size)
+        if key in ("cifar10", "cifar100", "cifar-10", "cifar-100"):
+            from .builtin import load_cifar
+
+            return load_cifar(key.replace("-", ""), root=root, image_size=image_size, download=download)
+    raise DatasetError(f"unknown dataset '{spec}'; choose one of: {', '.join(DATASET_NAMES)}")

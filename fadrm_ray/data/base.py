@@ -1,0 +1,112 @@
+"""The one dataset interface every phase reads through.
+
+A dataset is two splits of labelled uint8 images at one native resolution, plus what a
+model needs to read them (class names in class-index order, per-channel mean/std). Class
+order is explicit: ``class_names[i]`` is the name of label ``i``, and it is recorded in
+every teacher checkpoint and every store file (FADRM.md section 1: mismatched class orders
+are the most common cause of broken reproductions).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+
+class DatasetError(ValueError):
+    """A dataset could not be found, read or understood."""
+
+
+@dataclass
+class Split:
+    """One split: labels for every image, and a loader that returns images by index.
+
+    ``load(indices)`` returns a uint8 tensor (n, C, H, W) at the dataset's image size, so
+    small datasets can live in memory and large folders can be decoded on demand through
+    the same interface.
+    """
+
+    labels: torch.Tensor  # int64, shape (N,)
+    load: Callable[[Sequence[int] | torch.Tensor], torch.Tensor]
+    fingerprint_source: str = ""  # what identifies the content (hash of bytes or file list)
+
+    def __len__(self) -> int:
+        return int(self.labels.numel())
+
+    def indices_of_class(self, label: int) -> torch.Tensor:
+        return torch.nonzero(self.labels == label, as_tuple=False).flatten()
+
+    @staticmethod
+    def in_memory(images: torch.Tensor, labels: torch.Tensor) -> "Split":
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise DatasetError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.numel() != images.shape[0]:
+            raise DatasetError(f"{images.shape[0]} images but {labels.numel()} labels")
+        images = images.contiguous()
+        labels = labels.to(torch.int64).contiguous()
+        digest = hashlib.sha256(images.numpy().tobytes())
+        digest.update(labels.numpy().tobytes())
+
+        def load(indices):
+            return images[torch.as_tensor(indices, dtype=torch.long)]
+
+        return Split(labels=labels, load=load, fingerprint_source=digest.hexdigest())
+
+
+@dataclass
+class ImageDataset:
+    name: str
+    class_names: list[str]
+    image_size: int
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    train: Split
+    test: Split
+    hflip: bool = True  # is a horizontal flip label-preserving (False for digits)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def fingerprint(self) -> str:
+        """A short content hash: same data and class order give the same fingerprint."""
+        h = hashlib.sha256()
+        for part in (self.name, "|".join(self.class_names), str(self.image_size), str(self.channels),
+                     self.train.fingerprint_source, self.test.fingerprint_source):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:16]
+
+    def normalize(self, images_uint8: torch.Tensor) -> torch.Tensor:
+        """uint8 (n, C, H, W) -> float32 normalized with the dataset mean/std."""
+        x = images_uint8.float().div_(255.0)
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "num_classes": self.num_classes,
+            "class_names": list(self.class_names),
+            "image_size": self.image_size,
+            "channels": self.channels,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "train_size": len(self.train),
+            "test_size": len(self.test),
+            "hflip": self.hflip,
+            "fingerprint": self.fingerprint(),
+        }
+
+
+def channel_stats(images_uint8: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images, in [0, 1] units."""
+    x = images_uint8.float().div(255.0)
+    mean = x.mean(dim=(0, 2, 3))
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-3)
+    return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)

@@ -1,0 +1,165 @@
+"""Helpers shared by the dataset sources: splitting, resizing, decoding, header sniffing."""
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .base import DatasetError, Split
+
+SPLIT_SEED = 0
+TEST_FRACTION = 0.2
+
+
+def stratified_split(labels: torch.Tensor, test_fraction: float = TEST_FRACTION,
+                     seed: int = SPLIT_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic per-class split: (train_indices, test_indices), both sorted.
+
+    Each class with at least two members puts round(n * test_fraction) (at least one) of them
+    in the test split, so every class is present in both splits whenever it can be.
+    """
+    labels = torch.as_tensor(labels, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    train_parts, test_parts = [], []
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c, as_tuple=False).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=gen)]
+        n = idx.numel()
+        n_test = 0 if n < 2 else min(n - 1, max(1, int(round(n * test_fraction))))
+        test_parts.append(idx[:n_test])
+        train_parts.append(idx[n_test:])
+    empty = torch.empty(0, dtype=torch.int64)
+    train = torch.sort(torch.cat(train_parts) if train_parts else empty).values
+    test = torch.sort(torch.cat(test_parts) if test_parts else empty).values
+    return train, test
+
+
+def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize uint8 (n, C, H, W): shorter side to ``size`` (antialiased bilinear), center crop."""
+    if images.dim() == 3:
+        return resize_uint8(images.unsqueeze(0), size)[0]
+    h, w = images.shape[-2:]
+    if h == size and w == size:
+        return images
+    if min(h, w) != size:
+        scale = size / min(h, w)
+        nh, nw = max(size, int(round(h * scale))), max(size, int(round(w * scale)))
+        x = F.interpolate(images.float(), size=(nh, nw), mode="bilinear", antialias=True,
+                          align_corners=False)
+        images = x.round_().clamp_(0, 255).to(torch.uint8)
+        h, w = nh, nw
+    top, left = (h - size) // 2, (w - size) // 2
+    return images[..., top:top + size, left:left + size].contiguous()
+
+
+def resized_split(split: Split, size: int) -> Split:
+    """A split whose loader resizes on the fly (keeps large in-memory sets at native size)."""
+    inner = split.load
+
+    def load(indices):
+        return resize_uint8(inner(indices), size)
+
+    return Split(labels=split.labels, load=load, fingerprint_source=f"{split.fingerprint_source}|resize{size}")
+
+
+def subset_split(images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> Split:
+    return Split.in_memory(images[indices], labels[indices])
+
+
+def _png_is_grey(head: bytes) -> bool | None:
+    # IHDR colour type sits at byte 25: 0 = grey, 4 = grey + alpha.
+    if len(head) < 26:
+        return None
+    return head[25] in (0, 4)
+
+
+def _jpeg_is_grey(head: bytes) -> bool | None:
+    # Walk the markers up to the first start-of-frame; its component count says grey or colour.
+    i = 2
+    n = len(head)
+    while i + 4 <= n:
+        if head[i] != 0xFF:
+            return None
+        marker = head[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        seg_len = struct.unpack(">H", head[i + 2:i + 4])[0]
+        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+            if i + 10 > n:
+                return None
+            return head[i + 9] == 1
+        i += 2 + seg_len
+    return None
+
+
+def sniff_is_grey(head: bytes) -> bool | None:
+    """From the first bytes of an encoded image: True grey, False colour, None unknown."""
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return _png_is_grey(head)
+    if head[:2] == b"\xff\xd8":
+        return _jpeg_is_grey(head)
+    return None
+
+
+def decode_bytes(data: bytes | bytearray | memoryview, channels: int, what: str = "image") -> torch.Tensor:
+    """Decode PNG/JPEG/... bytes to uint8 (C, H, W) with exactly ``channels`` channels."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+    try:
+        return decode_image(buf, mode=mode)
+    except Exception as exc:  # torchvision raises RuntimeError/ValueError depending on the codec
+        raise DatasetError(f"cannot decode {what}: {exc}") from None
+
+
+def all_grey(heads: Callable[[int], bytes], count: int, decode_channels: Callable[[int], int]) -> bool:
+    """True only if every image is grey; stops at the first colour image.
+
+    Headers are sniffed where the format allows it; other formats are decoded unchanged.
+    """
+    for i in range(count):
+        grey = sniff_is_grey(heads(i))
+        if grey is None:
+            grey = decode_channels(i) in (1, 2)
+        if not grey:
+            return False
+    return count > 0
+
+
+def sample_stats(split: Split, max_images: int = 1000, batch: int = 256):
+    """Per-channel mean/std over a deterministic, evenly spread sample of a split."""
+    n = len(split)
+    if n == 0:
+        raise DatasetError("cannot compute channel statistics of an empty split")
+    count = min(n, max_images)
+    idx = torch.linspace(0, n - 1, count).round().long().unique()
+    total = None
+    sq = None
+    pixels = 0
+    for start in range(0, idx.numel(), batch):
+        x = split.load(idx[start:start + batch]).double().div_(255.0)
+        s = x.sum(dim=(0, 2, 3))
+        q = (x * x).sum(dim=(0, 2, 3))
+        total = s if total is None else total + s
+        sq = q if sq is None else sq + q
+        pixels += x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / pixels
+    var = (sq / pixels - mean * mean).clamp_min(0) * pixels / max(1, pixels - 1)
+    std = var.sqrt().clamp_min(1e-3)
+    return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std), int(idx.numel())
+
+
+def hash_parts(parts: Sequence[bytes | str]) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()

@@ -1,0 +1,298 @@
+"""Teacher/student model factory and teacher checkpoints.
+
+Names: our own (``convnet-bn``, ``resnet18-cifar``), ``timm:NAME``, ``torchvision:NAME``, or a bare
+name looked up in that order. Weights are never downloaded (pretrained=False always): teachers
+are trained locally by squeeze.
+
+A teacher checkpoint holds plain types plus the state dict, so it loads with
+``torch.load(weights_only=True)``; it records the class order, normalization and dataset
+fingerprint the teacher was trained with (FADRM.md section 1).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
+MODEL_NAMES = OWN_MODELS + ["timm:NAME", "torchvision:NAME"]
+CHECKPOINT_FORMAT = "fadrm-teacher"
+CHECKPOINT_VERSION = 1
+
+
+class ModelError(ValueError):
+    """A model name, checkpoint or teacher/dataset pairing is not usable."""
+
+
+class ConvNetBN(nn.Module):
+    """``depth`` blocks of conv3x3 -> BatchNorm -> ReLU -> AvgPool(2), then global pooling + Linear.
+
+    A block pools only while the spatial size (as planned for ``image_size``) is still >= 2, so
+    8-px inputs do not collapse to nothing. Global average pooling lets the same weights run at
+    the lower resolutions multi-resolution optimization uses.
+    """
+
+    def __init__(self, num_classes: int, in_chans: int = 3, image_size: int = 32, depth: int = 3,
+                 width: int = 64):
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ModelError(f"convnet-bn needs depth >= 1 and width >= 1, got depth={depth} width={width}")
+        layers: list[nn.Module] = []
+        size = image_size
+        chans = in_chans
+        for _ in range(depth):
+            layers += [nn.Conv2d(chans, width, kernel_size=3, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            if size >= 2:
+                # ceil_mode: an odd or smaller-than-planned input still keeps at least one pixel.
+                layers.append(nn.AvgPool2d(2, ceil_mode=True))
+                size = (size + 1) // 2
+            chans = width
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def _resnet18_cifar(num_classes: int, in_chans: int, image_size: int, **kwargs) -> nn.Module:
+    from torchvision.models import resnet18
+
+    model = resnet18(weights=None, num_classes=num_classes, **kwargs)
+    # CIFAR stem: 3x3 stride-1 conv and no max-pool keep 32-px feature maps large enough.
+    model.conv1 = nn.Conv2d(in_chans, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+def _convnet_bn(num_classes: int, in_chans: int, image_size: int, **kwargs) -> nn.Module:
+    return ConvNetBN(num_classes, in_chans=in_chans, image_size=image_size, **kwargs)
+
+
+_REGISTRY = {"convnet-bn": _convnet_bn, "resnet18-cifar": _resnet18_cifar}
+
+
+def _unknown(name: str) -> ModelError:
+    return ModelError(f"unknown model '{name}'; choose one of: {', '.join(OWN_MODELS)}, or any timm or "
+                      f"torchvision model name (timm:NAME, torchvision:NAME)")
+
+
+def _replace_first_conv(model: nn.Module, in_chans: int) -> None:
+    """Give a torchvision model a first conv with ``in_chans`` inputs (they are built for RGB)."""
+    for qualname, module in model.named_modules():
+        if not isinstance(module, nn.Conv2d):
+            continue
+        if module.in_channels == in_chans:
+            return
+        new = nn.Conv2d(in_chans, module.out_channels, module.kernel_size, module.stride, module.padding,
+                        module.dilation, groups=1, bias=module.bias is not None, padding_mode=module.padding_mode)
+        parent_name, _, attr = qualname.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+        return
+    raise ModelError(f"cannot adapt {type(model).__name__} to {in_chans} input channels: no Conv2d found")
+
+
+def _timm_model(name: str, num_classes: int, in_chans: int, **kwargs) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name):
+        raise _unknown(f"timm:{name}")
+    kwargs.pop("pretrained", None)
+    try:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_chans, **kwargs)
+    except TypeError as exc:
+        raise ModelError(f"timm model '{name}' rejected its arguments: {exc}") from None
+
+
+def _torchvision_model(name: str, num_classes: int, in_chans: int, **kwargs) -> nn.Module:
+    from torchvision import models as tvm
+
+    if name not in tvm.list_models():
+        raise _unknown(f"torchvision:{name}")
+    kwargs.pop("weights", None)
+    kwargs.pop("pretrained", None)
+    try:
+        model = tvm.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"torchvision model '{name}' rejected its arguments: {exc}") from None
+    if in_chans != 3:
+        _replace_first_conv(model, in_chans)
+    return model
+
+
+def create_model(name: str, num_classes: int, in_chans: int = 3, image_size: int = 32, **kwargs) -> nn.Module:
+    """Build an untrained model. Extra keyword arguments go to the builder (e.g. depth, width)."""
+    if not isinstance(name, str) or not name.strip():
+        raise _unknown(str(name))
+    if num_classes < 1:
+        raise ModelError(f"num_classes must be >= 1, got {num_classes}")
+    name = name.strip()
+    prefix, sep, rest = name.partition(":")
+    if sep:
+        if prefix == "timm":
+            return _timm_model(rest, num_classes, in_chans, **kwargs)
+        if prefix == "torchvision":
+            return _torchvision_model(rest, num_classes, in_chans, **kwargs)
+        raise _unknown(name)
+    if name in _REGISTRY:
+        try:
+            return _REGISTRY[name](num_classes, in_chans, image_size, **kwargs)
+        except TypeError as exc:
+            raise ModelError(f"model '{name}' rejected its arguments: {exc}") from None
+    import timm
+
+    if timm.is_model(name):
+        return _timm_model(name, num_classes, in_chans, **kwargs)
+    from torchvision import models as tvm
+
+    if name in tvm.list_models():
+        return _torchvision_model(name, num_classes, in_chans, **kwargs)
+    raise _unknown(name)
+
+
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Feed 1-channel images to a 3-channel model by repetition; anything else must already match."""
+    c = x.shape[1]
+    if c == in_chans:
+        return x
+    if c == 1 and in_chans == 3:
+        return x.expand(-1, 3, -1, -1)
+    raise ModelError(f"model expects {in_chans} input channels, images have {c}")
+
+
+@dataclass
+class TeacherInfo:
+    model_name: str
+    model_kwargs: dict
+    num_classes: int
+    in_chans: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    class_names: list[str]
+    dataset: str
+    dataset_fingerprint: str
+    test_accuracy: float = float("nan")  # percent
+    sha256: str = ""  # of the checkpoint file; filled by save_teacher / load_teacher
+    path: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean"] = [float(v) for v in self.mean]
+        d["std"] = [float(v) for v in self.std]
+        d["class_names"] = [str(v) for v in self.class_names]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TeacherInfo":
+        known = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls) if f.name not in d and f.name not in ("test_accuracy", "sha256", "path")]
+        if missing:
+            raise ModelError(f"teacher info lacks {', '.join(missing)}")
+        d = {k: v for k, v in d.items() if k in known}
+        d["mean"] = tuple(float(v) for v in d["mean"])
+        d["std"] = tuple(float(v) for v in d["std"])
+        d["class_names"] = [str(v) for v in d["class_names"]]
+        d["model_kwargs"] = dict(d.get("model_kwargs") or {})
+        return cls(**d)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -> str:
+    """Write the checkpoint atomically (temp file + os.replace); returns its sha256.
+
+    ``info.sha256`` and ``info.path`` are updated to describe the written file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = info.to_dict()
+    meta.pop("sha256")
+    meta.pop("path")
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "info": meta,
+        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    digest = file_sha256(path)
+    info.sha256 = digest
+    info.path = str(path)
+    return digest
+
+
+def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, TeacherInfo]:
+    """Rebuild a frozen teacher (eval mode, no gradients) from a checkpoint written by save_teacher."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"teacher checkpoint not found: {path}")
+    try:
+        payload = torch.load(str(path), map_location=device, weights_only=True)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelError(f"cannot read teacher checkpoint {path}: {type(exc).__name__}: {first}") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ModelError(f"{path} is not a fadrm teacher checkpoint")
+    if payload.get("version") != CHECKPOINT_VERSION:
+        raise ModelError(f"{path}: checkpoint version {payload.get('version')} is not supported "
+                         f"(expected {CHECKPOINT_VERSION})")
+    info = TeacherInfo.from_dict(dict(payload.get("info") or {}))
+    model = create_model(info.model_name, info.num_classes, in_chans=info.in_chans, image_size=info.image_size,
+                         **info.model_kwargs)
+    try:
+        model.load_state_dict(payload["state_dict"], strict=True)
+    except (RuntimeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelError(f"{path}: weights do not fit {info.model_name}: {first}") from None
+    model.to(device).eval().requires_grad_(False)
+    info.sha256 = file_sha256(path)
+    info.path = str(path)
+    return model, info
+
+
+def _short(values: list[str], limit: int = 12) -> str:
+    shown = ", ".join(repr(v) for v in values[:limit])
+    return f"[{shown}{', ...' if len(values) > limit else ''}]"
+
+
+def check_teacher_fits(info: TeacherInfo, dataset) -> None:
+    """Raise ModelError unless the teacher was built for this dataset's classes, channels and size."""
+    if info.num_classes != dataset.num_classes:
+        raise ModelError(f"num_classes: teacher has {info.num_classes}, dataset {dataset.name} has "
+                         f"{dataset.num_classes}")
+    teacher_names = [str(v) for v in info.class_names]
+    data_names = [str(v) for v in dataset.class_names]
+    if teacher_names != data_names:
+        i = next(i for i, (a, b) in enumerate(zip(teacher_names, data_names)) if a != b)
+        raise ModelError(f"class_names: teacher and dataset class orders differ at index {i} "
+                         f"(teacher {teacher_names[i]!r}, dataset {data_names[i]!r}); teacher "
+                         f"{_short(teacher_names)}, dataset {_short(data_names)}")
+    if not (info.in_chans == dataset.channels or (info.in_chans == 3 and dataset.channels == 1)):
+        raise ModelError(f"in_chans: teacher takes {info.in_chans} channels, dataset {dataset.name} has "
+                         f"{dataset.channels}")
+    if info.image_size != dataset.image_size:
+        raise ModelError(f"image_size: teacher was trained at {info.image_size} px, dataset {dataset.name} is "
+                         f"{dataset.image_size} px")

@@ -1,0 +1,339 @@
+"""Recover: optimize synthetic images against frozen teachers (FADRM.md sections 3-5).
+
+The whole method is in this file. A unit of work is a set of classes and a few IPC indices;
+each IPC index is one *group*, a batch of one image per class. Groups are independent: each has
+its own random stream (so its result does not depend on which process ran it or on which other
+groups it was packed with), its own crop/flip/roll, and its own BatchNorm-statistics loss. The
+total loss is the sum of the group losses, so packing G groups in one forward/backward gives the
+math of G separate runs (BatchNorm is frozen in eval mode, so images never interact).
+
+Recover runs one stage at a time: `init_state` -> `run_stage` (k + 1 times) -> `final_images`.
+A `RecoverState` holds everything needed to continue (images, patches, counters, random
+streams, loss history), and `to_dict` / `from_dict` turn it into plain tensors and numbers
+that `torch.save(weights_only=True)` accepts, so a scheduler can checkpoint a unit at a stage
+boundary and continue it in another process.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
+from fadrm_ray.models import match_channels
+
+
+# --------------------------------------------------------------------------- teachers
+class FrozenTeacher:
+    """A teacher in eval mode with hooks that measure the BatchNorm-statistics loss.
+
+    The BN loss (FADRM.md section 3) compares the batch statistics of each BN layer's input
+    with the layer's running statistics: ||mu - running_mean||_2 + ||var - running_var||_2,
+    biased variance over (N, H, W), plain (not squared) L2 norms, the first BN layer weighted
+    `first_bn_weight`. Here the statistics are taken per group, so a packed batch of G groups
+    yields G separate losses.
+    """
+
+    def __init__(self, model: nn.Module, in_chans: int | None = None, first_bn_weight: float = 10.0):
+        self.model = model.eval().requires_grad_(False)  # only input gradients are needed
+        self.in_chans = in_chans
+        self.first_bn_weight = first_bn_weight
+        self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if not self.bn_layers:
+            raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
+        self._groups = 1
+        self._bn_loss: torch.Tensor | None = None
+        self._hooks = [bn.register_forward_hook(self._make_hook(i)) for i, bn in enumerate(self.bn_layers)]
+
+    def _make_hook(self, index: int):
+        weight = self.first_bn_weight if index == 0 else 1.0
+
+        def hook(module, inputs, output):
+            a = inputs[0].float()
+            g = self._groups
+            a = a.reshape(g, a.shape[0] // g, a.shape[1], -1)          # (G, B, C, H*W)
+            mean = a.mean(dim=(1, 3))
+            var = (a - mean[:, None, :, None]).pow(2).mean(dim=(1, 3))  # biased, over N, H, W
+            loss = (torch.linalg.vector_norm(mean - module.running_mean, dim=1)
+                    + torch.linalg.vector_norm(var - module.running_var, dim=1))
+            self._bn_loss = weight * loss if self._bn_loss is None else self._bn_loss + weight * loss
+        return hook
+
+    def __call__(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and the per-group BN loss, shape (groups,)."""
+        if self.in_chans is not None:
+            x = match_channels(x, self.in_chans)  # grey images into a 3-channel teacher
+        self._groups, self._bn_loss = groups, None
+        logits = self.model(x)
+        bn_loss, self._bn_loss = self._bn_loss, None
+        return logits, bn_loss
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class RecoverState:
+    x: torch.Tensor                  # (G*B, C, R, R) float32, normalized, at the current stage resolution
+    patches: torch.Tensor | None     # (G*B, C, D, D) uint8 real patches (ARC target); None for noise init
+    labels: torch.Tensor             # (G*B,) int64 class index of each image
+    ipc_indices: list[int]           # the IPC index of each group
+    mean: list[float]
+    std: list[float]
+    budgets: list[int]               # iterations per stage (a stage that ends early passes its rest on)
+    resolutions: list[int]           # R_s per stage
+    total_iterations: int            # T, for the global cosine schedule
+    rng_states: list[torch.Tensor]   # one generator state per group
+    stage: int = 0                   # the next stage to run
+    iteration: int = 0               # global iteration counter
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def groups(self) -> int:
+        return len(self.ipc_indices)
+
+    @property
+    def done(self) -> bool:
+        return self.stage >= len(self.budgets)
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["x"] = self.x.detach().cpu()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RecoverState":
+        return cls(**d)
+
+
+def group_seed(seed: int, classes: Sequence[int], ipc_index: int) -> int:
+    """The seed of one group: a function of the run seed, its classes and its IPC index only."""
+    key = f"{seed}|{','.join(map(str, classes))}|{ipc_index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence[int],
+               patches: torch.Tensor | None, image_size: int, channels: int,
+               mean: Sequence[float], std: Sequence[float]) -> RecoverState:
+    """Initial images for the groups `ipc_indices` of `classes` (FADRM.md section 2).
+
+    `patches` is uint8 (G, B, C, D, D) with B = len(classes), or None for noise init.
+    `cfg` must be resolved (`DistillConfig.resolve`).
+    """
+    g, b = len(ipc_indices), len(classes)
+    gens = [torch.Generator().manual_seed(group_seed(cfg.seed, classes, i)) for i in ipc_indices]
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+
+    if cfg.init == "real":
+        if patches is None or tuple(patches.shape) != (g, b, channels, image_size, image_size):
+            raise ValueError(f"patches must be uint8 {(g, b, channels, image_size, image_size)}, "
+                             f"got {None if patches is None else tuple(patches.shape)}")
+        patches = patches.reshape(g * b, channels, image_size, image_size).contiguous()
+        full = (patches.float() / 255.0 - mean_t) / std_t
+    else:
+        patches = None
+        full = torch.cat([torch.randn(b, channels, image_size, image_size, generator=gen) for gen in gens])
+
+    resolutions = cfg.stage_resolutions
+    if resolutions is None:  # downsample_size == "auto": from the total variation of the patches
+        x01 = patches.float() / 255.0 if patches is not None else (full * std_t + mean_t).clamp(0, 1)
+        resolutions = mro_resolutions(cfg.k, image_size, tv_downsample_size(x01, image_size))
+    x = _resize(full, resolutions[0])
+    return RecoverState(
+        x=x, patches=patches, labels=torch.tensor(list(classes), dtype=torch.long).repeat(g),
+        ipc_indices=list(ipc_indices), mean=list(mean), std=list(std),
+        budgets=list(cfg.stage_budgets()), resolutions=list(resolutions),
+        total_iterations=cfg.iterations, rng_states=[gen.get_state() for gen in gens])
+
+
+# --------------------------------------------------------------------------- one stage
+def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: DistillConfig,
+              device: str | torch.device = "cpu",
+              on_step: Callable[[int], None] | None = None) -> RecoverState:
+    """Run the next stage of `state` in place and return it (FADRM.md sections 3-4).
+
+    At the end of every stage but the last, the images are resampled to the next stage's
+    resolution and, with ARC, merged with the real patch resampled to the same size.
+    """
+    if state.done:
+        raise ValueError("all stages of this state have already run")
+    device = torch.device(device)
+    s, last = state.stage, len(state.budgets) - 1
+    budget, res = state.budgets[s], state.resolutions[s]
+    groups = state.groups
+    gens = [torch.Generator().set_state(st) for st in state.rng_states]
+    labels = state.labels.to(device)
+    mean = torch.tensor(state.mean, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(state.std, device=device).view(1, -1, 1, 1)
+    lo, hi = (0 - mean) / std, (1 - mean) / std  # keep de-normalized pixels in [0, 1]
+    jitter, flip = int(cfg.jitter), bool(cfg.flip)
+    autocast, scaler = _mixed_precision(cfg.precision, device)
+
+    x = state.x.to(device).clone().requires_grad_(True)
+    # A fresh Adam per stage: its moments are reset, the cosine keeps the global counter (section 4).
+    opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9))
+    ce_curve, bn_curve = [], []
+    started = time.perf_counter()
+    steps = 0
+    while steps < budget:
+        t = state.iteration
+        for group in opt.param_groups:
+            group["lr"] = cosine(cfg.lr, t, state.total_iterations)
+        scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
+        view = augment(x, groups, gens, res, scale_min, flip, jitter)
+        teacher = teachers[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
+        with autocast():
+            logits, bn = teacher(view, groups)
+        ce = F.cross_entropy(logits.float(), labels, reduction="none").view(groups, -1).mean(dim=1)
+        loss = (ce + cfg.r_bn * bn).sum()  # a sum over groups keeps each group's gradient its own
+        opt.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            torch.maximum(torch.minimum(x, hi), lo, out=x)
+        ce_curve.append(float(ce.detach().mean()))
+        bn_curve.append(float(bn.detach().mean()))
+        state.iteration += 1
+        steps += 1
+        if on_step is not None:
+            on_step(1)
+        if (cfg.arc_timing == "converged" and s < last and ce.max() < cfg.arc_ce_threshold
+                and bn.max() < cfg.arc_bn_threshold):
+            break  # adaptive ARC timing: the stage has converged, merge now (section 4)
+
+    if steps < budget:  # the iterations a converged stage did not use go to the next stage
+        state.budgets[s + 1] += budget - steps
+        state.budgets[s] = steps
+
+    with torch.no_grad():
+        x = x.detach()
+        merged = False
+        if s < last:
+            next_res = state.resolutions[s + 1]
+            x = _resize(x, next_res)
+            if cfg.uses_arc and state.patches is not None:
+                # ARC: re-inject real local detail washed out by optimization (section 4).
+                patch = (state.patches.to(device).float() / 255.0 - mean) / std
+                x = cfg.alpha * x + (1 - cfg.alpha) * _resize(patch, next_res)
+                merged = True
+    state.x = x.cpu()
+    state.rng_states = [gen.get_state() for gen in gens]
+    state.history.append({
+        "stage": s, "resolution": res, "iterations": steps, "merged_after": merged,
+        "ce": ce_curve, "bn": bn_curve, "seconds": time.perf_counter() - started,
+    })
+    state.stage += 1
+    return state
+
+
+def recover(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: DistillConfig,
+            device: str | torch.device = "cpu", on_step: Callable[[int], None] | None = None) -> RecoverState:
+    """Run every remaining stage."""
+    while not state.done:
+        run_stage(state, teachers, cfg, device, on_step)
+    return state
+
+
+@torch.no_grad()
+def final_images(state: RecoverState, teachers: Sequence[FrozenTeacher],
+                 device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """uint8 images (G*B, C, D, D), per-image CE and per-image (group) BN loss of the result.
+
+    The losses are measured on the un-augmented output in fp32, averaged over the teachers.
+    """
+    device = torch.device(device)
+    mean = torch.tensor(state.mean).view(1, -1, 1, 1)
+    std = torch.tensor(state.std).view(1, -1, 1, 1)
+    images = ((state.x * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
+    x = ((images.float() / 255.0 - mean) / std).to(device)
+    labels = state.labels.to(device)
+    ce = torch.zeros(x.shape[0], device=device)
+    bn = torch.zeros(state.groups, device=device)
+    for teacher in teachers:
+        logits, bn_t = teacher(x, state.groups)
+        ce += F.cross_entropy(logits.float(), labels, reduction="none")
+        bn += bn_t
+    n = len(teachers)
+    per_image_bn = (bn / n).repeat_interleave(x.shape[0] // state.groups)
+    return images, (ce / n).cpu(), per_image_bn.cpu()
+
+
+# --------------------------------------------------------------------------- pieces
+def augment(x: torch.Tensor, groups: int, gens: Sequence[torch.Generator], out_size: int,
+            scale_min: float, flip: bool, jitter: int) -> torch.Tensor:
+    """One RandomResizedCrop, one flip decision and one roll per group (FADRM.md section 3)."""
+    views = []
+    for chunk, gen in zip(x.chunk(groups), gens):
+        top, left, h, w = crop_box(chunk.shape[-2], chunk.shape[-1], scale_min, gen)
+        v = F.interpolate(chunk[:, :, top:top + h, left:left + w], size=(out_size, out_size),
+                          mode="bilinear", align_corners=False)
+        if torch.rand((), generator=gen) < 0.5 and flip:
+            v = v.flip(3)
+        dy, dx = (int(d) for d in torch.randint(0, jitter + 1, (2,), generator=gen))
+        if dy or dx:
+            v = torch.roll(v, shifts=(dy, dx), dims=(2, 3))
+        views.append(v)
+    return torch.cat(views)
+
+
+def crop_box(height: int, width: int, scale_min: float, gen: torch.Generator,
+             scale_max: float = 1.0, ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """A RandomResizedCrop box (top, left, h, w) drawn from `gen`: area in [scale_min, scale_max]
+    of the image, log-uniform aspect ratio, centre crop after 10 failed tries."""
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        u = torch.rand(4, generator=gen).tolist()
+        target = area * (scale_min + (scale_max - scale_min) * u[0])
+        aspect = math.exp(log_lo + (log_hi - log_lo) * u[1])
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+def cosine(base_lr: float, t: int, total: int) -> float:
+    """One cosine schedule over all T iterations, no warm-up (FADRM.md section 3)."""
+    return 0.5 * base_lr * (1 + math.cos(math.pi * t / max(total, 1)))
+
+
+def cda_scale_min(final_min: float, t: int, total: int) -> float:
+    """CDA's curriculum: the crop-scale lower bound anneals from 1.0 to `final_min` by cosine."""
+    return final_min + (1.0 - final_min) * 0.5 * (1 + math.cos(math.pi * t / max(total, 1)))
+
+
+def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    if x.shape[-1] == size and x.shape[-2] == size:
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def _mixed_precision(precision: str, device: torch.device):
+    """MPT (FADRM.md section 4): autocast for forward/backward; images and Adam stay fp32."""
+    if precision == "fp32":
+        return nullcontext, None
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise ValueError("precision fp16 needs a CUDA device; use bf16 (or fp32) on the CPU")
+        return (lambda: torch.autocast("cuda", dtype=torch.float16)), torch.amp.GradScaler("cuda")
+    if precision == "bf16":
+        return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)), None
+    raise ValueError(f"precision must be fp32, bf16 or fp16 once resolved, got {precision!r}")

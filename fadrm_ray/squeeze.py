@@ -1,0 +1,213 @@
+"""Squeeze: train the teacher on the real training split (FADRM.md section 1).
+
+Adam + cosine schedule over all steps, label smoothing, random crop (padding = size // 8),
+horizontal flip when the dataset allows it, CutMix. All randomness comes from one seeded
+generator, so a run on CPU is repeatable.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data.base import ImageDataset, Split
+from .models import TeacherInfo, create_model, match_channels, save_teacher
+
+DEFAULT_EPOCHS = 15
+DEFAULT_CUTMIX_PROB = 0.5
+
+
+@dataclass
+class SqueezeResult:
+    path: Path
+    info: TeacherInfo
+    test_accuracy: float  # percent
+    train_seconds: float
+    epochs: int
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _model_in_chans(model: nn.Module, fallback: int) -> int:
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            return m.in_channels
+    return fallback
+
+
+@torch.no_grad()
+def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_size: int = 512) -> float:
+    """Top-1 accuracy (percent) of ``model`` on ``split``, normalized with the dataset's mean/std."""
+    n = len(split)
+    if n == 0:
+        return float("nan")
+    device = _model_device(model)
+    in_chans = _model_in_chans(model, dataset.channels)
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        for start in range(0, n, batch_size):
+            idx = torch.arange(start, min(n, start + batch_size))
+            x = match_channels(dataset.normalize(split.load(idx)), in_chans).to(device)
+            pred = model(x).argmax(dim=1).cpu()
+            correct += int((pred == split.labels[idx]).sum())
+    finally:
+        model.train(was_training)
+    return 100.0 * correct / n
+
+
+def _random_crop_flip(x: torch.Tensor, pad: int, hflip: bool, gen: torch.Generator) -> torch.Tensor:
+    """Per-sample random crop after zero padding, and per-sample horizontal flip; x is float (B,C,H,W)."""
+    b, c, h, w = x.shape
+    if pad > 0:
+        xp = F.pad(x, (pad, pad, pad, pad))
+        oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+        ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+        rows = (oy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
+        cols = (ox[:, None] + torch.arange(w)[None, :])[:, None, None, :]
+        x = xp[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+    if hflip:
+        flip = torch.rand(b, generator=gen) < 0.5
+        if bool(flip.any()):
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+def _cutmix(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
+    """Paste a box from a shuffled batch; returns (x, y, y_other, lam) with lam = kept area fraction."""
+    b, _, h, w = x.shape
+    lam = float(torch.rand(1, generator=gen))  # Beta(1, 1) is uniform
+    perm = torch.randperm(b, generator=gen)
+    cut = math.sqrt(1.0 - lam)
+    ch, cw = int(h * cut), int(w * cut)
+    cy = int(torch.randint(0, h, (1,), generator=gen))
+    cx = int(torch.randint(0, w, (1,), generator=gen))
+    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
+    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
+    x = x.clone()
+    x[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
+    lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
+    return x, y, y[perm], lam
+
+
+@contextmanager
+def _threads(num_threads: int | None):
+    if not num_threads:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(num_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "data"
+
+
+def default_out_dir(dataset: ImageDataset, model_name: str) -> Path:
+    return Path("teachers") / f"{_safe(dataset.name)}-{_safe(model_name)}"
+
+
+def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int = DEFAULT_EPOCHS,
+            batch_size: int = 128, lr: float = 1e-3, weight_decay: float = 1e-4, label_smoothing: float = 0.1,
+            cutmix_prob: float = DEFAULT_CUTMIX_PROB, seed: int = 0, out_dir: str | os.PathLike | None = None,
+            model_kwargs: dict | None = None, num_threads: int | None = None, progress: bool = True,
+            device: str | torch.device | None = None) -> SqueezeResult:
+    """Train a teacher on ``dataset.train``, measure top-1 on ``dataset.test``, save ``out_dir/teacher.pt``.
+
+    ``out_dir`` defaults to ``teachers/<dataset>-<model>``; ``device`` defaults to CUDA when present.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0.0 <= cutmix_prob <= 1.0:
+        raise ValueError(f"cutmix_prob must be in [0, 1], got {cutmix_prob}")
+    n = len(dataset.train)
+    if n == 0:
+        raise ValueError(f"dataset {dataset.name} has an empty training split")
+    model_kwargs = dict(model_kwargs or {})
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, model_name)
+
+    with _threads(num_threads):
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+        # model_kwargs may ask for in_chans=3 on grey data (e.g. to match an RGB architecture);
+        # it is recorded as TeacherInfo.in_chans, not as a builder keyword.
+        in_chans = int(model_kwargs.pop("in_chans", dataset.channels))
+        model = create_model(model_name, dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
+                             **model_kwargs).to(device)
+        in_chans = _model_in_chans(model, in_chans)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        # Drop a trailing batch of one: BatchNorm cannot take training statistics from a single image.
+        steps_per_epoch = n // batch_size + (1 if n % batch_size > 1 else 0)
+        total_steps = max(1, epochs * steps_per_epoch)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+        mean = torch.tensor(dataset.mean).view(1, -1, 1, 1)
+        std = torch.tensor(dataset.std).view(1, -1, 1, 1)
+        pad = dataset.image_size // 8
+
+        from tqdm.auto import tqdm
+
+        bar = tqdm(range(epochs), desc=f"squeeze {model_name} on {dataset.name}", unit="epoch",
+                   disable=not progress, leave=True)
+        started = time.perf_counter()
+        model.train()
+        for _epoch in bar:
+            order = torch.randperm(n, generator=gen)
+            loss_sum, correct, seen = 0.0, 0, 0
+            for s in range(steps_per_epoch):
+                idx = order[s * batch_size:(s + 1) * batch_size]
+                y = dataset.train.labels[idx]
+                x = dataset.train.load(idx).float().div_(255.0)
+                x = _random_crop_flip(x, pad, dataset.hflip, gen)
+                x = match_channels((x - mean) / std, in_chans)
+                mix = cutmix_prob > 0 and float(torch.rand(1, generator=gen)) < cutmix_prob
+                if mix:
+                    x, y_a, y_b, lam = _cutmix(x, y, gen)
+                x, y = x.to(device), y.to(device)
+                logits = model(x)
+                if mix:
+                    y_b = y_b.to(device)
+                    loss = lam * F.cross_entropy(logits, y, label_smoothing=label_smoothing) + \
+                        (1.0 - lam) * F.cross_entropy(logits, y_b, label_smoothing=label_smoothing)
+                else:
+                    loss = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                loss_sum += float(loss.detach()) * y.numel()
+                correct += int((logits.argmax(1) == y).sum())
+                seen += y.numel()
+            bar.set_postfix(loss=f"{loss_sum / max(1, seen):.3f}", acc=f"{100.0 * correct / max(1, seen):.1f}")
+        bar.close()
+        train_seconds = time.perf_counter() - started
+
+        test_accuracy = evaluate_top1(model, dataset.test, dataset)
+
+    model.eval()
+    info = TeacherInfo(model_name=model_name, model_kwargs=model_kwargs, num_classes=dataset.num_classes,
+                       in_chans=in_chans, image_size=dataset.image_size, mean=tuple(dataset.mean),
+                       std=tuple(dataset.std), class_names=list(dataset.class_names), dataset=dataset.name,
+                       dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4))
+    path = out / "teacher.pt"
+    save_teacher(path, model, info)
+    return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
+                         epochs=epochs)

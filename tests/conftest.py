@@ -1,0 +1,27 @@
+"""Shared fixtures: the real `digits` dataset and a tiny teacher trained on it once per session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def digits():
+    from fadrm_ray.data import get_dataset
+    return get_dataset("digits")
+
+
+@pytest.fixture(scope="session")
+def digits_teacher(digits, tmp_path_factory):
+    """A small convnet-bn trained on digits for a few epochs: (checkpoint path, test accuracy)."""
+    from fadrm_ray.squeeze import squeeze
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("teacher")
+    result = squeeze(digits, model_name="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0,
+                     out_dir=out, progress=False, num_threads=1)
+    return result.path, result.test_accuracy

@@ -1,0 +1,98 @@
+"""The `fadrm` command end to end: squeeze -> distill -> info -> export, and its errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchvision
+
+from fadrm_ray.cli import main
+from fadrm_ray.store import open_run
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def teacher_path(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli-teacher")
+    code = main(["squeeze", "--dataset", "digits", "--model", "convnet-bn", "--epochs", "3",
+                 "--out", str(out), "--quiet", "--json", "--threads", "1"])
+    assert code == 0
+    return out / "teacher.pt"
+
+
+def test_squeeze_distill_info_export(teacher_path, tmp_path, capsys):
+    capsys.readouterr()
+    store = tmp_path / "store"
+    code, out, err = run_cli(capsys, "distill", "--local", "--dataset", "digits", "--teacher", str(teacher_path),
+                             "--preset", "fadrm", "--ipc", "2", "--set", "iterations=24", "--set", "ipc_per_unit=2",
+                             "--out", str(store), "--json", "--quiet", "--threads", "1")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["images"] == 20 and len(result["units_run"]) == 1
+
+    run = open_run(result["run_dir"])
+    images, labels, ipc = run.read()
+    assert images.shape == (20, 1, 8, 8) and images.dtype == torch.uint8
+    assert sorted(labels.tolist()) == sorted(list(range(10)) * 2)     # every class twice
+    assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(2)]
+    assert run.class_names == [str(c) for c in range(10)]
+    assert run.provenance["teachers"][0]["sha256"] and run.provenance["config"]["alpha"] == 0.5
+    assert run.provenance["class_map"]["3"] == "3" or run.provenance["class_map"].get(3) == "3"
+    assert (run.run_dir / "config.yaml").is_file() and run.complete
+
+    code, out, _ = run_cli(capsys, "info", "--run", result["run_dir"], "--json")
+    info = json.loads(out)
+    assert code == 0 and info["rows"] == 20 and info["images_per_class"] in ({str(c): 2 for c in range(10)},
+                                                                              {c: 2 for c in range(10)})
+
+    folder = tmp_path / "folder"
+    code, out, _ = run_cli(capsys, "export", "--run", result["run_dir"], "--format", "imagefolder", "--out", str(folder))
+    assert code == 0
+    exported = torchvision.datasets.ImageFolder(str(folder))
+    assert len(exported) == 20 and exported.classes == [str(c) for c in range(10)]
+
+    # a second identical command finds every unit done and recomputes nothing
+    code, out, _ = run_cli(capsys, "distill", "--local", "--dataset", "digits", "--teacher", str(teacher_path),
+                           "--ipc", "2", "--set", "iterations=24", "--set", "ipc_per_unit=2",
+                           "--out", str(store), "--json", "--quiet", "--threads", "1")
+    again = json.loads(out)
+    assert again["run_id"] == result["run_id"] and again["units_run"] == [] and len(again["units_skipped"]) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["distill", "--local", "--dataset", "nosuch", "--teacher", "T", "--out", "O"], "unknown dataset 'nosuch'"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "missing.pt", "--out", "O"], "missing.pt does not exist"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "T", "--out", "O", "--set", "alpha"], "key=value"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "T", "--out", "O", "--set", "alpha=2"], "alpha must be in (0, 1]"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "T", "--out", "O", "--classes", "0,x"], "--classes"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "T", "--out", "O", "--classes", "3,11"], "classes must be in [0, 9]"),
+    (["distill", "--local", "--dataset", "digits", "--teacher", "T", "--out", "O", "--preset", "fadrm+"], "several teachers"),
+    (["squeeze", "--dataset", "digits", "--model", "nosuchnet", "--out", "O"], "nosuchnet"),
+    (["info", "--run", "nowhere"], "nowhere"),
+])
+def test_bad_input_exits_nonzero_with_one_line(argv, message, teacher_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(teacher_path) if a == "T" else a for a in argv]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], err
+    assert not (tmp_path / "O").exists() or not any((tmp_path / "O").rglob("manifest.json"))
+
+
+def test_teacher_of_another_dataset_is_refused(teacher_path, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "distill", "--local", "--dataset", "mnist-sample", "--teacher", str(teacher_path),
+                           "--out", str(tmp_path / "o"), "--quiet")
+    assert code == 2 and ("image_size" in err or "class" in err), err
+
+
+def test_console_script_help_lists_every_phase():
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("squeeze", "distill", "export", "info", "demo"):
+        assert command in out

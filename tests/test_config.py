@@ -1,0 +1,127 @@
+import pytest
+import yaml
+
+from fadrm_ray.config import (PRESETS, ConfigError, DistillConfig, make_config, mro_resolutions,
+                              parse_overrides, tv_downsample_size)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("alpha", 0.0), ("alpha", 1.5), ("alpha", -0.1), ("alpha", "half"),
+    ("k", -1), ("k", 1.5), ("ipc", 0), ("iterations", -5), ("lr", 0), ("r_bn", -1.0),
+    ("precision", "fp8"), ("init", "zeros"), ("patch_selection", "hard"), ("jitter", -2),
+    ("crop_scale_min", 0.0), ("crop_scale_min", 1.5), ("downsample_size", 0), ("downsample_size", "tiny"),
+    ("classes", []), ("classes", [1, 1]), ("classes", [-3]), ("classes", "0,1"), ("pack", 0),
+    ("ipc_per_unit", 0), ("arc_timing", "sometimes"), ("patch_crop_scale", (0.9, 0.1)), ("flip", "yes"),
+])
+def test_bad_values_are_rejected_naming_the_field(field, value):
+    with pytest.raises(ConfigError) as err:
+        DistillConfig(**{field: value})
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_stage_lists_must_fit_k_and_iterations():
+    with pytest.raises(ConfigError, match="stage_iterations must have k \\+ 1 = 4"):
+        DistillConfig(stage_iterations=[100, 100])
+    with pytest.raises(ConfigError, match="stage_iterations must sum to iterations = 2000"):
+        DistillConfig(stage_iterations=[100, 100, 100, 100])
+    with pytest.raises(ConfigError, match="stage_resolutions must have k \\+ 1 = 2"):
+        DistillConfig(k=1, stage_resolutions=[8, 8, 8])
+
+
+def test_resolve_checks_the_dataset():
+    with pytest.raises(ConfigError, match=r"classes must be in \[0, 9\]"):
+        DistillConfig(classes=[3, 12]).resolve(8, 10)
+    with pytest.raises(ConfigError, match="downsample_size must be <= the image size 32"):
+        DistillConfig(downsample_size=40).resolve(32, 10)
+    with pytest.raises(ConfigError, match="stage_resolutions must end at the image size 32"):
+        DistillConfig(k=1, stage_resolutions=[32, 24]).resolve(32, 10)
+
+
+def test_noise_init_with_arc_is_rejected():
+    with pytest.raises(ConfigError, match="needs init = real"):
+        DistillConfig(init="noise")
+    DistillConfig(init="noise", k=0)  # no ARC: fine
+
+
+def test_resolve_fills_the_paper_defaults_at_224():
+    cfg = DistillConfig(precision="fp32").resolve(224, 1000)
+    assert cfg.stage_iterations == [500, 500, 500, 500]
+    assert cfg.stage_resolutions == [200, 224, 200, 224]  # FADRM.md section 4
+    assert cfg.jitter == 32 and cfg.flip is True and cfg.downsample_size == 200
+
+
+def test_resolve_small_images_use_no_mro():
+    cfg = DistillConfig().resolve(32, 100, hflip=False)
+    assert cfg.stage_resolutions == [32] * 4 and cfg.downsample_size is None
+    assert cfg.jitter == 4 and cfg.flip is False
+    assert cfg.precision in ("bf16", "fp32")
+
+
+def test_uneven_budgets_split_evenly():
+    assert DistillConfig(iterations=10, k=2).stage_budgets() == [4, 3, 3]
+
+
+def test_mro_alternates_and_ends_at_full_resolution():
+    assert mro_resolutions(1, 64, 48) == [48, 64]
+    assert mro_resolutions(2, 64, 48) == [64, 48, 64]
+    assert mro_resolutions(0, 64, 48) == [64]
+
+
+def test_tv_downsample_size_responds_to_texture():
+    import torch
+    flat = torch.full((4, 3, 224, 224), 0.5)
+    noisy = torch.rand(4, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    assert tv_downsample_size(flat, 224) == int(224 * 0.8)          # smooth: shrink ratio capped at 0.8
+    # uniform noise: E|a - b| = 1/3 per axis, TV = 2/3, ratio 0.75
+    assert abs(tv_downsample_size(noisy, 224) - 168) <= 1
+    stripes = (torch.arange(224) % 2).float().expand(4, 3, 224, 224)  # TV = 1, ratio 0.5 -> 112 -> floor
+    assert tv_downsample_size(stripes, 224) == 128
+    assert tv_downsample_size(stripes[..., :32, :32], 32) == 19  # the floor scales with D: ceil(32 * 128 / 224)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_presets_are_valid_and_round_trip_through_yaml(preset, tmp_path):
+    cfg = make_config(preset)
+    path = tmp_path / "c.yaml"
+    cfg.save(path)
+    again = make_config(preset, config_file=path)
+    assert again == cfg
+
+
+def test_baseline_presets_match_the_table():
+    assert make_config("sre2l").init == "noise" and make_config("sre2l").iterations == 1000
+    plus = make_config("sre2l++")
+    assert (plus.init, plus.iterations, plus.k, plus.alpha, plus.precision) == ("real", 4000, 0, 1.0, "fp32")
+    assert make_config("cda").crop_curriculum is True
+    assert make_config("rded").iterations == 0 and make_config("random-real").patch_selection == "whole"
+    fadrm = make_config("fadrm")
+    assert (fadrm.iterations, fadrm.k, fadrm.alpha) == (2000, 3, 0.5)
+
+
+def test_overrides_and_file_layering(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"alpha": 0.7, "ipc": 3}))
+    cfg = make_config("fadrm", config_file=path, overrides=["alpha=0.6", "classes=[0, 3]", "downsample_size=null"])
+    assert (cfg.alpha, cfg.ipc, cfg.classes, cfg.downsample_size) == (0.6, 3, [0, 3], None)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("alpha", "must look like key=value"),
+    ("=3", "must look like key=value"),
+    ("alhpa=0.5", "unknown config key 'alhpa'"),
+    ("classes=[1,", "cannot read value"),
+])
+def test_malformed_overrides(item, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides([item])
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        make_config("fadrm", config_file=tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"alpha": 0.5, "nonsense": 1}))
+    with pytest.raises(ConfigError, match="unknown config key"):
+        make_config("fadrm", config_file=bad)
+    with pytest.raises(ConfigError, match="preset must be one of"):
+        make_config("fadrm-xl")
