@@ -1,0 +1,110 @@
+"""Scaling of the Ray path: images per second with 1 and 2 workers, and the Ray overhead
+against `--local` on the same work.
+
+    python -m bench.scaling [--quick] [--json] [--out DIR]
+
+Every run distills the same config into a fresh store (nothing is skipped). The local run uses
+one torch thread, like one Ray worker with one CPU, so the difference between them is the cost
+of the Ray layer: actor start, teacher transfer, stage checkpoints and scheduling. The embedded
+Ray is started once and its start-up time is reported separately.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fadrm_ray.config import make_config
+from fadrm_ray.data import get_dataset
+from fadrm_ray.distill import distill_local
+from fadrm_ray.pipeline import ensure_teacher
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a short run (about a minute per path)")
+    parser.add_argument("--dataset", default="mnist-sample")
+    parser.add_argument("--ipc", type=int, default=None)
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2, help="local runs, alternated with the Ray runs")
+    parser.add_argument("--out", default="bench-results/scaling")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    import ray
+    from actors.coordinator import ALLOCATOR_ENV, Coordinator
+
+    ipc = args.ipc or (4 if args.quick else 10)
+    iterations = args.iterations or (200 if args.quick else 500)
+    out = Path(args.out)
+    dataset = get_dataset(args.dataset)
+    teacher, teacher_acc, _ = ensure_teacher(dataset, out / "teacher", progress=False)
+    overrides = {"ipc": ipc, "iterations": iterations}
+    images = ipc * dataset.num_classes
+    work = Path(tempfile.mkdtemp(prefix="fadrm-scaling-"))
+
+    def fresh(name: str) -> Path:
+        path = work / name
+        shutil.rmtree(path, ignore_errors=True)
+        return path
+
+    timings: dict[str, list[float]] = {"local": [], "ray-1": [], "ray-2": []}
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": ALLOCATOR_ENV})
+    ray_start = time.perf_counter() - started
+    try:
+        for r in range(args.repeats):
+            t0 = time.perf_counter()
+            distill_local(make_config("fadrm", overrides=overrides), dataset, [teacher], fresh("local"),
+                          device="cpu", progress=False)
+            timings["local"].append(time.perf_counter() - t0)
+            if r == 0:
+                for workers in (1, 2):
+                    t0 = time.perf_counter()
+                    Coordinator(make_config("fadrm", overrides=overrides), args.dataset, [teacher],
+                                fresh(f"ray{workers}"), workers=workers, cpus_per_worker=1,
+                                progress=False).run()
+                    timings[f"ray-{workers}"].append(time.perf_counter() - t0)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+    local = min(timings["local"])
+    ray1, ray2 = timings["ray-1"][0], timings["ray-2"][0]
+    result = {
+        "dataset": args.dataset, "ipc": ipc, "iterations": iterations, "images": images,
+        "teacher_test_accuracy": teacher_acc, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+        "ray_start_seconds": ray_start,
+        "seconds": {"local_1_thread": timings["local"], "ray_1_worker": ray1, "ray_2_workers": ray2},
+        "images_per_second": {"local_1_thread": images / local, "ray_1_worker": images / ray1,
+                              "ray_2_workers": images / ray2},
+        "ray_overhead": ray1 / local - 1.0,
+        "speedup_2_workers": ray1 / ray2,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        ips = result["images_per_second"]
+        print(f"{args.dataset}, IPC {ipc}, T={iterations}: {images} images per run "
+              f"(Ray start {ray_start:.1f} s, not counted)")
+        print("| path | seconds | images/s |\n|---|---|---|")
+        print(f"| --local, 1 thread | {local:.1f} | {ips['local_1_thread']:.2f} |")
+        print(f"| Ray, 1 worker | {ray1:.1f} | {ips['ray_1_worker']:.2f} |")
+        print(f"| Ray, 2 workers | {ray2:.1f} | {ips['ray_2_workers']:.2f} |")
+        print(f"Ray overhead vs --local: {100 * result['ray_overhead']:+.1f}%; "
+              f"2 workers vs 1: {result['speedup_2_workers']:.2f}x")
+    return result
+
+
+if __name__ == "__main__":
+    main()

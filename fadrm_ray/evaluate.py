@@ -1,0 +1,321 @@
+"""Evaluate: train a student from scratch on distilled images, report top-1 on the real test set.
+
+The protocol of FADRM.md section 6: the student sees only the distilled images, each step under
+a random-resized crop, flip (where allowed) and CutMix, and learns the frozen teacher(s)'
+distribution on that exact view (relabel.py) by KL divergence at temperature T [20]; AdamW
+(lr 1e-3, wd 0.01, no decay on biases and norm parameters), batch 16, a cosine schedule stepped
+once per epoch; top-1 on the dataset's full real test split.
+
+The cosine is *stretched*: the published student trainer multiplies the learning rate by
+0.5 * (1 + cos(pi * epoch / (epochs * eta))), with eta = 2 for a ResNet-18 student at IPC 1 and 10
+on CIFAR-100, Tiny-ImageNet and ImageNet-1K, and eta = 1 at IPC 50 (their
+validate/train_fkd.py, per dataset/student/IPC). With eta = 2 the rate only decays to half of
+its start. `cosine_stretch` is that eta; the default 2 is the small-IPC setting.
+
+Two details differ from that script and are stated here so numbers can be compared: the KD loss
+is multiplied by T^2 (the usual Hinton scaling; the published script has that line commented
+out; under AdamW a constant loss scale changes nothing but the epsilon's relative size), and
+the reported number is the *final* top-1 (the published script keeps the best test accuracy
+seen, which selects on the test set; it is reported too, as best_top1_*).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fadrm_ray.data import get_dataset
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.models import create_model
+from fadrm_ray.relabel import SOFT_LABEL_MODES, AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
+from fadrm_ray.squeeze import evaluate_top1
+from fadrm_ray.store import open_run
+
+DEFAULT_STUDENT = "convnet-bn"
+DEFAULT_TEMPERATURE = 20.0
+DEFAULT_LR = 1e-3
+DEFAULT_WEIGHT_DECAY = 0.01
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_COSINE_STRETCH = 2.0
+# The published 300 epochs (1000 for IPC 1) are thousands of steps on 100 images; small data
+# on a CPU needs far fewer to converge, so the default is set by steps: about DEFAULT_STEPS
+# optimizer steps, between MIN_EPOCHS and MAX_EPOCHS epochs.
+DEFAULT_STEPS = 600
+MIN_EPOCHS, MAX_EPOCHS = 40, 300
+
+
+class EvaluationError(ValueError):
+    """A run cannot be evaluated as asked (missing teacher, unknown dataset, bad option)."""
+
+
+def default_epochs(num_images: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+    """Epochs giving about DEFAULT_STEPS steps, clipped to [MIN_EPOCHS, MAX_EPOCHS]."""
+    per_epoch = steps_per_epoch(max(1, num_images), batch_size)
+    return int(min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(DEFAULT_STEPS / per_epoch))))
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) of the temperature-softened distributions, averaged over the batch,
+    times T^2 so the gradient scale does not shrink with T (FADRM.md section 6)."""
+    t = float(temperature)
+    log_p_student = F.log_softmax(student_logits.float() / t, dim=1)
+    log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=1)
+    kl = F.kl_div(log_p_student, log_p_teacher, reduction="batchmean", log_target=True)
+    return kl * t * t
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on conv/linear weights only, none on biases and norm
+    parameters (FADRM.md section 6). One-dimensional tensors are exactly those."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def cosine_factor(epoch: int, epochs: int, stretch: float = DEFAULT_COSINE_STRETCH) -> float:
+    """Learning-rate multiplier of epoch `epoch` (0-based): the stretched cosine of the module doc."""
+    return 0.5 * (1.0 + math.cos(math.pi * epoch / (max(1, epochs) * stretch)))
+
+
+@contextmanager
+def _threads(num_threads: int | None):
+    if not num_threads:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(num_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
+    every = eval_every or max(1, epochs // 10)
+    return {e for e in range(epochs) if (e + 1) % every == 0} | {epochs - 1}
+
+
+def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler, *,
+                  student: str = DEFAULT_STUDENT, student_kwargs: dict | None = None, epochs: int | None = None,
+                  seed: int = 0, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE,
+                  lr: float = DEFAULT_LR, weight_decay: float = DEFAULT_WEIGHT_DECAY,
+                  cosine_stretch: float = DEFAULT_COSINE_STRETCH, crop_scale: tuple[float, float] = (0.08, 1.0),
+                  cutmix_prob: float = 1.0, soft_labels: str = "online", soft_label_dir: str | Path | None = None,
+                  soft_label_dtype: str = "float16", eval_every: int | None = None, device: str = "cpu",
+                  return_model: bool = False, progress: bool = False) -> dict:
+    """Train one student (one seed) on `images_uint8` with soft labels from `labeler`.
+
+    Labels of the images are not used: the targets are the teachers' logits. Returns
+    final_top1, best_top1 (percent), the evaluated curve [(epoch, top1)], steps and seconds.
+    """
+    if images_uint8.shape[0] == 0:
+        raise EvaluationError("no images to train a student on")
+    epochs = default_epochs(images_uint8.shape[0], batch_size) if epochs is None else int(epochs)
+    if epochs < 1:
+        raise EvaluationError(f"epochs must be >= 1, got {epochs}")
+    if temperature <= 0:
+        raise EvaluationError(f"temperature must be > 0, got {temperature}")
+    if cosine_stretch < 1:
+        raise EvaluationError(f"cosine_stretch must be >= 1, got {cosine_stretch}")
+    spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(crop_scale), hflip=dataset.hflip,
+                       cutmix_prob=cutmix_prob)
+    source = soft_label_source(soft_labels, images_uint8, labeler, spec, batch_size, seed, epochs,
+                               soft_label_dir, dtype=soft_label_dtype)
+    device_t = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the student's initial weights depend on the seed only
+        model = create_model(student, dataset.num_classes, in_chans=dataset.channels,
+                             image_size=dataset.image_size, **dict(student_kwargs or {})).to(device_t)
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
+    mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
+    std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
+    evaluate_at = _eval_epochs(epochs, eval_every)
+
+    from tqdm.auto import tqdm
+
+    curve: list[tuple[int, float]] = []
+    steps = 0
+    started = time.perf_counter()
+    bar = tqdm(range(epochs), desc=f"student {student} seed {seed}", unit="epoch", disable=not progress, leave=False)
+    for epoch in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * cosine_factor(epoch, epochs, cosine_stretch)
+        model.train()
+        for step in source.epoch(epoch):
+            x = (step.view01.to(device_t) - mean) / std
+            loss = kd_loss(model(x), step.logits.to(device_t), temperature)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        if epoch in evaluate_at:
+            top1 = evaluate_top1(model, dataset.test, dataset)
+            curve.append((epoch + 1, round(top1, 4)))
+            bar.set_postfix(top1=f"{top1:.1f}")
+    bar.close()
+    out = {"final_top1": curve[-1][1], "best_top1": max(v for _, v in curve), "curve": curve, "epochs": epochs,
+           "steps": steps, "seconds": time.perf_counter() - started, "seed": seed}
+    if return_model:
+        out["model"] = model
+    return out
+
+
+def _as_dataset(dataset: ImageDataset | str) -> ImageDataset:
+    return get_dataset(dataset) if isinstance(dataset, str) else dataset
+
+
+def _as_labeler(teachers, dataset: ImageDataset, device: str) -> SoftLabeler:
+    if isinstance(teachers, SoftLabeler):
+        return teachers
+    if isinstance(teachers, (str, Path)):
+        teachers = [teachers]
+    teachers = list(teachers or [])
+    if not teachers:
+        raise EvaluationError("at least one teacher is needed for soft labels")
+    return SoftLabeler.from_paths(teachers, dataset, device=device)
+
+
+def _summarize(per_seed: list[dict]) -> dict:
+    finals = [r["final_top1"] for r in per_seed]
+    bests = [r["best_top1"] for r in per_seed]
+    std = statistics.stdev(finals) if len(finals) > 1 else 0.0  # sample std (n - 1) over seeds
+    return {
+        "top1_mean": round(statistics.fmean(finals), 3),
+        "top1_std": round(std, 3),
+        "top1_per_seed": finals,
+        "best_top1_mean": round(statistics.fmean(bests), 3),
+        "best_top1_std": round(statistics.stdev(bests) if len(bests) > 1 else 0.0, 3),
+        "best_top1_per_seed": bests,
+        "curves": [r["curve"] for r in per_seed],
+    }
+
+
+def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
+                    teachers, student: str = DEFAULT_STUDENT, epochs: int | None = None, seeds: int | Sequence[int] = 3,
+                    batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE,
+                    lr: float = DEFAULT_LR, weight_decay: float = DEFAULT_WEIGHT_DECAY,
+                    cosine_stretch: float = DEFAULT_COSINE_STRETCH, soft_labels: str = "online",
+                    soft_label_dir: str | Path | None = None, student_kwargs: dict | None = None,
+                    num_threads: int | None = None, device: str = "cpu", progress: bool = True,
+                    **train_kwargs) -> dict:
+    """Train `seeds` students on uint8 (N, C, H, W) images and report top-1 on the real test split.
+
+    `teachers`: checkpoint path(s) or a SoftLabeler. `seeds`: a count (seeds 0..n-1) or a list.
+    `labels` are only counted (images per class); the targets come from the teachers.
+    """
+    if soft_labels not in SOFT_LABEL_MODES:
+        raise EvaluationError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {soft_labels!r}")
+    dataset = _as_dataset(dataset)
+    if images_uint8.dim() != 4 or tuple(images_uint8.shape[1:]) != (dataset.channels, dataset.image_size, dataset.image_size):
+        raise EvaluationError(f"images must be (N, {dataset.channels}, {dataset.image_size}, {dataset.image_size}) for "
+                              f"{dataset.name}, got {tuple(images_uint8.shape)}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list:
+        raise EvaluationError("seeds must be >= 1")
+    epochs = default_epochs(images_uint8.shape[0], batch_size) if epochs is None else int(epochs)
+    started = time.perf_counter()
+    with _threads(num_threads):
+        labeler = _as_labeler(teachers, dataset, device)
+        per_seed = [train_student(images_uint8, dataset, labeler, student=student, student_kwargs=student_kwargs,
+                                  epochs=epochs, seed=s, batch_size=batch_size, temperature=temperature, lr=lr,
+                                  weight_decay=weight_decay, cosine_stretch=cosine_stretch,
+                                  soft_labels=soft_labels, soft_label_dir=soft_label_dir, device=device,
+                                  progress=progress, **train_kwargs)
+                    for s in seed_list]
+    per_class = None
+    if labels is not None:
+        per_class = torch.bincount(torch.as_tensor(labels).long(), minlength=dataset.num_classes).tolist()
+    return {
+        **_summarize(per_seed),
+        "student": student,
+        "student_kwargs": dict(student_kwargs or {}),
+        "epochs": epochs,
+        "steps_per_seed": per_seed[0]["steps"],
+        "seeds": seed_list,
+        "seconds": round(time.perf_counter() - started, 2),
+        "images": int(images_uint8.shape[0]),
+        "images_per_class": per_class,
+        "dataset": dataset.name,
+        "test_size": len(dataset.test),
+        "teachers": list(labeler.ids),
+        "protocol": {"batch_size": batch_size, "temperature": temperature, "lr": lr, "weight_decay": weight_decay,
+                     "cosine_stretch": cosine_stretch, "soft_labels": soft_labels, "optimizer": "adamw",
+                     "loss": "kl(T)*T^2", "metric": "final top-1 on the real test split",
+                     **{k: v for k, v in train_kwargs.items() if isinstance(v, (int, float, str, bool, tuple))}},
+    }
+
+
+def run_teacher_paths(provenance: dict) -> list[dict]:
+    """The teachers a run was distilled with, as recorded in its provenance: [{path, sha256}]."""
+    return [t for t in provenance.get("teachers", []) if isinstance(t, dict) and t.get("path")]
+
+
+def _check_teacher_file(entry: dict) -> str:
+    from fadrm_ray.models import file_sha256
+
+    path = Path(entry["path"])
+    if not path.is_file():
+        raise EvaluationError(f"teacher {path} recorded in the run does not exist here; pass teachers=[...] "
+                              f"(--teacher PATH) to evaluate with a copy of it")
+    want = entry.get("sha256")
+    if want and file_sha256(path) != want:
+        raise EvaluationError(f"teacher {path} has changed since the run was distilled (sha256 differs from the "
+                              f"recorded {want[:12]}...); pass teachers=[...] to evaluate with another teacher")
+    return str(path)
+
+
+def evaluate_run(run_dir: str | Path, student: str = DEFAULT_STUDENT, epochs: int | None = None, seeds: int | Sequence[int] = 3,
+                 batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE, lr: float = DEFAULT_LR,
+                 weight_decay: float = DEFAULT_WEIGHT_DECAY, teachers: Sequence[str | Path] | None = None,
+                 dataset: ImageDataset | str | None = None, soft_labels: str = "online", num_threads: int | None = None,
+                 progress: bool = True, cosine_stretch: float = DEFAULT_COSINE_STRETCH,
+                 student_kwargs: dict | None = None, device: str = "cpu", **train_kwargs) -> dict:
+    """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
+
+    Teachers default to the run's provenance (their sha256 is checked); the dataset defaults to
+    the one the run was distilled from (its fingerprint is checked, since a different test split
+    would make the number meaningless). Stored soft labels go to `<run_dir>/soft_labels/`.
+    """
+    reader = open_run(run_dir)
+    prov = reader.provenance
+    if dataset is None:
+        name = (prov.get("dataset") or {}).get("name")
+        if not name:
+            raise EvaluationError(f"{reader.run_dir}: the run records no dataset; pass dataset=...")
+        try:
+            dataset = get_dataset(name)
+        except ValueError as exc:
+            raise EvaluationError(f"{reader.run_dir}: dataset {name!r} of the run cannot be reopened by name "
+                                  f"({exc}); pass dataset=... (--dataset SPEC)") from None
+        want = (prov.get("dataset") or {}).get("fingerprint")
+        if want and dataset.fingerprint() != want:
+            raise EvaluationError(f"dataset {name} here (fingerprint {dataset.fingerprint()}) is not the data the run "
+                                  f"was distilled from ({want}); pass dataset=... to evaluate anyway")
+    dataset = _as_dataset(dataset)
+    if teachers is None:
+        entries = run_teacher_paths(prov)
+        if not entries:
+            raise EvaluationError(f"{reader.run_dir}: the run records no teacher; pass teachers=[...]")
+        teachers = [_check_teacher_file(e) for e in entries]
+    images, labels, _ = reader.read()
+    if labels.numel() == 0:
+        raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
+    result = evaluate_images(images, labels, dataset, list(teachers), student=student, epochs=epochs, seeds=seeds,
+                             batch_size=batch_size, temperature=temperature, lr=lr, weight_decay=weight_decay,
+                             cosine_stretch=cosine_stretch, soft_labels=soft_labels,
+                             soft_label_dir=Path(reader.run_dir) / "soft_labels", student_kwargs=student_kwargs,
+                             num_threads=num_threads, device=device, progress=progress, **train_kwargs)
+    result["run_id"] = reader.run_id
+    result["run_dir"] = str(reader.run_dir)
+    result["preset"] = reader.config.get("preset")
+    result["ipc"] = reader.config.get("ipc")
+    return result

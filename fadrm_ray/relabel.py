@@ -1,0 +1,449 @@
+"""Relabel: soft labels from the frozen teacher(s) on the exact view the student sees.
+
+FADRM.md section 6: every student step sees a batch of distilled images under a random-resized
+crop (scale 0.08-1), a horizontal flip (only where the dataset says a flip keeps the label) and
+CutMix with lambda ~ Beta(1, 1); its target is the teacher's logits on that same augmented,
+mixed batch. Several teachers (FADRM+, section 5) average their logits.
+
+A `ViewPlan` is everything random about one step (which images, each crop box and flip, the
+CutMix partner of every slot and the box). `apply_plan` turns a plan into pixels, so the two
+sources of soft labels share one code path and cannot drift apart:
+
+- `OnlineSoftLabels` (the default) draws the plan and runs the teachers on every step;
+  nothing is stored.
+- `precompute_soft_labels` writes the plans and fp16 logits of E epochs to Parquet (the
+  published pipeline's storage, section 6, without its patched PyTorch loader: pitfall list in
+  section 8), and `StoredSoftLabels`, a plain map-style Dataset with one item per step, reads
+  them back and rebuilds the same views with `apply_plan`.
+
+Each epoch's plan comes from its own generator, seeded from (seed, epoch), so an epoch can be
+recomputed or read back on its own, in any order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fadrm_ray.models import load_teacher, match_channels
+from fadrm_ray.recover import FrozenTeacher, crop_box
+from fadrm_ray.store import atomic_write_bytes, atomic_write_text
+
+SOFT_LABEL_MODES = ("online", "stored")
+STORE_FORMAT = "fadrm-soft-labels"
+STORE_VERSION = 1
+LOGIT_DTYPES = {"float16": (torch.float16, pa.float16()), "float32": (torch.float32, pa.float32())}
+
+
+# --------------------------------------------------------------------------- the augmentation
+@dataclass(frozen=True)
+class AugmentSpec:
+    """The student-side augmentation (FADRM.md section 6)."""
+    out_size: int
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: bool = False          # only where a flip keeps the label (not for digits)
+    cutmix_prob: float = 1.0     # the published students mix every batch
+
+    def __post_init__(self):
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        if not 0.0 <= self.cutmix_prob <= 1.0:
+            raise ValueError(f"cutmix_prob must be in [0, 1], got {self.cutmix_prob}")
+        if self.out_size < 1:
+            raise ValueError(f"out_size must be >= 1, got {self.out_size}")
+
+    def to_dict(self) -> dict:
+        return {"out_size": int(self.out_size), "crop_scale": [float(v) for v in self.crop_scale],
+                "hflip": bool(self.hflip), "cutmix_prob": float(self.cutmix_prob)}
+
+
+@dataclass
+class ViewPlan:
+    """Everything random about one student step; `apply_plan` turns it into pixels."""
+    indices: torch.Tensor                 # (B,) int64 image index of each slot
+    boxes: torch.Tensor                   # (B, 4) int64 crop (top, left, h, w) in source pixels
+    flips: torch.Tensor                   # (B,) bool
+    partner: torch.Tensor                 # (B,) int64 CutMix: slot j's box comes from slot partner[j]
+    mix_box: tuple[int, int, int, int]    # (y0, y1, x0, x1) in output pixels; empty when not mixed
+    lam: float                            # fraction of each view that stays its own image
+
+    @property
+    def mixed(self) -> bool:
+        y0, y1, x0, x1 = self.mix_box
+        return y1 > y0 and x1 > x0
+
+    def __len__(self) -> int:
+        return int(self.indices.numel())
+
+
+def cutmix_box(size: int, lam: float, cy: int, cx: int) -> tuple[tuple[int, int, int, int], float]:
+    """The CutMix box for a drawn lambda and centre, clipped to the image, and the lambda that
+    box really gives (1 - box area / image area), so soft and hard mixing weights agree."""
+    cut = math.sqrt(1.0 - lam)
+    ch, cw = int(size * cut), int(size * cut)
+    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, size)
+    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, size)
+    if y1 <= y0 or x1 <= x0:
+        return (0, 0, 0, 0), 1.0
+    return (y0, y1, x0, x1), 1.0 - (y1 - y0) * (x1 - x0) / float(size * size)
+
+
+def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
+              gen: torch.Generator) -> ViewPlan:
+    """Draw one step's crops, flips and CutMix from `gen` (per-image crop and flip, one
+    lambda, partner permutation and box for the whole batch, as in FADRM.md section 6)."""
+    b = int(indices.numel())
+    boxes = torch.tensor([crop_box(height, width, spec.crop_scale[0], gen, scale_max=spec.crop_scale[1])
+                          for _ in range(b)], dtype=torch.long).view(b, 4)
+    flips = (torch.rand(b, generator=gen) < 0.5) if spec.hflip else torch.zeros(b, dtype=torch.bool)
+    partner, mix_box, lam = torch.arange(b), (0, 0, 0, 0), 1.0
+    if b > 1 and spec.cutmix_prob > 0:
+        use = spec.cutmix_prob >= 1.0 or float(torch.rand((), generator=gen)) < spec.cutmix_prob
+        if use:
+            lam0 = float(torch.rand((), generator=gen))  # Beta(1, 1) is uniform on [0, 1]
+            partner = torch.randperm(b, generator=gen)
+            cy, cx = (int(v) for v in torch.randint(0, spec.out_size, (2,), generator=gen))
+            mix_box, lam = cutmix_box(spec.out_size, lam0, cy, cx)
+            if mix_box == (0, 0, 0, 0):
+                partner = torch.arange(b)
+    return ViewPlan(indices=indices.clone().long(), boxes=boxes, flips=flips, partner=partner,
+                    mix_box=mix_box, lam=lam)
+
+
+def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
+    """The augmented batch (B, C, out, out) in [0, 1] pixel units.
+
+    Bilinear resampling and CutMix are convex combinations of pixels, so working in [0, 1]
+    and normalizing afterwards (per model: student and teachers may use different statistics)
+    gives the same view as working in normalized space.
+    """
+    views = []
+    for j in range(len(plan)):
+        top, left, h, w = (int(v) for v in plan.boxes[j])
+        crop = images01[int(plan.indices[j]), :, top:top + h, left:left + w].unsqueeze(0)
+        if h != out_size or w != out_size:
+            crop = F.interpolate(crop, size=(out_size, out_size), mode="bilinear", align_corners=False)
+        if bool(plan.flips[j]):
+            crop = crop.flip(-1)
+        views.append(crop)
+    view = torch.cat(views)
+    if plan.mixed:
+        y0, y1, x0, x1 = plan.mix_box
+        mixed = view.clone()
+        mixed[:, :, y0:y1, x0:x1] = view[plan.partner, :, y0:y1, x0:x1]
+        view = mixed
+    return view
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """One generator per (seed, epoch), so any epoch can be rebuilt on its own."""
+    digest = hashlib.sha256(f"relabel|{int(seed)}|{int(epoch)}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def epoch_batches(n: int, batch_size: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """A shuffled pass over n images in batches; a trailing batch of one joins the batch before
+    it, because BatchNorm cannot take training statistics from a single image."""
+    order = torch.randperm(n, generator=gen)
+    batches = list(order.split(batch_size))
+    if len(batches) > 1 and batches[-1].numel() == 1:
+        batches[-2] = torch.cat(batches[-2:])
+        batches.pop()
+    return batches
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    full, rest = divmod(n, batch_size)
+    return full + (1 if rest > 1 or full == 0 else 0)
+
+
+# --------------------------------------------------------------------------- teachers
+class SoftLabeler:
+    """Frozen teacher(s) in eval mode; their logits on a [0, 1] view, averaged (FADRM+, section 5).
+
+    Each teacher sees the view normalized with its own training statistics and channel count.
+    """
+
+    def __init__(self, models: Sequence[nn.Module], means: Sequence[Sequence[float]],
+                 stds: Sequence[Sequence[float]], in_chans: Sequence[int], ids: Sequence[str] | None = None,
+                 device: str | torch.device = "cpu"):
+        if not models:
+            raise ValueError("at least one teacher is needed for soft labels")
+        self.device = torch.device(device)
+        self.models = [m.to(self.device).eval().requires_grad_(False) for m in models]
+        self.means = [torch.tensor(list(m), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for m in means]
+        self.stds = [torch.tensor(list(s), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for s in stds]
+        self.in_chans = [int(c) for c in in_chans]
+        self.ids = list(ids) if ids is not None else [_module_digest(m) for m in self.models]
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[str | Path], dataset=None, device: str | torch.device = "cpu") -> "SoftLabeler":
+        """Load teacher checkpoints; with `dataset`, check each fits it (class order, size, channels)."""
+        from fadrm_ray.models import check_teacher_fits
+
+        if not paths:
+            raise ValueError("at least one teacher checkpoint is needed for soft labels")
+        models, means, stds, chans, ids = [], [], [], [], []
+        for path in paths:
+            model, info = load_teacher(path, device=device)
+            if dataset is not None:
+                check_teacher_fits(info, dataset)
+            models.append(model)
+            means.append(info.mean)
+            stds.append(info.std)
+            chans.append(info.in_chans)
+            ids.append(info.sha256)
+        return cls(models, means, stds, chans, ids, device)
+
+    @classmethod
+    def from_frozen(cls, teachers: Sequence[FrozenTeacher], mean: Sequence[float], std: Sequence[float],
+                    channels: int) -> "SoftLabeler":
+        """Reuse teachers already loaded for recover (their BN hooks only add bookkeeping)."""
+        return cls([t.model for t in teachers], [mean] * len(teachers), [std] * len(teachers),
+                   [t.in_chans or channels for t in teachers])
+
+    @torch.no_grad()
+    def __call__(self, view01: torch.Tensor) -> torch.Tensor:
+        view01 = view01.to(self.device)
+        total = None
+        for model, mean, std, chans in zip(self.models, self.means, self.stds, self.in_chans):
+            x = match_channels((view01 - mean) / std, chans)
+            logits = model(x).float()
+            total = logits if total is None else total + logits
+        return (total / len(self.models)).cpu()
+
+
+def _module_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- one step
+@dataclass
+class Step:
+    view01: torch.Tensor      # (B, C, S, S) the augmented batch in [0, 1]
+    logits: torch.Tensor      # (B, K) float32 soft-label logits (teacher average)
+    plan: ViewPlan
+    epoch: int
+    index: int                # step within the epoch
+
+
+def to_unit(images_uint8: torch.Tensor) -> torch.Tensor:
+    if images_uint8.dtype != torch.uint8 or images_uint8.dim() != 4:
+        raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {tuple(images_uint8.shape)}")
+    return images_uint8.float().div(255.0)
+
+
+class OnlineSoftLabels:
+    """Soft labels computed on the fly each step with the frozen teacher(s): no storage."""
+
+    mode = "online"
+
+    def __init__(self, images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec,
+                 batch_size: int, seed: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.images01 = to_unit(images_uint8)
+        self.labeler, self.spec, self.batch_size, self.seed = labeler, spec, int(batch_size), int(seed)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.images01.shape[0], self.batch_size)
+
+    def plans(self, epoch: int) -> list[ViewPlan]:
+        gen = epoch_generator(self.seed, epoch)
+        h, w = self.images01.shape[-2:]
+        return [draw_plan(idx, h, w, self.spec, gen)
+                for idx in epoch_batches(self.images01.shape[0], self.batch_size, gen)]
+
+    def epoch(self, epoch: int) -> Iterator[Step]:
+        for i, plan in enumerate(self.plans(epoch)):
+            view = apply_plan(self.images01, plan, self.spec.out_size)
+            yield Step(view, self.labeler(view), plan, epoch, i)
+
+
+# --------------------------------------------------------------------------- stored soft labels
+def soft_label_key(images_uint8: torch.Tensor, teacher_ids: Sequence[str], spec: AugmentSpec,
+                   batch_size: int, seed: int, dtype: str) -> str:
+    """What the stored labels depend on (not the epoch count: epochs are independent)."""
+    h = hashlib.sha256()
+    h.update(images_uint8.contiguous().numpy().tobytes())
+    h.update(json.dumps({"teachers": list(teacher_ids), "spec": spec.to_dict(), "batch_size": int(batch_size),
+                         "seed": int(seed), "dtype": dtype, "shape": list(images_uint8.shape)},
+                        sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _epoch_file(directory: Path, epoch: int) -> Path:
+    return directory / f"epoch={epoch:05d}.parquet"
+
+
+def _plan_table(steps: list[Step], dtype: str, num_classes: int) -> pa.Table:
+    torch_dtype, arrow_dtype = LOGIT_DTYPES[dtype]
+    cols: dict[str, list] = {k: [] for k in ("step", "slot", "image", "crop_top", "crop_left", "crop_h", "crop_w",
+                                             "flip", "mix_slot", "mix_image", "mix_y0", "mix_y1", "mix_x0",
+                                             "mix_x1", "lam")}
+    logits = []
+    for step in steps:
+        p = step.plan
+        for j in range(len(p)):
+            cols["step"].append(step.index)
+            cols["slot"].append(j)
+            cols["image"].append(int(p.indices[j]))
+            for name, v in zip(("crop_top", "crop_left", "crop_h", "crop_w"), p.boxes[j].tolist()):
+                cols[name].append(int(v))
+            cols["flip"].append(bool(p.flips[j]))
+            cols["mix_slot"].append(int(p.partner[j]))
+            cols["mix_image"].append(int(p.indices[int(p.partner[j])]))
+            for name, v in zip(("mix_y0", "mix_y1", "mix_x0", "mix_x1"), p.mix_box):
+                cols[name].append(int(v))
+            cols["lam"].append(float(p.lam))
+        logits.append(step.logits.to(torch_dtype))
+    flat = torch.cat(logits).reshape(-1).numpy()
+    arrays = {k: pa.array(v, type=pa.bool_() if k == "flip" else pa.float64() if k == "lam" else pa.int64())
+              for k, v in cols.items()}
+    arrays["logits"] = pa.FixedSizeListArray.from_arrays(pa.array(flat, type=arrow_dtype), num_classes)
+    return pa.table(arrays)
+
+
+def precompute_soft_labels(images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec, batch_size: int,
+                           seed: int, epochs: int, directory: str | Path, dtype: str = "float16",
+                           progress: bool = False) -> Path:
+    """Write the plans and logits of `epochs` epochs under `directory/<key>/`; returns that folder.
+
+    Epoch files already there are kept (a rerun only fills in what is missing), each file is
+    written atomically, and `meta.json` records what the labels depend on.
+    """
+    if dtype not in LOGIT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(LOGIT_DTYPES)}, got {dtype!r}")
+    key = soft_label_key(images_uint8, labeler.ids, spec, batch_size, seed, dtype)
+    out = Path(directory) / key
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": STORE_FORMAT, "version": STORE_VERSION, "key": key, "teachers": list(labeler.ids),
+            "spec": spec.to_dict(), "batch_size": int(batch_size), "seed": int(seed), "dtype": dtype,
+            "images": int(images_uint8.shape[0]), "image_shape": list(images_uint8.shape[1:])}
+    source = OnlineSoftLabels(images_uint8, labeler, spec, batch_size, seed)
+    from tqdm.auto import tqdm
+
+    for epoch in tqdm(range(epochs), desc="relabel", unit="epoch", disable=not progress):
+        path = _epoch_file(out, epoch)
+        if path.is_file():
+            continue
+        steps = list(source.epoch(epoch))
+        table = _plan_table(steps, dtype, steps[0].logits.shape[1])
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    meta["epochs"] = max(epochs, _stored_epochs(out))
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2))
+    return out
+
+
+def _stored_epochs(directory: Path) -> int:
+    n = 0
+    while _epoch_file(directory, n).is_file():
+        n += 1
+    return n
+
+
+class StoredSoftLabels(torch.utils.data.Dataset):
+    """A plain map-style Dataset over stored steps: item i is step i % steps_per_epoch of epoch
+    i // steps_per_epoch, returned as (ViewPlan, logits float32). `epoch(e)` rebuilds the
+    views of a whole epoch with the same `apply_plan` the online path uses."""
+
+    mode = "stored"
+
+    def __init__(self, directory: str | Path, images_uint8: torch.Tensor):
+        self.directory = Path(directory)
+        meta_path = self.directory / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no stored soft labels in {self.directory} (meta.json missing)")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != STORE_FORMAT or self.meta.get("version") != STORE_VERSION:
+            raise ValueError(f"{self.directory}: not a version {STORE_VERSION} {STORE_FORMAT} folder")
+        if int(self.meta["images"]) != images_uint8.shape[0] or list(self.meta["image_shape"]) != list(images_uint8.shape[1:]):
+            raise ValueError(f"{self.directory}: stored labels are for {self.meta['images']} images of shape "
+                             f"{self.meta['image_shape']}, got {tuple(images_uint8.shape)}")
+        self.images01 = to_unit(images_uint8)
+        self.spec = AugmentSpec(out_size=int(self.meta["spec"]["out_size"]),
+                                crop_scale=tuple(self.meta["spec"]["crop_scale"]),
+                                hflip=bool(self.meta["spec"]["hflip"]),
+                                cutmix_prob=float(self.meta["spec"]["cutmix_prob"]))
+        self.batch_size = int(self.meta["batch_size"])
+        self.epochs = _stored_epochs(self.directory)
+        self._cache: tuple[int, list[tuple[ViewPlan, torch.Tensor]]] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.images01.shape[0], self.batch_size)
+
+    def __len__(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def _load_epoch(self, epoch: int) -> list[tuple[ViewPlan, torch.Tensor]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        path = _epoch_file(self.directory, epoch)
+        if not path.is_file():
+            raise IndexError(f"epoch {epoch} is not stored in {self.directory} ({self.epochs} epochs are)")
+        table = pq.read_table(path)
+        col = {name: table.column(name).to_pylist() for name in table.column_names if name != "logits"}
+        k = table.column("logits").type.list_size
+        flat = table.column("logits").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        logits = torch.from_numpy(flat.copy()).float().view(-1, k)
+        steps: list[tuple[ViewPlan, torch.Tensor]] = []
+        rows = torch.tensor(col["step"])
+        for s in range(int(rows.max()) + 1):
+            sel = torch.nonzero(rows == s).flatten()
+            order = sel[torch.tensor([col["slot"][i] for i in sel.tolist()]).argsort()]
+            o = order.tolist()
+            first = o[0]
+            plan = ViewPlan(
+                indices=torch.tensor([col["image"][i] for i in o], dtype=torch.long),
+                boxes=torch.tensor([[col["crop_top"][i], col["crop_left"][i], col["crop_h"][i], col["crop_w"][i]]
+                                    for i in o], dtype=torch.long),
+                flips=torch.tensor([col["flip"][i] for i in o], dtype=torch.bool),
+                partner=torch.tensor([col["mix_slot"][i] for i in o], dtype=torch.long),
+                mix_box=(col["mix_y0"][first], col["mix_y1"][first], col["mix_x0"][first], col["mix_x1"][first]),
+                lam=float(col["lam"][first]))
+            steps.append((plan, logits[order]))
+        self._cache = (epoch, steps)
+        return steps
+
+    def __getitem__(self, i: int) -> tuple[ViewPlan, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        epoch, step = divmod(int(i), self.steps_per_epoch)
+        return self._load_epoch(epoch)[step]
+
+    def epoch(self, epoch: int) -> Iterator[Step]:
+        for i, (plan, logits) in enumerate(self._load_epoch(epoch)):
+            yield Step(apply_plan(self.images01, plan, self.spec.out_size), logits, plan, epoch, i)
+
+
+def soft_label_source(mode: str, images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec,
+                      batch_size: int, seed: int, epochs: int, directory: str | Path | None = None,
+                      dtype: str = "float16", progress: bool = False):
+    """The online source, or the stored one (computing whatever epochs are not stored yet)."""
+    if mode == "online":
+        return OnlineSoftLabels(images_uint8, labeler, spec, batch_size, seed)
+    if mode == "stored":
+        if directory is None:
+            raise ValueError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
+        folder = precompute_soft_labels(images_uint8, labeler, spec, batch_size, seed, epochs, directory,
+                                        dtype=dtype, progress=progress)
+        return StoredSoftLabels(folder, images_uint8)
+    raise ValueError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")
