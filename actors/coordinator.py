@@ -74,11 +74,13 @@ class Coordinator:
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts
         self.progress = progress
+        if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
+            self.gpus_per_worker = gpus_per_worker = 1.0  # one worker per GPU by default
         self.device = "cuda" if gpus_per_worker else "cpu"
         self.dataset = get_dataset(dataset_spec, root=data_root)
-        self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root, "cpu")
-        if self.device == "cuda":  # precision "auto" resolves per device
-            self.cfg = cfg.resolve(self.dataset.image_size, self.dataset.num_classes, self.dataset.hflip, "cuda")
+        # The driver only checks the teachers (on its CPU); the config resolves for the workers' device.
+        self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root,
+                                                     device="cpu", run_device=self.device)
         self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
         self.units = plan_units(self.cfg, self.dataset.num_classes)
         self.stages = self.cfg.k + 1
@@ -199,7 +201,8 @@ class Coordinator:
                     result.units_run.append(task.unit.unit_id)
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
-                    inflight[worker.run_stage.remote(task.unit, task.stage + 1, self.teacher_refs)] = (worker, _Task(task.unit, task.stage + 1))
+                    following = _Task(task.unit, task.stage + 1)
+                    inflight[worker.run_stage.remote(following.unit, following.stage, self.teacher_refs)] = (worker, following)
 
 
 def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],

@@ -23,7 +23,8 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import Unit, run_unit_stage, unit_records, unit_states, unit_stats
 from fadrm_ray.models import check_teacher_fits, load_teacher
 from fadrm_ray.recover import FrozenTeacher, RecoverState
-from fadrm_ray.store import RunStore, atomic_write_bytes
+from fadrm_ray.fileio import atomic_write_bytes
+from fadrm_ray.store import RunStore
 
 
 def checkpoint_path(store: RunStore, unit_id: str, stage: int) -> Path:

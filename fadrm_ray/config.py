@@ -66,7 +66,7 @@ class DistillConfig:
     precision: str = "auto"              # auto = bf16 on a CPU that has it, fp16 + GradScaler on CUDA
 
     # Scheduling: how a run is cut into units of work.
-    classes_per_batch: int = 0           # classes in one batch (one image per class); 0 = all selected
+    classes_per_batch: int = 100         # classes in one batch (one image per class; 100 as published); 0 = all
     ipc_per_unit: int = 1                # IPC indices in one unit of work
     pack: int = 1                        # IPC batches optimized together in one forward/backward
 

@@ -170,11 +170,13 @@ class DistillResult:
 
 
 def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
-                out_root: str | Path, device: str = "cpu"):
-    """Resolve the config for this dataset and device, load the teachers, open the run's store."""
+                out_root: str | Path, device: str = "cpu", run_device: str | None = None):
+    """Resolve the config for this dataset and the device the run uses (`run_device`, default
+    `device`), load the teachers on `device`, open the run's store."""
     if cfg.preset == "fadrm+" and len(teacher_paths) < 2:
         raise ValueError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
-    cfg = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type)
+    cfg = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip,
+                      torch.device(run_device or device).type)
     teachers, infos = load_teachers(teacher_paths, dataset, cfg, device)
     run_id = make_run_id(cfg, dataset.fingerprint(), [i.sha256 for i in infos])
     store = RunStore(out_root, run_id)

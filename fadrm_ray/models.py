@@ -10,14 +10,15 @@ fingerprint the teacher was trained with (FADRM.md section 1).
 """
 from __future__ import annotations
 
-import hashlib
+import io
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from fadrm_ray.fileio import atomic_write_bytes, sha256_file
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
 MODEL_NAMES = OWN_MODELS + ["timm:NAME", "torchvision:NAME"]
@@ -203,12 +204,7 @@ class TeacherInfo:
         return cls(**d)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+file_sha256 = sha256_file
 
 
 def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -> str:
@@ -227,17 +223,9 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -
         "info": meta,
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(path, buf.getvalue())
     digest = file_sha256(path)
     info.sha256 = digest
     info.path = str(path)

@@ -38,8 +38,11 @@ from typing import Any, Callable, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
 import yaml
 from torchvision.io import ImageReadMode, decode_png, encode_png
+
+from fadrm_ray.fileio import _fsync_dir, atomic_write_bytes, atomic_write_text, sha256_file
 
 __all__ = [
     "ImageRecord",
@@ -89,59 +92,8 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename itself lives in the directory entry; without this a power loss can undo it.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that ``path`` is either the old file or the complete new one.
-
-    The temporary file is in the same directory (a rename across file systems is not atomic)
-    and starts with a dot so that part-file globs never pick it up.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def to_plain(obj: Any) -> Any:
