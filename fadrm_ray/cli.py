@@ -39,9 +39,10 @@ class CLIError(Exception):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from fadrm_ray.config import ConfigError
     from fadrm_ray.data.base import DatasetError
+    from fadrm_ray.evaluate import EvaluationError
     from fadrm_ray.models import ModelError
     from fadrm_ray.store import StoreError
-    return CLIError, ConfigError, DatasetError, ModelError, StoreError, FileNotFoundError, ValueError
+    return CLIError, ConfigError, DatasetError, EvaluationError, ModelError, StoreError, FileNotFoundError, ValueError
 
 
 def _parse_classes(text: str | None) -> list[int] | None:
@@ -127,10 +128,26 @@ def cmd_export(args) -> None:
           f"exported {count} images as {args.format} to {args.out}")
 
 
+def cmd_evaluate(args) -> None:
+    from fadrm_ray.evaluate import evaluate_run
+    from fadrm_ray.report import write_report
+
+    extra = {} if args.epochs is None else {"epochs": args.epochs}
+    result = evaluate_run(args.run, student=args.student, seeds=args.seeds, soft_labels=args.soft_labels,
+                          num_threads=args.threads, progress=not args.quiet, **extra)
+    result["report"] = write_report(args.run, evaluation=result)
+    per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
+    _emit(args, result, f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
+                        f"± {result['top1_std']:.2f}% over {len(result['top1_per_seed'])} seeds ({per_seed})\n"
+                        f"report: {result['report'].get('grid', '')}")
+
+
 def cmd_info(args) -> None:
+    from fadrm_ray.report import report_files
     from fadrm_ray.store import open_run
 
     info = open_run(args.run).info()
+    info["report"] = report_files(args.run)
     if args.json:
         print(json.dumps(info, default=str))
         return
@@ -205,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", default=None)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")
+    p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.add_argument("--student", default="convnet-bn", help="student model name")
+    p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the number of images)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--soft-labels", default="online", choices=["online", "stored"],
+                   help="teacher soft labels computed on the fly, or precomputed into the run")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("info", parents=[common], help="describe a run: config, classes, rows, timings")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")

@@ -70,6 +70,10 @@ class DistillConfig:
     ipc_per_unit: int = 1                # IPC indices in one unit of work
     pack: int = 1                        # IPC batches optimized together in one forward/backward
 
+    # Speed only: how fast the loop runs, not what it computes (beyond float rounding).
+    channels_last: bool = True           # channels-last activations (faster convs and pooling on CPU)
+    compile: bool = False                # torch.compile the teacher's loss (compiled once per input shape)
+
     def __post_init__(self):
         self.validate()
 
@@ -130,6 +134,9 @@ class DistillConfig:
         _int_at_least("classes_per_batch", self.classes_per_batch, 0)
         _int_at_least("ipc_per_unit", self.ipc_per_unit, 1)
         _int_at_least("pack", self.pack, 1)
+        for name in ("channels_last", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.init == "noise" and self.uses_arc:
             raise ConfigError("alpha < 1 with k > 0 (ARC) merges back to real patches, so it needs init = real, "
                               "not noise; set alpha = 1 or k = 0 for a noise-initialized run")

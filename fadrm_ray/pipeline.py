@@ -1,7 +1,8 @@
-"""The main job end to end on an offline dataset: squeeze -> distill -> export.
+"""The main job end to end on an offline dataset: squeeze -> distill -> evaluate -> report.
 
 `run_demo` is what `fadrm demo` runs: it trains a teacher (or reuses the one it trained
-before in the same output folder), distills the dataset with the `fadrm` preset, exports an
+before in the same output folder), distills the dataset with the `fadrm` preset, trains
+students on the result, writes the report (image grid, loss curves, accuracy), exports an
 ImageFolder and returns a summary of where everything is.
 """
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Callable
 
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
+from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import ModelError, load_teacher
+from fadrm_ray.report import write_report
 from fadrm_ray.squeeze import squeeze
 from fadrm_ray.store import export_imagefolder, open_run
 
@@ -37,7 +40,7 @@ def ensure_teacher(dataset, out_dir: Path, model_name: str = "convnet-bn", epoch
 
 
 def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: int = 10,
-             iterations: int | None = None, epochs: int | None = None, progress: bool = True,
+             iterations: int | None = None, epochs: int | None = None, seeds: int = 2, progress: bool = True,
              distill_fn: Callable | None = None) -> dict:
     """Squeeze, distill and export; `distill_fn(cfg, dataset_spec, teachers, store_root)` runs the
     distillation (the Ray executor), or None for this process."""
@@ -51,7 +54,12 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
+    evaluation = evaluate_run(result.run_dir, seeds=seeds, progress=progress)
+    report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
+    if export_dir.exists():  # a rerun refreshes the export
+        import shutil
+        shutil.rmtree(export_dir)
     exported = export_imagefolder(result.run_dir, export_dir)
     info = open_run(result.run_dir).info()
     summary = {
@@ -62,6 +70,10 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         "run": str(result.run_dir),
         "images": result.images,
         "distill_seconds": round(result.seconds, 1),
+        "student_top1_mean": round(evaluation["top1_mean"], 2),
+        "student_top1_std": round(evaluation["top1_std"], 2),
+        "report_grid": report.get("grid"),
+        "report_losses": report.get("losses"),
         "imagefolder": str(export_dir),
         "exported": exported,
         "info": info,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -48,19 +49,19 @@ class FrozenTeacher:
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if not self.bn_layers:
             raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
-        self._groups = 1
+        self._groups = 0             # > 0 only inside __call__: other callers of the model pay nothing
         self._bn_loss: torch.Tensor | None = None
+        self._memory_format = torch.contiguous_format
+        self._compiled: dict = {}    # compiled loss functions (recover's `compile`), by memory format
         self._hooks = [bn.register_forward_hook(self._make_hook(i)) for i, bn in enumerate(self.bn_layers)]
 
     def _make_hook(self, index: int):
         weight = self.first_bn_weight if index == 0 else 1.0
 
         def hook(module, inputs, output):
-            a = inputs[0].float()
-            g = self._groups
-            a = a.reshape(g, a.shape[0] // g, a.shape[1], -1)          # (G, B, C, H*W)
-            mean = a.mean(dim=(1, 3))
-            var = (a - mean[:, None, :, None]).pow(2).mean(dim=(1, 3))  # biased, over N, H, W
+            if not self._groups:  # a forward of the same model from elsewhere (another FrozenTeacher)
+                return
+            mean, var = _GroupStats.apply(inputs[0], self._groups)
             loss = (torch.linalg.vector_norm(mean - module.running_mean, dim=1)
                     + torch.linalg.vector_norm(var - module.running_var, dim=1))
             self._bn_loss = weight * loss if self._bn_loss is None else self._bn_loss + weight * loss
@@ -71,14 +72,67 @@ class FrozenTeacher:
         if self.in_chans is not None:
             x = match_channels(x, self.in_chans)  # grey images into a 3-channel teacher
         self._groups, self._bn_loss = groups, None
-        logits = self.model(x)
+        try:
+            logits = self.model(x)
+        finally:
+            self._groups = 0
         bn_loss, self._bn_loss = self._bn_loss, None
         return logits, bn_loss
+
+    def set_memory_format(self, memory_format: torch.memory_format) -> None:
+        """Lay the weights out in `memory_format`. Channels-last convolutions need channels-last
+        weights as well as inputs: a 1-channel input cannot carry the layout."""
+        if memory_format != self._memory_format:
+            self.model.to(memory_format=memory_format)
+            self._memory_format = memory_format
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+class _GroupStats(torch.autograd.Function):
+    """Per-group channel mean and biased variance of a BN layer's input, in fp32: (G, C) each.
+
+    The BN input is the largest tensor of a step, and autograd's graph for `mean` and
+    `((a - mean) ** 2).mean()` walks it five or six times in the backward. The gradient is
+    affine in the centred activation d = a - mean for each (group, channel):
+        dL/da = dL/dmean / n + 2 dL/dvar / n * d,
+    so one fused pass (addcmul) computes it. This was the costliest part of a step on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, groups: int):
+        v, channels_last = _grouped(a, groups)
+        v = v.float()
+        mean = v.mean(dim=(1, 3), keepdim=True)
+        d = v - mean
+        var = (d * d).mean(dim=(1, 3))
+        ctx.save_for_backward(d)
+        ctx.shape, ctx.channels_last, ctx.dtype = a.shape, channels_last, a.dtype
+        return mean.view(var.shape), var
+
+    @staticmethod
+    def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor):
+        d, = ctx.saved_tensors
+        n = d.shape[1] * d.shape[3]
+        grad = torch.addcmul((grad_mean / n)[:, None, :, None], d, (grad_var * (2.0 / n))[:, None, :, None])
+        if ctx.channels_last:  # back from (G, B*H*W, C, 1) to an (N, C, H, W) channels-last tensor
+            n_, c, h, w = ctx.shape
+            grad = grad.view(n_, h, w, c).permute(0, 3, 1, 2)
+        else:
+            grad = grad.view(ctx.shape)
+        return grad.to(ctx.dtype), None
+
+
+def _grouped(a: torch.Tensor, groups: int) -> tuple[torch.Tensor, bool]:
+    """A (G, M, C, K) view of a BN input whose statistics reduce over dims 1 and 3, without a
+    copy for both contiguous and channels-last activations; and whether it was channels-last."""
+    if a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last):
+        n, c, h, w = a.shape
+        return a.permute(0, 2, 3, 1).reshape(groups, n // groups * h * w, c, 1), True
+    return a.reshape(groups, a.shape[0] // groups, a.shape[1], -1), False
 
 
 # --------------------------------------------------------------------------- state
@@ -165,6 +219,9 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
 
     At the end of every stage but the last, the images are resampled to the next stage's
     resolution and, with ARC, merged with the real patch resampled to the same size.
+
+    The loop never waits on the device: the loss curves collect in a device tensor read once
+    at the end of the stage (only `arc_timing: converged` looks at the losses every step).
     """
     if state.done:
         raise ValueError("all stages of this state have already run")
@@ -179,23 +236,24 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     lo, hi = (0 - mean) / std, (1 - mean) / std  # keep de-normalized pixels in [0, 1]
     jitter, flip = int(cfg.jitter), bool(cfg.flip)
     autocast, scaler = _mixed_precision(cfg.precision, device)
+    losses = [_teacher_loss(t, cfg) for t in teachers]
+    converge = cfg.arc_timing == "converged" and s < last
 
     x = state.x.to(device).clone().requires_grad_(True)
     # A fresh Adam per stage: its moments are reset, the cosine keeps the global counter (section 4).
-    opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9))
-    ce_curve, bn_curve = [], []
+    # The fused kernel does Adam's update in one pass over x on CUDA.
+    opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9), fused=device.type == "cuda")
+    curves = torch.zeros(budget, 2, device=device)  # per-step mean CE and BN loss, read once at the end
     started = time.perf_counter()
     steps = 0
     while steps < budget:
         t = state.iteration
-        for group in opt.param_groups:
-            group["lr"] = cosine(cfg.lr, t, state.total_iterations)
+        opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
         scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
         view = augment(x, groups, gens, res, scale_min, flip, jitter)
-        teacher = teachers[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
+        loss_fn = losses[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
         with autocast():
-            logits, bn = teacher(view, groups)
-        ce = F.cross_entropy(logits.float(), labels, reduction="none").view(groups, -1).mean(dim=1)
+            ce, bn = loss_fn(view, labels, groups)
         loss = (ce + cfg.r_bn * bn).sum()  # a sum over groups keeps each group's gradient its own
         opt.zero_grad(set_to_none=True)
         if scaler is not None:
@@ -206,15 +264,14 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
             loss.backward()
             opt.step()
         with torch.no_grad():
-            torch.maximum(torch.minimum(x, hi), lo, out=x)
-        ce_curve.append(float(ce.detach().mean()))
-        bn_curve.append(float(bn.detach().mean()))
+            x.clamp_(lo, hi)
+            curves[steps, 0] = ce.mean()
+            curves[steps, 1] = bn.mean()
         state.iteration += 1
         steps += 1
         if on_step is not None:
             on_step(1)
-        if (cfg.arc_timing == "converged" and s < last and ce.max() < cfg.arc_ce_threshold
-                and bn.max() < cfg.arc_bn_threshold):
+        if converge and ce.max() < cfg.arc_ce_threshold and bn.max() < cfg.arc_bn_threshold:
             break  # adaptive ARC timing: the stage has converged, merge now (section 4)
 
     if steps < budget:  # the iterations a converged stage did not use go to the next stage
@@ -232,6 +289,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
                 patch = (state.patches.to(device).float() / 255.0 - mean) / std
                 x = cfg.alpha * x + (1 - cfg.alpha) * _resize(patch, next_res)
                 merged = True
+    ce_curve, bn_curve = curves[:steps].T.tolist()
     state.x = x.cpu()
     state.rng_states = [gen.get_state() for gen in gens]
     state.history.append({
@@ -240,6 +298,55 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     })
     state.stage += 1
     return state
+
+
+def _teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
+    """`fn(view, labels, groups) -> (ce, bn)`: the per-group CE and BN losses of one teacher.
+
+    With `cfg.compile` the function is compiled once per input shape and kept on the teacher,
+    so later stages and units reuse it.
+    """
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    teacher.set_memory_format(memory_format)
+
+    def loss(view: torch.Tensor, labels: torch.Tensor, groups: int):
+        logits, bn = teacher(view.contiguous(memory_format=memory_format), groups)
+        ce = F.cross_entropy(logits.float(), labels, reduction="none").view(groups, -1).mean(dim=1)
+        return ce, bn
+
+    if not cfg.compile:
+        return loss
+    key = str(memory_format)
+    if key not in teacher._compiled:
+        teacher._compiled[key] = _compile(loss, teacher.model)
+    return teacher._compiled[key]
+
+
+def _compile(fn: Callable, model: nn.Module) -> Callable:
+    """torch.compile `fn`, after routing one op around an Inductor bug.
+
+    Inductor's backward of a ceil_mode average pool divides the overhanging last window by the
+    whole kernel (pytorch/pytorch#198119, open for torch 2.14 on CPU and CUDA). convnet-bn pools
+    that way, so at an odd size (the 7-px map of a 28-px image) the compiled gradient would be
+    silently wrong. Inductor is told to call the eager kernel for that op instead; where that
+    is not possible, a model with such a pool runs eagerly. The on-disk graph cache is bypassed:
+    its key does not see the fallback, so it could hand back a graph compiled without it.
+    """
+    global _POOL_FALLBACK
+    if not _POOL_FALLBACK:
+        try:
+            from torch._inductor import lowering
+            lowering.make_fallback(torch.ops.aten.avg_pool2d_backward, warn=False)
+            _POOL_FALLBACK = True
+        except Exception as exc:  # an internal API: it may move in another torch version
+            if any(isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)) and m.ceil_mode for m in model.modules()):
+                warnings.warn(f"compile is off for this teacher: its ceil_mode average pooling has a wrong "
+                              f"compiled gradient in this torch, and the workaround failed ({exc})")
+                return fn
+    return torch.compile(fn, dynamic=False, options={"fx_graph_cache": False})
+
+
+_POOL_FALLBACK = False
 
 
 def recover(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: DistillConfig,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -36,7 +36,7 @@ from torch import nn
 
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import FrozenTeacher, crop_box
-from fadrm_ray.store import atomic_write_bytes, atomic_write_text
+from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 
 SOFT_LABEL_MODES = ("online", "stored")
 STORE_FORMAT = "fadrm-soft-labels"

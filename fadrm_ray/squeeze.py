@@ -196,7 +196,7 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
                 loss_sum += float(loss.detach()) * y.numel()
                 correct += int((logits.argmax(1) == y).sum())
                 seen += y.numel()
-            bar.set_postfix(loss=f"{loss_sum / max(1, seen):.3f}", acc=f"{100.0 * correct / max(1, seen):.1f}")
+            bar.set_postfix(loss=f"{loss_sum / max(1, seen):.3f}", train_acc=f"{100.0 * correct / max(1, seen):.1f}")
         bar.close()
         train_seconds = time.perf_counter() - started
 

@@ -51,6 +51,15 @@ def test_squeeze_distill_info_export(teacher_path, tmp_path, capsys):
     assert code == 0 and info["rows"] == 20 and info["images_per_class"] in ({str(c): 2 for c in range(10)},
                                                                               {c: 2 for c in range(10)})
 
+    code, out, err = run_cli(capsys, "evaluate", "--run", result["run_dir"], "--epochs", "3", "--seeds", "2",
+                             "--json", "--quiet", "--threads", "1")
+    assert code == 0, err
+    evaluation = json.loads(out)
+    assert len(evaluation["top1_per_seed"]) == 2 and 10.0 < evaluation["top1_mean"] <= 100.0
+    assert evaluation["top1_std"] >= 0 and set(evaluation["report"]) >= {"grid", "losses", "evaluation"}
+    code, out, _ = run_cli(capsys, "info", "--run", result["run_dir"], "--json")
+    assert set(json.loads(out)["report"]) >= {"grid", "losses", "evaluation"}  # info lists the report
+
     folder = tmp_path / "folder"
     code, out, _ = run_cli(capsys, "export", "--run", result["run_dir"], "--format", "imagefolder", "--out", str(folder))
     assert code == 0

@@ -1,0 +1,219 @@
+"""Reports of a store run: the distilled images, the recover loss curves, the evaluation.
+
+ARCHITECTURE.md, data flow step 5: beside a run, `report/` holds
+
+- `grid.png`: the distilled images, one row per class (with its name), one column per IPC index;
+- `losses.png`: the teacher CE and BN-statistics losses of recover (FADRM.md section 3) over the
+  global iteration count, stages concatenated, averaged over units, with a vertical line at
+  every ARC merge (section 4), where the images jump back toward the real patch;
+- `evaluation.json` (and `evaluation.png`, the student's test top-1 during training) when an
+  evaluation result (evaluate.evaluate_run) is given.
+
+Figures use matplotlib's Agg backend: reports are written on headless workers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.store import RunStore, open_run, to_plain
+
+REPORT_DIR = "report"
+GRID_NAME, LOSSES_NAME, EVALUATION_NAME, EVALUATION_PLOT_NAME = "grid.png", "losses.png", "evaluation.json", "evaluation.png"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def report_files(run_dir: str | Path) -> dict[str, str]:
+    """The report files that exist for a run (for `fadrm info`)."""
+    folder = Path(run_dir) / REPORT_DIR
+    names = {"grid": GRID_NAME, "losses": LOSSES_NAME, "evaluation": EVALUATION_NAME,
+             "evaluation_plot": EVALUATION_PLOT_NAME}
+    return {k: str(folder / v) for k, v in names.items() if (folder / v).is_file()}
+
+
+# --------------------------------------------------------------------------- image grid
+def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20) -> Path:
+    """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices."""
+    plt = _pyplot()
+    reader = open_run(run_dir)
+    images, labels, ipcs = reader.read()
+    path = Path(path)
+    if labels.numel() == 0:
+        return _message_png(path, "no images in this run yet")
+    classes = sorted(set(labels.tolist()))[:max_classes]
+    columns = sorted(set(ipcs.tolist()))[:max_ipc]
+    c, h, w = images.shape[1:]
+    pad = max(1, h // 16)
+    mosaic = np.ones((len(classes) * (h + pad) + pad, len(columns) * (w + pad) + pad, 3), dtype=np.float32)
+    col_of = {v: j for j, v in enumerate(columns)}
+    row_of = {v: i for i, v in enumerate(classes)}
+    for img, lab, ipc in zip(images, labels.tolist(), ipcs.tolist()):
+        if lab not in row_of or ipc not in col_of:
+            continue
+        pixels = img.permute(1, 2, 0).numpy().astype(np.float32) / 255.0
+        if c == 1:
+            pixels = np.repeat(pixels, 3, axis=2)
+        top, left = pad + row_of[lab] * (h + pad), pad + col_of[ipc] * (w + pad)
+        mosaic[top:top + h, left:left + w] = pixels
+    cell = 0.45 if h <= 32 else 0.9
+    fig_w = max(4.0, 1.6 + cell * len(columns))
+    fig_h = max(2.0, 0.9 + cell * len(classes))
+    fig, ax = plt.subplots(figsize=(fig_w, fig_h), dpi=120)
+    ax.imshow(mosaic, interpolation="nearest")
+    names = reader.class_names or [str(k) for k in range(max(classes) + 1)]
+    ax.set_yticks([pad + i * (h + pad) + h / 2 - 0.5 for i in range(len(classes))])
+    ax.set_yticklabels([f"{k}: {names[k]}" if k < len(names) else str(k) for k in classes], fontsize=8)
+    ax.set_xticks([pad + j * (w + pad) + w / 2 - 0.5 for j in range(len(columns))])
+    ax.set_xticklabels([str(v) for v in columns], fontsize=7)
+    ax.set_xlabel("IPC index")
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    preset = reader.config.get("preset", "")
+    shown = "" if len(set(labels.tolist())) <= max_classes and len(set(ipcs.tolist())) <= max_ipc else " (first rows/columns)"
+    ax.set_title(f"{reader.run_id}  {preset}{shown}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- loss curves
+def loss_curves(run_dir: str | Path) -> dict:
+    """CE and BN curves of recover, stages concatenated, averaged over every pack of every unit.
+
+    Returns {"ce", "bn": arrays over the global iteration, "merges": iterations after which an
+    ARC merge happened, "stages": [(start, end, resolution)], "units": packs averaged}.
+    """
+    run_dir = Path(run_dir)
+    store = RunStore(run_dir.parent, run_dir.name)
+    ce_runs, bn_runs, merge_sets, stage_sets = [], [], [], []
+    for manifest in store.unit_manifests().values():
+        for pack in (manifest.get("stats") or {}).get("packs", []) or []:
+            ce, bn, merges, stages, t = [], [], [], [], 0
+            for st in pack.get("stages", []) or []:
+                n = len(st.get("ce", []))
+                ce.extend(st.get("ce", []))
+                bn.extend(st.get("bn", []))
+                stages.append((t, t + n, st.get("resolution")))
+                t += n
+                if st.get("merged_after"):
+                    merges.append(t)
+            if ce:
+                ce_runs.append(ce)
+                bn_runs.append(bn)
+                merge_sets.append(tuple(merges))
+                stage_sets.append(stages)
+    if not ce_runs:
+        return {"ce": np.zeros(0), "bn": np.zeros(0), "merges": [], "stages": [], "units": 0}
+    length = max(len(c) for c in ce_runs)
+
+    def mean(runs):
+        a = np.full((len(runs), length), np.nan)
+        for i, r in enumerate(runs):
+            a[i, :len(r)] = r
+        return np.nanmean(a, axis=0)
+
+    merges = sorted({m for s in merge_sets for m in s})
+    return {"ce": mean(ce_runs), "bn": mean(bn_runs), "merges": merges, "stages": stage_sets[0],
+            "units": len(ce_runs)}
+
+
+def write_losses(run_dir: str | Path, path: str | Path) -> Path:
+    plt = _pyplot()
+    curves = loss_curves(run_dir)
+    path = Path(path)
+    if curves["units"] == 0:
+        return _message_png(path, "no recover iterations in this run\n(selection-only method, or no unit finished)")
+    fig, axes = plt.subplots(2, 1, figsize=(7, 5), dpi=120, sharex=True)
+    x = np.arange(1, len(curves["ce"]) + 1)
+    for ax, key, label, color in ((axes[0], "ce", "teacher cross-entropy", "tab:blue"),
+                                  (axes[1], "bn", "BN statistics loss", "tab:orange")):
+        y = curves[key]
+        ax.plot(x, y, color=color, lw=0.8)
+        if np.all(y[np.isfinite(y)] > 0):
+            ax.set_yscale("log")
+        ax.set_ylabel(label)
+        for i, m in enumerate(curves["merges"]):
+            ax.axvline(m + 0.5, color="tab:red", ls="--", lw=0.9, label="ARC merge" if i == 0 else None)
+        ax.grid(alpha=0.3)
+    for start, end, res in curves["stages"]:
+        axes[0].annotate(f"{res}px", xy=((start + end) / 2 + 0.5, 1.0), xycoords=("data", "axes fraction"),
+                         ha="center", va="bottom", fontsize=7)
+    if curves["merges"]:
+        axes[0].legend(loc="upper right", fontsize=8)
+    axes[1].set_xlabel("iteration (stages concatenated)")
+    reader = open_run(run_dir)
+    fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {reader.run_id}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- evaluation
+def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
+    curves = evaluation.get("curves") or []
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    for seed, curve in zip(evaluation.get("seeds", range(len(curves))), curves):
+        if curve:
+            e, acc = zip(*curve)
+            ax.plot(e, acc, marker="o", ms=3, lw=1, label=f"seed {seed}")
+    ax.set_xlabel("student epoch")
+    ax.set_ylabel("test top-1 (%)")
+    ax.set_title(f"student {evaluation.get('student', '')}: final top-1 {evaluation.get('top1_mean', float('nan')):.2f}"
+                 f" ± {evaluation.get('top1_std', float('nan')):.2f}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _message_png(path: Path, message: str) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 2), dpi=120)
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classes: int = 20,
+                 max_ipc: int = 20) -> dict[str, str]:
+    """Write `<run_dir>/report/` and return {name: path} of every report file there.
+
+    Without `evaluation`, an evaluation.json written before is kept (and listed).
+    """
+    run_dir = Path(run_dir)
+    folder = run_dir / REPORT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    write_grid(run_dir, folder / GRID_NAME, max_classes, max_ipc)
+    write_losses(run_dir, folder / LOSSES_NAME)
+    if evaluation is not None:
+        plain = to_plain({k: v for k, v in evaluation.items() if k != "model"})
+        atomic_write_text(folder / EVALUATION_NAME, json.dumps(plain, indent=2, allow_nan=True))
+        write_evaluation_plot(plain, folder / EVALUATION_PLOT_NAME)
+    return report_files(run_dir)
+

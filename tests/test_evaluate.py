@@ -1,0 +1,212 @@
+"""Relabel and student evaluation (FADRM.md section 6) on the real digits data."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from fadrm_ray.config import make_config
+from fadrm_ray.distill import distill_local
+from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
+                                kd_loss, param_groups, train_student)
+from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, StoredSoftLabels, apply_plan,
+                               cutmix_box, draw_plan, epoch_generator, precompute_soft_labels)
+
+DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # results are repeatable for a fixed thread count
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def labeler(digits, digits_teacher):
+    return SoftLabeler.from_paths([digits_teacher[0]], digits)
+
+
+def real_subset(digits, per_class: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    idx = []
+    for c in range(digits.num_classes):
+        members = digits.train.indices_of_class(c)
+        idx.append(members[torch.randperm(members.numel(), generator=gen)[:per_class]])
+    idx = torch.cat(idx)
+    return digits.train.load(idx), digits.train.labels[idx]
+
+
+# --------------------------------------------------------------------------- loss and optimizer
+def test_kd_loss_equals_a_hand_computation():
+    torch.manual_seed(0)
+    s, t, temp = torch.randn(4, 5) * 3, torch.randn(4, 5) * 3, 20.0
+    total = 0.0
+    for i in range(4):
+        zs = [math.exp(v / temp) for v in s[i].tolist()]
+        zt = [math.exp(v / temp) for v in t[i].tolist()]
+        ps = [v / sum(zs) for v in zs]
+        pt = [v / sum(zt) for v in zt]
+        total += sum(a * (math.log(a) - math.log(b)) for a, b in zip(pt, ps))
+    expected = total / 4 * temp * temp  # batch mean, scaled by T^2
+    assert kd_loss(s, t, temp).item() == pytest.approx(expected, rel=1e-4)
+    assert kd_loss(t, t, temp).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_no_weight_decay_on_biases_and_norms_and_the_stretched_cosine():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, bias=True), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(3))
+    model(torch.zeros(2, 1, 5, 5))
+    decay, no_decay = param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert {id(p) for p in decay["params"]} == {id(model[0].weight), id(model[3].weight)}
+    assert len(no_decay["params"]) == 4  # conv bias, BN weight and bias, linear bias
+    assert cosine_factor(0, 100) == 1.0
+    assert cosine_factor(100, 100, stretch=2.0) == pytest.approx(0.5)   # stretched: ends at half the rate
+    assert cosine_factor(100, 100) == pytest.approx(0.0)               # default: a full cosine
+    assert default_epochs(10) > default_epochs(100) >= 40
+
+
+# --------------------------------------------------------------------------- augmentation
+def test_cutmix_box_area_is_the_mixing_weight_of_images_and_soft_labels():
+    spec = AugmentSpec(out_size=8, hflip=False)
+    images = torch.randint(0, 256, (6, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    x01 = images.float() / 255
+    # Constant images through a teacher that is linear in the pixel mean: its logits on a
+    # CutMix view are exactly lam * own + (1 - lam) * partner iff lam is the kept area.
+    flat01 = torch.linspace(0.1, 0.9, 6).view(6, 1, 1, 1).expand(6, 1, 8, 8).contiguous()
+    linear = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1, 3))
+    teacher = SoftLabeler([linear], [[0.0]], [[1.0]], [1])
+    mixed_seen = 0
+    for seed in range(20):
+        plan = draw_plan(torch.arange(6), 8, 8, spec, torch.Generator().manual_seed(seed))
+        assert not plan.flips.any()  # digits: a flip does not keep the label
+        y0, y1, x0, x1 = plan.mix_box
+        assert plan.lam == pytest.approx(1 - (y1 - y0) * (x1 - x0) / 64)
+        plain = apply_plan(x01, type(plan)(plan.indices, plan.boxes, plan.flips, torch.arange(6), (0, 0, 0, 0), 1.0), 8)
+        view = apply_plan(x01, plan, 8)
+        inside = torch.zeros(8, 8, dtype=torch.bool)
+        inside[y0:y1, x0:x1] = True
+        assert torch.equal(view[:, :, ~inside], plain[:, :, ~inside])
+        assert torch.equal(view[:, :, inside], plain[plan.partner][:, :, inside])
+        if plan.mixed:
+            mixed_seen += 1
+            flat = apply_plan(flat01, plan, 8)
+            own = teacher(flat01)
+            expected = plan.lam * own + (1 - plan.lam) * own[plan.partner]
+            assert torch.allclose(teacher(flat), expected, atol=1e-5)
+    assert mixed_seen >= 10
+
+
+def test_cutmix_box_is_clipped_and_its_lambda_follows():
+    box, lam = cutmix_box(8, 0.0, 0, 0)  # the whole-image box centred on a corner keeps a quarter
+    assert box == (0, 4, 0, 4) and lam == pytest.approx(1 - 16 / 64)
+    assert cutmix_box(8, 1.0, 3, 3) == ((0, 0, 0, 0), 1.0)
+
+
+def test_flips_follow_the_dataset():
+    plan = draw_plan(torch.arange(64), 8, 8, AugmentSpec(out_size=8, hflip=True), torch.Generator().manual_seed(0))
+    assert 10 < int(plan.flips.sum()) < 54
+
+
+# --------------------------------------------------------------------------- students
+def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher):
+    images, _ = real_subset(digits, per_class=30)
+    result = train_student(images, digits, labeler, epochs=15, seed=0)
+    assert result["steps"] == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
+    # Chance is 10 %; the session teacher (4 epochs, width 32) is about 80 %.
+    assert result["final_top1"] >= 60.0, result
+
+
+def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
+    images, labels = real_subset(digits, per_class=3)
+    kw = dict(epochs=6, seeds=[5], progress=False)
+    a = evaluate_images(images, labels, digits, [digits_teacher[0]], **kw)
+    b = evaluate_images(images, labels, digits, [digits_teacher[0]], **kw)
+    assert a["top1_per_seed"] == b["top1_per_seed"] and a["curves"] == b["curves"]
+    c = evaluate_images(images, labels, digits, [digits_teacher[0]], epochs=6, seeds=[6], progress=False)
+    assert c["curves"] != a["curves"]
+
+
+def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path):
+    images, _ = real_subset(digits, per_class=4)
+    spec = AugmentSpec(out_size=8, hflip=digits.hflip)
+    online = OnlineSoftLabels(images, labeler, spec, batch_size=16, seed=3)
+    folder = precompute_soft_labels(images, labeler, spec, 16, 3, epochs=3, directory=tmp_path, dtype="float16")
+    stored = StoredSoftLabels(folder, images)
+    assert isinstance(stored, torch.utils.data.Dataset) and len(stored) == 3 * online.steps_per_epoch
+    for epoch in (2, 0):  # any epoch, in any order
+        for a, b in zip(online.epoch(epoch), stored.epoch(epoch), strict=True):
+            assert torch.equal(a.plan.indices, b.plan.indices) and torch.equal(a.plan.boxes, b.plan.boxes)
+            assert a.plan.mix_box == b.plan.mix_box and torch.equal(a.plan.partner, b.plan.partner)
+            assert torch.equal(a.view01, b.view01)
+            assert torch.allclose(a.logits, b.logits, rtol=2e-3, atol=2e-3)  # fp16 storage
+    # A rerun fills in only what is missing; fp32 storage gives the very same student.
+    common = dict(epochs=4, seed=3, return_model=True)
+    on = train_student(images, digits, labeler, soft_labels="online", **common)
+    st = train_student(images, digits, labeler, soft_labels="stored", soft_label_dir=tmp_path,
+                       soft_label_dtype="float32", **common)
+    a, b = on["model"].state_dict(), st["model"].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and on["curve"] == st["curve"]
+    assert epoch_generator(3, 1).initial_seed() != epoch_generator(3, 2).initial_seed()
+
+
+def test_several_teachers_average_their_logits(digits, digits_teacher):
+    path = digits_teacher[0]
+    one = SoftLabeler.from_paths([path], digits)
+    two = SoftLabeler.from_paths([path, path], digits)
+    view = torch.rand(5, 1, 8, 8)
+    assert torch.allclose(one(view), two(view), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def tiny_run(digits, digits_teacher, tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("evalstore")
+    teacher = root / "teacher.pt"
+    shutil.copy(digits_teacher[0], teacher)
+    cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 8, "ipc_per_unit": 2, "pack": 2})
+    result = distill_local(cfg, digits, [teacher], root / "store", progress=False)
+    return result.run_dir, teacher
+
+
+def test_evaluate_run_returns_the_documented_keys(tiny_run):
+    run_dir, _ = tiny_run
+    result = evaluate_run(run_dir, epochs=3, seeds=2, progress=False)
+    assert DOCUMENTED_KEYS <= set(result)
+    assert result["student"] == "convnet-bn" and result["epochs"] == 3 and result["images"] == 20
+    assert len(result["top1_per_seed"]) == 2 and len(result["best_top1_per_seed"]) == 2
+    assert all(0 <= v <= 100 for v in result["top1_per_seed"])
+    assert all(b >= f for b, f in zip(result["best_top1_per_seed"], result["top1_per_seed"]))
+    assert result["top1_mean"] == pytest.approx(sum(result["top1_per_seed"]) / 2, abs=1e-3)
+    assert result["dataset"] == "digits" and result["run_id"] == run_dir.name and result["ipc"] == 2
+
+
+def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
+    run_dir, teacher = tiny_run
+    backup = tmp_path / "teacher.pt"
+    shutil.copy(teacher, backup)
+    try:
+        with open(teacher, "ab") as fh:
+            fh.write(b"x")
+        with pytest.raises(EvaluationError, match="changed since the run was distilled"):
+            evaluate_run(run_dir, epochs=1, seeds=1, progress=False)
+        result = evaluate_run(run_dir, epochs=1, seeds=1, teachers=[backup], progress=False)
+        assert len(result["top1_per_seed"]) == 1
+    finally:
+        shutil.copy(backup, teacher)
+
+
+def test_bad_options_fail_clearly(digits, digits_teacher):
+    images, labels = real_subset(digits, per_class=1)
+    with pytest.raises(EvaluationError, match="soft_labels"):
+        evaluate_images(images, labels, digits, [digits_teacher[0]], soft_labels="disk", progress=False)
+    with pytest.raises(EvaluationError, match=r"images must be \(N, 1, 8, 8\)"):
+        evaluate_images(images[:, :, :4, :4], labels, digits, [digits_teacher[0]], progress=False)
+    with pytest.raises(ValueError, match="soft_label_dir"):
+        evaluate_images(images, labels, digits, [digits_teacher[0]], soft_labels="stored", epochs=1, seeds=1,
+                        progress=False)

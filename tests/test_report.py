@@ -1,0 +1,118 @@
+"""Run reports (PNG grid, loss curves, evaluation JSON) and the ARC diagnostics."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
+from fadrm_ray.distill import distill_local
+from fadrm_ray.models import create_model
+from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
+from fadrm_ray.report import loss_curves, report_files, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def png_size(path) -> tuple[int, int]:
+    data = open(path, "rb").read(32)
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.fixture(scope="module")
+def runs(digits, digits_teacher, tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("reportstore")
+    fadrm = make_config("fadrm", overrides={"ipc": 3, "iterations": 12})
+    rded = make_config("rded", overrides={"ipc": 2})
+    return {"fadrm": distill_local(fadrm, digits, [digits_teacher[0]], root, progress=False),
+            "rded": distill_local(rded, digits, [digits_teacher[0]], root, progress=False)}
+
+
+def test_report_files_exist_and_are_readable_pngs(runs):
+    run = runs["fadrm"]
+    evaluation = {"top1_mean": 50.0, "top1_std": 1.0, "top1_per_seed": [49.0, 51.0], "student": "convnet-bn",
+                  "seeds": [0, 1], "curves": [[(1, 30.0), (2, 49.0)], [(1, 35.0), (2, 51.0)]], "epochs": 2}
+    paths = write_report(run.run_dir, evaluation)
+    assert set(paths) == {"grid", "losses", "evaluation", "evaluation_plot"}
+    for key in ("grid", "losses", "evaluation_plot"):
+        width, height = png_size(paths[key])
+        assert 300 <= width <= 4000 and 200 <= height <= 4000, (key, width, height)
+    import matplotlib.image
+    grid = matplotlib.image.imread(paths["grid"])
+    assert grid.std() > 0.05  # not a blank canvas
+    saved = json.loads(open(paths["evaluation"]).read())
+    assert saved["top1_per_seed"] == [49.0, 51.0] and saved["curves"][0] == [[1, 30.0], [2, 49.0]]
+    # Rewriting without an evaluation keeps the one written before.
+    again = write_report(run.run_dir)
+    assert again["evaluation"] == paths["evaluation"] and report_files(run.run_dir) == again
+
+
+def test_loss_curves_concatenate_stages_and_mark_every_merge(runs):
+    curves = loss_curves(runs["fadrm"].run_dir)
+    assert len(curves["ce"]) == len(curves["bn"]) == 12
+    assert curves["merges"] == [3, 6, 9]  # k = 3 merges after stages of 3 iterations, none after the last
+    assert curves["units"] == 3  # ipc 3, one pack per IPC index
+    assert torch.isfinite(torch.as_tensor(curves["ce"])).all()
+
+
+def test_a_selection_only_run_gets_a_placeholder_loss_plot(runs):
+    assert loss_curves(runs["rded"].run_dir)["units"] == 0
+    paths = write_report(runs["rded"].run_dir)
+    assert png_size(paths["losses"])[0] > 100 and "evaluation" not in paths
+
+
+# --------------------------------------------------------------------------- diagnostics
+def test_pre_merge_images_invert_the_arc_merge_exactly():
+    torch.manual_seed(0)
+    model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
+    model.train()
+    with torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(32, 1, 8, 8))
+    teacher = FrozenTeacher(model.eval())
+    patches = torch.randint(0, 256, (1, 10, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def state(cfg):
+        return init_state(cfg, list(range(10)), [0], patches, 8, 1, [0.3], [0.37])
+
+    arc = DistillConfig(iterations=8, k=1, alpha=0.5, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False)
+    plain = DistillConfig(iterations=8, k=1, alpha=1.0, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False)
+    s_arc, s_plain = run_stage(state(arc), [teacher], arc), run_stage(state(plain), [teacher], plain)
+    before, _ = pre_merge_images(s_arc, 0.5)
+    assert torch.allclose(before, s_plain.x, atol=1e-5)
+    assert not torch.allclose(s_arc.x, s_plain.x, atol=1e-3)
+
+
+def test_arc_merge_effect_reports_every_merge(digits, digits_teacher, tmp_path):
+    result = arc_merge_effect(digits, digits_teacher[0], ipc=1, iterations=8, out_dir=tmp_path)
+    assert [m["stage"] for m in result["merges"]] == [0, 1, 2]
+    for m in result["merges"]:
+        assert -1 <= m["cosine_min"] <= m["cosine_mean"] <= 1 + 1e-6 and m["images"] == 10
+        assert 0 <= m["acc_before"] <= 100 and 0 <= m["acc_after"] <= 100
+        # The merge moves the images halfway back to the real patch, in pixels; the features follow.
+        assert m["patch_cosine_after"] >= m["patch_cosine_before"] - 0.05
+    assert png_size(result["png"])[0] > 300
+
+
+def test_information_vanishing_returns_numbers_and_a_plot(digits, digits_teacher, tmp_path):
+    result = information_vanishing(digits, digits_teacher[0], budgets=[0, 4], ipc=1, seeds=1, epochs=2,
+                                   out_dir=tmp_path, progress=False)
+    assert [r["budget"] for r in result["arc"]] == [0, 4] == [r["budget"] for r in result["no_arc"]]
+    assert all(0 <= r["top1_mean"] <= 100 for r in result["arc"] + result["no_arc"])
+    # With no iterations both are the same real patches, so the same students.
+    assert result["arc"][0]["top1_per_seed"] == result["no_arc"][0]["top1_per_seed"]
+    assert png_size(result["png"])[0] > 300 and json.loads(open(result["json"]).read())["budgets"] == [0, 4]
