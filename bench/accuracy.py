@@ -121,7 +121,7 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
             epochs = None
             if STUDENT_STEPS[mode]:
                 per_epoch = max(1, -(-dataset.num_classes * ipc // 16))
-                epochs = max(20, STUDENT_STEPS[mode] // per_epoch)
+                epochs = max(1, STUDENT_STEPS[mode] // per_epoch)
             for method in methods + ([CONTROL] if control and "fadrm+" in methods else []):
                 preset = "fadrm+" if method == CONTROL else method
                 teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if preset == "fadrm+" else [])
@@ -200,11 +200,17 @@ def main(argv=None) -> dict:
                         help=f"add the '{CONTROL}' row (FADRM+ images, single-teacher labels)")
     parser.add_argument("--cosine-stretch", type=float, default=DEFAULT_COSINE_STRETCH,
                         help="student schedule stretch (evaluate.py; 2 = the published small-IPC setting)")
+    parser.add_argument("--student-steps", type=int, default=None,
+                        help="student optimizer steps per evaluation (default: 1000, quick: 300)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 by default: on a shared 2-core machine more threads spin-wait)")
     args = parser.parse_args(argv)
 
     mode = "quick" if args.quick else "full"
+    if args.student_steps is not None:
+        if args.student_steps < 1:
+            parser.error("--student-steps must be >= 1")
+        STUDENT_STEPS[mode] = args.student_steps
     datasets = args.datasets.split(",") if args.datasets else (["digits"] if args.quick else ["digits", "mnist-sample"])
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))

@@ -54,7 +54,7 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
-    evaluation = evaluate_run(result.run_dir, seeds=seeds, progress=progress)
+    evaluation = evaluate_run(result.run_dir, teachers=[teacher], dataset=dataset, seeds=seeds, progress=progress)
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export
