@@ -37,7 +37,7 @@ ALLOCATOR_ENV = {
 def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None):
     """Use the Ray already initialized in this process, join `address`, or start an embedded one.
 
-    Only a Ray this function started is shut down at the end; a bare `ray.init()` is never
+    Only a Ray this function started is shut down at the end; an address-less `ray.init` is never
     used, since it would join any Ray instance already running on the machine.
     """
     if ray.is_initialized():

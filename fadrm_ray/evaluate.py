@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -40,7 +39,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import create_model
 from fadrm_ray.relabel import SOFT_LABEL_MODES, AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
-from fadrm_ray.squeeze import evaluate_top1
+from fadrm_ray.squeeze import evaluate_top1, torch_threads
 from fadrm_ray.store import open_run
 
 DEFAULT_STUDENT = "convnet-bn"
@@ -91,19 +90,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def cosine_factor(epoch: int, epochs: int, stretch: float = DEFAULT_COSINE_STRETCH) -> float:
     """Learning-rate multiplier of epoch `epoch` (0-based): the stretched cosine of the module doc."""
     return 0.5 * (1.0 + math.cos(math.pi * epoch / (max(1, epochs) * stretch)))
-
-
-@contextmanager
-def _threads(num_threads: int | None):
-    if not num_threads:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(num_threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
@@ -232,7 +218,7 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
         raise EvaluationError("seeds must be >= 1")
     epochs = default_epochs(images_uint8.shape[0], batch_size) if epochs is None else int(epochs)
     started = time.perf_counter()
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         labeler = _as_labeler(teachers, dataset, device)
         per_seed = [train_student(images_uint8, dataset, labeler, student=student, student_kwargs=student_kwargs,
                                   epochs=epochs, seed=s, batch_size=batch_size, temperature=temperature, lr=lr,

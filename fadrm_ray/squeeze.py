@@ -103,7 +103,8 @@ def _cutmix(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
 
 
 @contextmanager
-def _threads(num_threads: int | None):
+def torch_threads(num_threads: int | None):
+    """Use `num_threads` torch threads inside the block (None: leave the count alone)."""
     if not num_threads:
         yield
         return
@@ -145,7 +146,7 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, model_name)
 
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
         # model_kwargs may ask for in_chans=3 on grey data (e.g. to match an RGB architecture);
