@@ -32,6 +32,7 @@ from fadrm_ray.distill import distill_local, load_teachers, plan_units, unit_sta
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import _resize, run_stage
+from fadrm_ray.report import save_figure
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
 
@@ -113,9 +114,7 @@ def _plot_vanishing(result: dict, path: Path) -> None:
     ax.set_title(f"information vanishing: {result['dataset']}, IPC {result['ipc']}, {result['seeds']} seeds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- (b)
@@ -243,6 +242,4 @@ def _plot_merges(result: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="upper center" if ax is axes[0] else "best", ncol=2 if ax is axes[0] else 1)
     fig.suptitle(f"ARC merges: {result['dataset']}, IPC {result['ipc']}, T = {result['iterations']}, "
                  f"alpha = {result['alpha']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

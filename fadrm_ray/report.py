@@ -34,6 +34,18 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write and close a figure (closing frees it: reports run inside long processes)."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def report_files(run_dir: str | Path) -> dict[str, str]:
     """The report files that exist for a run (for `fadrm info`)."""
     folder = Path(run_dir) / REPORT_DIR
@@ -83,11 +95,7 @@ def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max
     preset = reader.config.get("preset", "")
     shown = "" if len(set(labels.tolist())) <= max_classes and len(set(ipcs.tolist())) <= max_ipc else " (first rows/columns)"
     ax.set_title(f"{reader.run_id}  {preset}{shown}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- loss curves
@@ -157,11 +165,7 @@ def write_losses(run_dir: str | Path, path: str | Path) -> Path:
     axes[1].set_xlabel("iteration (stages concatenated)")
     reader = open_run(run_dir)
     fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {reader.run_id}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- evaluation
