@@ -20,17 +20,11 @@ from typing import Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.worker import DistillWorker, latest_checkpoints
+from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, plan_units, prepare_run, provenance
-
-# glibc's default malloc thresholds cost up to 1.9x on conv nets here (ARCHITECTURE.md).
-ALLOCATOR_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": "33554432",
-    "MALLOC_TRIM_THRESHOLD_": "8589934592",
-    "MALLOC_TOP_PAD_": "1073741824",
-}
+from fadrm_ray.runtime import ALLOCATOR_ENV
 
 
 @contextlib.contextmanager
@@ -43,13 +37,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
     if ray.is_initialized():
         yield
         return
-    runtime_env = {"env_vars": dict(ALLOCATOR_ENV)}
+    runtime_env = {"env_vars": dict(ALLOCATOR_ENV)}  # read by glibc when each worker process starts
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
                  include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                 object_store_memory=256 * 1024 * 1024)
+                 object_store_memory=512 * 1024 * 1024)
     try:
         yield
     finally:
@@ -64,10 +58,19 @@ class _Task:
 
 
 class Coordinator:
+    """Plans a run and schedules its stages on DistillWorker actors.
+
+    The actors start as soon as the coordinator is built, so their processes import torch while
+    the driver loads the dataset and checks the teachers. `run()` stops them when it returns;
+    call `close()` instead if the run is never started.
+    """
+
     def __init__(self, cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
                  out_root: str | Path, workers: int | None = None, cpus_per_worker: float = 1.0,
                  gpus_per_worker: float | None = None, data_root: str | None = None,
                  max_attempts: int = 3, progress: bool = True):
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.dataset_spec, self.data_root = dataset_spec, data_root
         self.teacher_paths = [str(p) for p in teacher_paths]
         self.cpus_per_worker = cpus_per_worker
@@ -77,15 +80,25 @@ class Coordinator:
         if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
             self.gpus_per_worker = gpus_per_worker = 1.0  # one worker per GPU by default
         self.device = "cuda" if gpus_per_worker else "cpu"
-        self.dataset = get_dataset(dataset_spec, root=data_root)
-        # The driver only checks the teachers (on its CPU); the config resolves for the workers' device.
-        self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root,
-                                                     device="cpu", run_device=self.device)
+        self.workers = self._start_workers(workers or self._default_workers())
+        try:
+            self.dataset = get_dataset(dataset_spec, root=data_root)
+            # The driver checks the teachers on its CPU; the config resolves for the workers' device.
+            self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root,
+                                                         device="cpu", run_device=self.device)
+        except BaseException:
+            self.close()
+            raise
         self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
         self.units = plan_units(self.cfg, self.dataset.num_classes)
         self.stages = self.cfg.k + 1
-        self.num_workers = workers
         self.ledger_path = self.store.run_dir / "ledger.jsonl"
+
+    def close(self) -> None:
+        """Stop the worker actors (idempotent)."""
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers, self.starting = [], {}
 
     # ------------------------------------------------------------------ ledger
     def log(self, event: str, **fields) -> None:
@@ -115,16 +128,11 @@ class Coordinator:
         return max(1, int(resources.get("CPU", 1) // self.cpus_per_worker))
 
     def _start_workers(self, count: int) -> list:
-        # One copy of the weights in the object store, read by every worker.
-        self.teacher_refs = [ray.put(Path(p).read_bytes()) for p in self.teacher_paths]
         actor = ray.remote(DistillWorker).options(
             num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or 0,
             max_restarts=3, max_task_retries=0, scheduling_strategy="SPREAD")
-        workers = [actor.remote(self.cfg.to_dict(), self.dataset_spec, self.data_root,
-                                str(self.store.root), self.store.run_id, self.provenance, self.device,
-                                max(1, int(self.cpus_per_worker))) for _ in range(count)]
-        for w, info in zip(workers, ray.get([w.ping.remote() for w in workers])):
-            self.log("worker_started", worker=w._actor_id.hex(), **info)
+        workers = [actor.remote(self.device, max(1, int(self.cpus_per_worker))) for _ in range(count)]
+        self.starting = {w.ping.remote(): w for w in workers}  # answered once the process is up
         return workers
 
     # ------------------------------------------------------------------ run
@@ -137,20 +145,26 @@ class Coordinator:
         result.units_skipped = [u.unit_id for u in self.units if u.unit_id not in {t.unit.unit_id for t in tasks}]
         self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages,
                  resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0})
-        if tasks:
-            count = min(self.num_workers or self._default_workers(), len(tasks))
-            workers = self._start_workers(count)
-            bar = tqdm(total=len(self.units) * self.stages, initial=done_stages, unit="stage",
-                       desc=f"distill {self.store.run_id} ({count} workers)", disable=not self.progress)
-            try:
-                self._schedule(deque(tasks), workers, bar, result)
-            finally:
-                bar.close()
-                for w in workers:
-                    ray.kill(w)
+        workers = self.workers[:len(tasks)]
+        try:
+            for surplus in self.workers[len(tasks):]:  # more actors than units left to run
+                ray.kill(surplus)
+            if tasks:
+                # One copy of config, dataset and teacher weights in the object store, read by every
+                # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
+                self.context = [ray.put(run_context(self.cfg, self.dataset, self.teacher_paths, self.store,
+                                                    self.provenance))]
+                bar = tqdm(total=len(self.units) * self.stages, initial=done_stages, unit="stage",
+                           desc=f"distill {self.store.run_id} ({len(workers)} workers)", disable=not self.progress)
+                try:
+                    self._schedule(deque(tasks), workers, bar, result)
+                finally:
+                    bar.close()
+        finally:
+            self.close()
         seconds = time.perf_counter() - started
         manifest = self.store.finalize({"seconds": seconds, "executor": "ray", "device": self.device,
-                                        "workers": self.num_workers, "cpus_per_worker": self.cpus_per_worker,
+                                        "workers": len(workers), "cpus_per_worker": self.cpus_per_worker,
                                         "gpus_per_worker": self.gpus_per_worker})
         self.log("run_finished", seconds=seconds)
         result.images = int(manifest["rows"])
@@ -161,14 +175,22 @@ class Coordinator:
         idle = deque(workers)
         inflight: dict = {}    # ObjectRef -> (worker, task)
         probes: dict = {}      # ObjectRef of a ping -> worker that failed a task
+        starting = {ref: w for ref, w in self.starting.items() if w in workers}
         while queue or inflight:
             while queue and idle:
                 worker, task = idle.popleft(), queue.popleft()
-                inflight[worker.run_stage.remote(task.unit, task.stage, self.teacher_refs)] = (worker, task)
+                inflight[worker.run_stage.remote(task.unit, task.stage, self.context)] = (worker, task)
             if not inflight and not probes:
                 raise RuntimeError("no distill worker is left alive; see ledger.jsonl in the run directory")
-            ready, _ = ray.wait(list(inflight) + list(probes), num_returns=1, timeout=60)
+            ready, _ = ray.wait(list(starting) + list(inflight) + list(probes), num_returns=1, timeout=60)
             for ref in ready:
+                if ref in starting:  # a worker's first answer: record where it runs
+                    worker = starting.pop(ref)
+                    try:
+                        self.log("worker_started", worker=worker._actor_id.hex(), **ray.get(ref))
+                    except RayActorError as exc:
+                        self.log("worker_lost", worker=worker._actor_id.hex(), message=str(exc)[:500])
+                    continue
                 if ref in probes:  # a worker that failed answers again: it restarted
                     worker = probes.pop(ref)
                     try:
@@ -202,7 +224,7 @@ class Coordinator:
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
                     following = _Task(task.unit, task.stage + 1)
-                    inflight[worker.run_stage.remote(following.unit, following.stage, self.teacher_refs)] = (worker, following)
+                    inflight[worker.run_stage.remote(following.unit, following.stage, self.context)] = (worker, following)
 
 
 def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],

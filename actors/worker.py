@@ -1,10 +1,14 @@
 """DistillWorker: a Ray actor that owns frozen teachers and runs recover one stage at a time.
 
 The actor is a plain class; `actors.coordinator` wraps it with `ray.remote` and the resource
-options of the run. It loads the dataset and its teachers once, then runs stages of units:
-stage 0 selects the unit's patches and builds its recover states, every stage ends with a
-checkpoint of the unit's states on the store (so a lost worker costs at most one stage), and
-the last stage writes the unit's part files itself; only small manifests travel back.
+options of the run. Its constructor only sets up the process (threads, allocator), so actors can
+start while the driver is still planning. Everything a run needs (resolved config, dataset,
+teacher weights, store location, provenance) is one object in the object store, the *run
+context*; its reference rides along with every call, and the worker unpacks it once, so a
+restarted actor simply unpacks it again on its next call. Then it runs stages of units: stage 0
+selects the unit's patches and builds its recover states, every stage ends with a checkpoint of
+the unit's states on the store (so a lost worker costs at most one stage), and the last stage
+writes the unit's part files itself; only small manifests travel back.
 """
 from __future__ import annotations
 
@@ -19,11 +23,10 @@ import ray
 import torch
 
 from fadrm_ray.config import DistillConfig
-from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import Unit, run_unit_stage, unit_records, unit_states, unit_stats
-from fadrm_ray.models import check_teacher_fits, load_teacher
-from fadrm_ray.recover import FrozenTeacher, RecoverState
+from fadrm_ray.distill import Unit, load_teachers, run_unit_stage, unit_records, unit_states, unit_stats
+from fadrm_ray.recover import RecoverState
 from fadrm_ray.fileio import atomic_write_bytes
+from fadrm_ray.runtime import tune_allocator
 from fadrm_ray.store import RunStore
 
 
@@ -61,45 +64,48 @@ def latest_checkpoints(store: RunStore) -> dict[str, int]:
     return out
 
 
+def run_context(cfg: DistillConfig, dataset, teacher_paths, store: RunStore, prov: dict) -> dict:
+    """What every worker needs for one run, as one picklable object (put once, read by all)."""
+    return {"cfg": cfg.to_dict(), "dataset": dataset, "store_root": str(store.root), "run_id": store.run_id,
+            "provenance": prov, "teachers": [Path(p).read_bytes() for p in teacher_paths]}
+
+
 class DistillWorker:
-    def __init__(self, cfg: dict, dataset_spec: str, data_root: str | None, store_root: str, run_id: str,
-                 prov: dict, device: str = "cpu", num_threads: int = 1):
+    def __init__(self, device: str = "cpu", num_threads: int = 1):
+        tune_allocator()
+        self.device = device
         self.num_threads = max(1, int(num_threads))
         torch.set_num_threads(self.num_threads)
-        self.cfg = DistillConfig.from_dict(cfg)
-        self.dataset = get_dataset(dataset_spec, root=data_root)
-        self.device = device
-        self.store = RunStore(store_root, run_id)
-        self.provenance = prov
-        self.teachers: list[FrozenTeacher] = []
-        self.teacher_key: tuple = ()
-        self.patch_cache: dict = {}
+        self.context_key: str | None = None
         self.live: dict[str, list[RecoverState]] = {}  # states of units this worker is carrying
 
-    def _load_teachers(self, teacher_refs: list) -> None:
-        """Load the teachers once per actor life. The weights come through the object store (no
-        shared disk needed); the references ride along with every call rather than with the
-        constructor, so a restarted actor simply loads them again on its first call."""
-        key = tuple(ref.hex() for ref in teacher_refs)
-        if key == self.teacher_key:
+    def _enter(self, context: list) -> None:
+        """Unpack the run context once per actor life (`context` is [ObjectRef], kept unresolved)."""
+        key = context[0].hex()
+        if key == self.context_key:
             return
-        folder = Path(tempfile.mkdtemp(prefix="fadrm-teachers-"))
-        self.teachers = []
-        for blob in ray.get(list(teacher_refs)):
-            path = folder / f"{hashlib.sha256(blob).hexdigest()[:16]}.pt"
-            path.write_bytes(blob)
-            model, info = load_teacher(path, device=self.device)
-            check_teacher_fits(info, self.dataset)
-            self.teachers.append(FrozenTeacher(model, in_chans=info.in_chans, first_bn_weight=self.cfg.first_bn_weight))
-        self.teacher_key = key
+        ctx = ray.get(context[0])
+        self.cfg = DistillConfig.from_dict(ctx["cfg"])
+        self.dataset = ctx["dataset"]
+        self.store = RunStore(ctx["store_root"], ctx["run_id"])
+        self.provenance = ctx["provenance"]
+        with tempfile.TemporaryDirectory(prefix="fadrm-teachers-") as folder:
+            paths = []
+            for blob in ctx["teachers"]:
+                paths.append(Path(folder) / f"{hashlib.sha256(blob).hexdigest()[:16]}.pt")
+                paths[-1].write_bytes(blob)
+            self.teachers, _ = load_teachers(paths, self.dataset, self.cfg, self.device)
+        self.patch_cache: dict = {}
+        self.live = {}
+        self.context_key = key
 
     def ping(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "device": self.device, "threads": self.num_threads}
 
-    def run_stage(self, unit: Unit, stage: int, teacher_refs: list) -> dict:
+    def run_stage(self, unit: Unit, stage: int, context: list) -> dict:
         """Run stage `stage` of `unit` (from the checkpoint of stage - 1 unless this worker holds it)."""
         torch.set_num_threads(self.num_threads)  # a reused worker process may have another count
-        self._load_teachers(teacher_refs)
+        self._enter(context)
         started = time.perf_counter()
         states = self.live.pop(unit.unit_id, None)
         if states is None or states[0].stage != stage:

@@ -20,6 +20,12 @@ Budgets keep the published ratios (FADRM.md section 7: FADRM 2000, SRe2L++ 4000,
 CIFAR), scaled down to T for FADRM/FADRM+, 2T for SRe2L++ and T/2 for SRe2L. Distillation
 uses seed 0; the 3 seeds are the students' (initial weights and augmentation stream).
 
+Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
+single-threaded process per CPU); every cell is deterministic, so the table does not depend on
+the job count. `--set KEY=VALUE` overrides the recover config of every distilled method (for
+example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in the
+README); such runs get their own run ids and cache entries.
+
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table
 (or, with --json, one JSON object). Teachers, distilled runs (the store) and evaluations
 (DIR/evaluations/) are cached, so a rerun only computes what changed.
@@ -27,15 +33,19 @@ Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markd
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-from fadrm_ray.config import make_config
+from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import DEFAULT_COSINE_STRETCH, evaluate_run
@@ -104,45 +114,95 @@ def cached_evaluation(out: Path, run_dir: Path, teachers: list[Path], epochs: in
     return ev
 
 
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset(name: str):
+    return get_dataset(name)
+
+
+def _start_job(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _teacher_job(out: Path, dataset_name: str, tname: str, epochs: int) -> tuple[str, str, Path, float]:
+    path, acc = ensure_teacher(_dataset(dataset_name), out, tname, epochs, log)
+    return dataset_name, tname, path, acc
+
+
+def _cell_job(cell: dict) -> list[dict]:
+    """Distill one (dataset, IPC, method) and evaluate it; FADRM+ also gets its control row here,
+    so that the one run it shares is never distilled by two processes at once."""
+    dataset, paths = _dataset(cell["dataset"]), cell["teachers"]
+    preset, ipc = cell["method"], cell["ipc"]
+    teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if preset == "fadrm+" else [])
+    overrides = {"ipc": ipc, "iterations": budget_of(preset, cell["t"]), "ipc_per_unit": ipc, "pack": ipc,
+                 **cell["recover_overrides"]}
+    cfg = make_config(preset, overrides=overrides)
+    started = time.perf_counter()
+    run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
+    distill_s = time.perf_counter() - started
+    rows = []
+    for method in [preset] + ([CONTROL] if cell["control"] else []):
+        eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
+        ev = cached_evaluation(cell["out"], run.run_dir, eval_teachers, cell["epochs"], cell["seeds"], dataset,
+                               cell["cosine_stretch"])
+        rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
+                     "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
+                     "distill_skipped": bool(run.units_skipped and not run.units_run),
+                     "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
+                     "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
+                     "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
+                     "teachers": [Path(p).parent.name for p in eval_teachers]})
+        log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
+            f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
+    return rows
+
+
 def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str], seeds: int, mode: str,
-             control: bool, cosine_stretch: float, log) -> dict:
-    results: list[dict] = []
-    teachers_info: dict = {}
+             control: bool, cosine_stretch: float, jobs: int = 1, threads: int = 1,
+             recover_overrides: dict | None = None) -> dict:
+    """Teachers first, then every cell, `jobs` processes at a time (each with `threads` torch threads)."""
     store = out / "store"
-    for name in datasets:
-        dataset = get_dataset(name)
-        t = BUDGETS[mode][name]
-        paths, accs = {}, {}
-        for tname in TEACHERS if any(m == "fadrm+" for m in methods) else ["t1"]:
-            paths[tname], accs[tname] = ensure_teacher(dataset, out, tname, TEACHER_EPOCHS[mode][name], log)
-        teachers_info[name] = {k: {"path": str(paths[k]), "model": TEACHERS[k][0], "kwargs": TEACHERS[k][1],
-                                   "test_top1": round(accs[k], 2)} for k in paths}
-        for ipc in ipcs:
-            epochs = None
-            if STUDENT_STEPS[mode]:
-                per_epoch = max(1, -(-dataset.num_classes * ipc // 16))
-                epochs = max(1, STUDENT_STEPS[mode] // per_epoch)
-            for method in methods + ([CONTROL] if control and "fadrm+" in methods else []):
-                preset = "fadrm+" if method == CONTROL else method
-                teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if preset == "fadrm+" else [])
-                overrides = {"ipc": ipc, "iterations": budget_of(preset, t), "ipc_per_unit": ipc, "pack": ipc}
-                cfg = make_config(preset, overrides=overrides)
-                started = time.perf_counter()
-                run = distill_local(cfg, dataset, teacher_paths, store, progress=False)
-                distill_s = time.perf_counter() - started
-                eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
-                ev = cached_evaluation(out, run.run_dir, eval_teachers, epochs, seeds, dataset, cosine_stretch)
-                row = {"dataset": name, "ipc": ipc, "method": method, "iterations": cfg.iterations,
-                       "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
-                       "distill_skipped": bool(run.units_skipped and not run.units_run),
-                       "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
-                       "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
-                       "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
-                       "teachers": [Path(p).parent.name for p in eval_teachers]}
-                results.append(row)
-                log(f"  {name} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
-                    f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
+    tnames = list(TEACHERS) if "fadrm+" in methods else ["t1"]
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
+        teacher_jobs = [pool.submit(_teacher_job, out, d, t, TEACHER_EPOCHS[mode][d]) for d in datasets for t in tnames]
+        paths: dict = {d: {} for d in datasets}
+        teachers_info: dict = {d: {} for d in datasets}
+        for job in teacher_jobs:
+            d, tname, path, acc = job.result()
+            paths[d][tname] = path
+            teachers_info[d][tname] = {"path": str(path), "model": TEACHERS[tname][0], "kwargs": TEACHERS[tname][1],
+                                       "test_top1": round(acc, 2)}
+        cells = []
+        for d in datasets:
+            num_classes = _dataset(d).num_classes
+            for ipc in ipcs:
+                epochs = None
+                if STUDENT_STEPS[mode]:
+                    per_epoch = max(1, -(-num_classes * ipc // 16))
+                    epochs = max(1, STUDENT_STEPS[mode] // per_epoch)
+                for method in methods:
+                    cells.append({"dataset": d, "ipc": ipc, "method": method, "t": BUDGETS[mode][d],
+                                  "teachers": paths[d], "epochs": epochs, "seeds": seeds, "store": store, "out": out,
+                                  "cosine_stretch": cosine_stretch, "control": control and method == "fadrm+",
+                                  "recover_overrides": dict(recover_overrides or {})})
+        # Longest first, so the last cells to finish are short ones and the processes stay busy.
+        order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
+        futures = {i: pool.submit(_cell_job, cells[i]) for i in order}
+        results = [row for i in range(len(cells)) for row in futures[i].result()]
     return {"results": results, "teachers": teachers_info}
+
+
+def _cost(cell: dict) -> float:
+    """A rough relative cost of a cell: recover image-updates times teachers, plus evaluation."""
+    pixels = _dataset(cell["dataset"]).image_size ** 2
+    teachers = 3 if cell["method"] == "fadrm+" else 1
+    recover = budget_of(cell["method"], cell["t"]) * cell["ipc"] * teachers * pixels
+    return recover + 2e4 * pixels * cell["seeds"] * (2 if cell["control"] else 1)
 
 
 def markdown(results: list[dict], methods: list[str]) -> str:
@@ -203,7 +263,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--student-steps", type=int, default=None,
                         help="student optimizer steps per evaluation (default: 1000, quick: 300)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1 by default: on a shared 2-core machine more threads spin-wait)")
+                        help="torch threads per job (1 by default: on a shared 2-core machine more threads spin-wait)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="cells run at once, each in its own process (default: CPU count / threads)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recover config override for every distilled method (e.g. crop_scale_min=0.5); "
+                             "such runs are cached apart from the default ones")
     args = parser.parse_args(argv)
 
     mode = "quick" if args.quick else "full"
@@ -219,18 +284,22 @@ def main(argv=None) -> dict:
     ipcs = [int(v) for v in args.ipc.split(",") if v]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+    jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
+    try:
+        recover_overrides = parse_overrides(args.overrides)
+        make_config("fadrm", overrides=recover_overrides)  # reject a bad key or value before any work
+    except ConfigError as exc:
+        parser.error(str(exc))
 
     started = time.perf_counter()
     log(f"bench.accuracy ({mode}): datasets {datasets}, IPC {ipcs}, {args.seeds} seeds, student {STUDENT_STEPS[mode]} "
-        f"steps, cosine stretch {args.cosine_stretch}, {args.threads} thread(s)")
-    grid = run_grid(out, datasets, ipcs, methods, args.seeds, mode, args.control, args.cosine_stretch, log)
+        f"steps, cosine stretch {args.cosine_stretch}, {jobs} job(s) x {args.threads} thread(s)"
+        + (f", recover overrides {recover_overrides}" if recover_overrides else ""))
+    grid = run_grid(out, datasets, ipcs, methods, args.seeds, mode, args.control, args.cosine_stretch,
+                    jobs=jobs, threads=args.threads, recover_overrides=recover_overrides)
     table = markdown(grid["results"], methods)
     report = {"mode": mode, "datasets": datasets, "ipc": ipcs, "methods": methods, "seeds": args.seeds,
-              "threads": args.threads, "budgets": {d: BUDGETS[mode][d] for d in datasets},
+              "threads": args.threads, "jobs": jobs, "recover_overrides": recover_overrides, "budgets": {d: BUDGETS[mode][d] for d in datasets},
               "budget_rule": "fadrm/fadrm+ T, sre2l++ 2T, sre2l T/2, rded/random-real 0",
               "student": "convnet-bn (width 64, depth 3)", "student_steps": STUDENT_STEPS[mode],
               "cosine_stretch": args.cosine_stretch, **grid, "table": table,

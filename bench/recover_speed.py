@@ -26,8 +26,9 @@ Fairness: same teacher file, patches, config, thread count and OpenMP settings o
 Each side runs in its own long-lived worker process and the runs alternate (a, b, a, b, ...),
 so a change of load on this shared machine hits both; the speed-up is the median of the
 per-round ratios. glibc reads MALLOC_* only when a process starts, which is why the sides are
-separate processes: the reference worker gets the environment without any MALLOC_* variable,
-the engine worker gets `ALLOCATOR_ENV` of actors/coordinator.py added. Both get
+separate processes: the reference worker gets the environment without any MALLOC_* variable
+and with FADRM_DEFAULT_MALLOC=1 (so the library's `tune_allocator` leaves glibc's defaults), the
+engine worker gets `ALLOCATOR_ENV` of fadrm_ray/runtime.py added. Both get
 OMP_WAIT_POLICY=PASSIVE (--omp-wait default leaves OpenMP alone): with two OpenMP threads
 spinning on a 2-core machine that other jobs share, a step can take 20x longer at random,
 which would swamp both measurements.
@@ -391,12 +392,9 @@ _ENV_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD
 
 
 def allocator_env() -> dict:
-    try:
-        from actors.coordinator import ALLOCATOR_ENV
-        return dict(ALLOCATOR_ENV)
-    except ImportError:  # the same settings, if the Ray layer is not importable here
-        return {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "8589934592",
-                "MALLOC_TOP_PAD_": "1073741824"}
+    from fadrm_ray.runtime import ALLOCATOR_ENV
+
+    return dict(ALLOCATOR_ENV)
 
 
 class Side:
@@ -519,7 +517,7 @@ def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> d
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     if args.omp_wait == "passive":
         base_env["OMP_WAIT_POLICY"] = "PASSIVE"
-    ref_env, eng_env = dict(base_env), dict(base_env, **allocator_env())
+    ref_env, eng_env = dict(base_env, FADRM_DEFAULT_MALLOC="1"), dict(base_env, **allocator_env())
     low = "fp16" if args.device.startswith("cuda") else "bf16"
     fast = {"pack": IPC, "channels_last": not args.no_channels_last, "compile": args.compile,
             "precision": args.precision or "auto"}

@@ -24,6 +24,7 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
 from fadrm_ray.patches import select_patches
 from fadrm_ray.recover import FrozenTeacher, RecoverState, final_images, init_state, run_stage
+from fadrm_ray.runtime import tune_allocator
 from fadrm_ray.store import ImageRecord, RunStore
 
 
@@ -189,6 +190,7 @@ def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequ
     """Run every unfinished unit of a run in this process (`fadrm distill --local`)."""
     from tqdm.auto import tqdm
 
+    tune_allocator()
     started = time.perf_counter()
     device = device or default_device()
     cfg, teachers, infos, store = prepare_run(cfg, dataset, teacher_paths, out_root, device)

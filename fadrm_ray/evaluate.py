@@ -39,6 +39,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import create_model
 from fadrm_ray.relabel import SOFT_LABEL_MODES, AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
+from fadrm_ray.runtime import tune_allocator
 from fadrm_ray.squeeze import evaluate_top1, torch_threads
 from fadrm_ray.store import open_run
 
@@ -207,6 +208,7 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
     `teachers`: checkpoint path(s) or a SoftLabeler. `seeds`: a count (seeds 0..n-1) or a list.
     `labels` are only counted (images per class); the targets come from the teachers.
     """
+    tune_allocator()
     if soft_labels not in SOFT_LABEL_MODES:
         raise EvaluationError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {soft_labels!r}")
     dataset = _as_dataset(dataset)

@@ -20,6 +20,7 @@ from torch import nn
 
 from .data.base import ImageDataset, Split
 from .models import TeacherInfo, create_model, match_channels, save_teacher
+from .runtime import tune_allocator
 
 DEFAULT_EPOCHS = 15
 DEFAULT_CUTMIX_PROB = 0.5
@@ -133,6 +134,7 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
 
     ``out_dir`` defaults to ``teachers/<dataset>-<model>``; ``device`` defaults to CUDA when present.
     """
+    tune_allocator()
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if batch_size < 1:

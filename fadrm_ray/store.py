@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 import torch
 
 import yaml
-from torchvision.io import ImageReadMode, decode_png, encode_png
 
+from fadrm_ray import codec
 from fadrm_ray.fileio import _fsync_dir, atomic_write_bytes, atomic_write_text, sha256_file
 
 __all__ = [
@@ -174,12 +174,15 @@ def _check_image(image: Any, where: str) -> torch.Tensor:
 
 def encode_image(image: torch.Tensor) -> bytes:
     """PNG bytes of a uint8 (C, H, W) image; 1-channel images stay grey PNGs."""
-    return encode_png(_check_image(image, "encode_image")).numpy().tobytes()
+    return codec.encode_png(_check_image(image, "encode_image"))
 
 
 def decode_image(data: bytes) -> torch.Tensor:
     """uint8 (C, H, W) image from PNG bytes, keeping the stored channel count."""
-    return decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
+    try:
+        return codec.decode(data)
+    except codec.CodecError as exc:
+        raise StoreError(f"cannot decode a stored image: {exc}") from None
 
 
 def _opt_float(value: Any) -> float | None:

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .. import codec
 from .base import DatasetError, Split
 
 SPLIT_SEED = 0
@@ -110,13 +111,9 @@ def sniff_is_grey(head: bytes) -> bool | None:
 
 def decode_bytes(data: bytes | bytearray | memoryview, channels: int, what: str = "image") -> torch.Tensor:
     """Decode PNG/JPEG/... bytes to uint8 (C, H, W) with exactly ``channels`` channels."""
-    from torchvision.io import ImageReadMode, decode_image
-
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
     try:
-        return decode_image(buf, mode=mode)
-    except Exception as exc:  # torchvision raises RuntimeError/ValueError depending on the codec
+        return codec.decode(data, channels=1 if channels == 1 else 3)
+    except codec.CodecError as exc:
         raise DatasetError(f"cannot decode {what}: {exc}") from None
 
 

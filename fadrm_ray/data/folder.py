@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .. import codec
 from .base import DatasetError, ImageDataset, Split
 from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
 
@@ -50,12 +51,9 @@ def _read_head(path: Path) -> bytes:
 
 
 def _decoded_channels(path: Path) -> int:
-    from torchvision.io import ImageReadMode, decode_image
-
     try:
-        return int(decode_image(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8),
-                                mode=ImageReadMode.UNCHANGED).shape[0])
-    except Exception as exc:
+        return codec.stored_channels(path.read_bytes())
+    except codec.CodecError as exc:
         raise DatasetError(f"cannot decode image {path}: {exc}") from None
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .. import codec
 from .base import DatasetError, ImageDataset, Split
 from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
 
@@ -134,14 +135,9 @@ def _labelled(rows: _Rows) -> _Rows:
 
 
 def _decoded_channels(item) -> int:
-    from torchvision.io import ImageReadMode, decode_image
-
     try:
-        return int(decode_image(torch.frombuffer(bytearray(_read_item(item)), dtype=torch.uint8),
-                                mode=ImageReadMode.UNCHANGED).shape[0])
-    except DatasetError:
-        raise
-    except Exception as exc:
+        return codec.stored_channels(_read_item(item))
+    except codec.CodecError as exc:
         raise DatasetError(f"cannot decode image: {exc}") from None
 
 

@@ -1,0 +1,59 @@
+"""Image bytes <-> uint8 (C, H, W) tensors, through Pillow.
+
+One codec for the store (PNG parts) and the dataset readers (PNG, JPEG and whatever Pillow
+opens). Pillow imports in milliseconds, which matters in Ray workers that start per run.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+
+# Pillow modes that hold one grey channel (with alpha: two).
+_GREY_MODES = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "F": 1, "LA": 2, "La": 2}
+
+
+class CodecError(ValueError):
+    """Bytes that are not a readable image."""
+
+
+def _open(data: bytes | bytearray | memoryview):
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(bytes(data)))
+        image.load()
+    except Exception as exc:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError...
+        raise CodecError(f"{type(exc).__name__}: {exc}") from None
+    return image
+
+
+def encode_png(image: torch.Tensor) -> bytes:
+    """Lossless PNG bytes of a uint8 (C, H, W) tensor with C = 1 (grey) or 3 (RGB)."""
+    from PIL import Image
+
+    array = image.detach().cpu().contiguous().numpy()
+    pil = Image.fromarray(array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0))  # mode L or RGB
+    buf = io.BytesIO()
+    pil.save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def decode(data: bytes | bytearray | memoryview, channels: int | None = None) -> torch.Tensor:
+    """uint8 (C, H, W): grey for `channels=1`, RGB for 3, the stored channels (grey or RGB) for None."""
+    image = _open(data)
+    if channels is None:
+        channels = 1 if image.mode in _GREY_MODES else 3
+    image = image.convert("L" if channels == 1 else "RGB")
+    array = np.asarray(image, dtype=np.uint8)
+    tensor = torch.from_numpy(array.copy())
+    return tensor.unsqueeze(0) if channels == 1 else tensor.permute(2, 0, 1).contiguous()
+
+
+def stored_channels(data: bytes | bytearray | memoryview) -> int:
+    """How many channels the encoded image holds: 1 or 2 for grey (with alpha), 3 or 4 for colour."""
+    image = _open(data)
+    if image.mode in _GREY_MODES:
+        return _GREY_MODES[image.mode]
+    return 4 if "A" in image.getbands() else 3

@@ -1,0 +1,54 @@
+"""Process-wide settings that make CPU work fast: the glibc allocator.
+
+glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
+asks for them again every step; on this project's workloads that costs up to 1.9x (measured:
+mnist-sample recover 25.4 s with the defaults, 13.8 s with the settings below). glibc reads
+them from `ALLOCATOR_ENV` when a process starts, which is how Ray workers get them
+(`runtime_env.env_vars`); a process that is already running gets the same values through
+`mallopt`, which `tune_allocator` calls. Every heavy entry point (squeeze, distill, evaluate,
+the Ray worker) calls it, so a user importing the library gets the fast path too.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+ALLOCATOR_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "33554432",   # 32 MiB: the largest glibc allows, disables the sliding threshold
+    "MALLOC_TRIM_THRESHOLD_": "8589934592",  # keep freed memory at the top of the heap
+    "MALLOC_TOP_PAD_": "1073741824",        # grow the heap in large steps
+}
+
+# mallopt parameter numbers from glibc's malloc.h. mallopt takes a C int, so the trim threshold is
+# capped at 2 GiB - 1, which has the same effect here (the heap is never trimmed in practice).
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
+_INT_MAX = 2**31 - 1
+_tuned = False
+
+
+def tune_allocator() -> bool:
+    """Apply `ALLOCATOR_ENV` to this process (glibc only; idempotent).
+
+    Returns True when the settings are in effect: set here, or already set through the
+    environment at start-up (then they are left as the user chose). Set FADRM_DEFAULT_MALLOC=1
+    to keep glibc's defaults.
+    """
+    global _tuned
+    if _tuned:
+        return True
+    if os.environ.get("FADRM_DEFAULT_MALLOC", "").strip() not in ("", "0"):
+        return False
+    if any(name in os.environ for name in ALLOCATOR_ENV):
+        _tuned = True
+        return True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _tuned = all(mallopt(_MALLOPT[name], min(int(value), _INT_MAX)) == 1 for name, value in ALLOCATOR_ENV.items())
+    return _tuned
