@@ -1,6 +1,6 @@
 """The paper's claims about ARC, at small scale (FADRM.md sections 4 and 6).
 
-    python -m bench.diagnostics [--dataset digits] [--budgets 0,100,300,1000,3000] [--quick] [--json]
+    python -m bench.diagnostics [--dataset digits] [--budgets 0,100,300,1000,3000] [--set KEY=VALUE] [--quick] [--json]
 
 1. Information vanishing: student top-1 against the total recover budget, with ARC (fadrm) and
    without (sre2l++ at the same precision), IPC 10, the same teacher, student and protocol as
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, ensure_teacher
+from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing
 
@@ -38,11 +39,18 @@ def main(argv=None) -> dict:
                         "(default 0,100,300,1000,3000; quick 0,100,400)")
     parser.add_argument("--seeds", type=int, default=None, help="student seeds (default 3; quick 2)")
     parser.add_argument("--quick", action="store_true", help="three budgets, two seeds, 300 student steps")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recover config override for every run (e.g. crop_scale_min=0.5)")
     parser.add_argument("--out", default="bench-results/diagnostics")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     mode = "quick" if args.quick else "full"
+    try:
+        overrides = parse_overrides(args.overrides)
+        make_config("fadrm", overrides=overrides)  # reject a bad key or value before any work
+    except ConfigError as exc:
+        parser.error(str(exc))
     budgets = [int(b) for b in (args.budgets or ("0,100,400" if args.quick else "0,100,300,1000,3000")).split(",") if b]
     seeds = args.seeds or (2 if args.quick else 3)
     out = Path(args.out)
@@ -55,15 +63,16 @@ def main(argv=None) -> dict:
     teacher, teacher_top1 = ensure_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
     epochs = student_epochs(dataset.num_classes, args.ipc, STUDENT_STEPS[mode])
     vanishing = information_vanishing(dataset, teacher, budgets=budgets, ipc=args.ipc, seeds=seeds, out_dir=out,
-                                      epochs=epochs, progress=True)
+                                      epochs=epochs, overrides=overrides, progress=True)
     merges = arc_merge_effect(dataset, teacher, ipc=min(args.ipc, 4), iterations=BUDGETS[mode][dataset.name],
-                              out_dir=out)
-    report = {"dataset": dataset.name, "teacher_top1": teacher_top1, "student_epochs": epochs,
+                              overrides=overrides, out_dir=out)
+    report = {"dataset": dataset.name, "teacher_top1": teacher_top1, "student_epochs": epochs, "overrides": overrides,
               "information_vanishing": vanishing, "arc_merges": merges}
     if args.json:
         print(json.dumps(report, default=str))
         return report
-    print(f"Information vanishing: {dataset.name}, IPC {args.ipc}, {seeds} seeds, teacher top-1 {teacher_top1:.2f}")
+    print(f"Information vanishing: {dataset.name}, IPC {args.ipc}, {seeds} seeds, teacher top-1 {teacher_top1:.2f}"
+          + (f", recover overrides {overrides}" if overrides else ""))
     print("| budget | " + " | ".join(str(b) for b in budgets) + " |")
     print("|---|" + "---|" * len(budgets))
     for key, label in (("arc", "with ARC (fadrm)"), ("no_arc", "without ARC (sre2l++)")):
