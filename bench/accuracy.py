@@ -48,8 +48,9 @@ import torch
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
-from fadrm_ray.evaluate import DEFAULT_COSINE_STRETCH, evaluate_run
+from fadrm_ray.evaluate import DEFAULT_COSINE_STRETCH, epochs_for_steps, evaluate_run
 from fadrm_ray.models import ModelError, load_teacher
+from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.squeeze import squeeze
 
 METHODS = ["random-real", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+"]
@@ -181,10 +182,7 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
         for d in datasets:
             num_classes = _dataset(d).num_classes
             for ipc in ipcs:
-                epochs = None
-                if STUDENT_STEPS[mode]:
-                    per_epoch = max(1, -(-num_classes * ipc // 16))
-                    epochs = max(1, STUDENT_STEPS[mode] // per_epoch)
+                epochs = epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode]) if STUDENT_STEPS[mode] else None
                 for method in methods:
                     cells.append({"dataset": d, "ipc": ipc, "method": method, "t": BUDGETS[mode][d],
                                   "teachers": paths[d], "epochs": epochs, "seeds": seeds, "store": store, "out": out,
@@ -208,7 +206,7 @@ def _cost(cell: dict) -> float:
 def markdown(results: list[dict], methods: list[str]) -> str:
     cols = [m for m in methods if any(r["method"] == m for r in results)] + \
         ([CONTROL] if any(r["method"] == CONTROL for r in results) else [])
-    keys = sorted({(r["dataset"], r["ipc"]) for r in results}, key=lambda k: (k[0], k[1]))
+    keys = sorted({(r["dataset"], r["ipc"]) for r in results})
     lines = ["| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for ds, ipc in keys:
         cells = []
@@ -220,11 +218,7 @@ def markdown(results: list[dict], methods: list[str]) -> str:
 
 
 def bar_chart(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = sorted({(r["dataset"], r["ipc"]) for r in results})
     methods = list(dict.fromkeys(r["method"] for r in results))
     fig, axes = plt.subplots(1, len(keys), figsize=(max(5.0, 3.6 * len(keys)), 3.8), dpi=120, squeeze=False)
@@ -242,9 +236,7 @@ def bar_chart(results: list[dict], path: Path) -> None:
         ax.set_title(f"{ds}, IPC {ipc}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("student test top-1 (%)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:

@@ -24,11 +24,7 @@ from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, ensure_teache
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing
-
-
-def student_epochs(num_classes: int, ipc: int, steps: int, batch_size: int = 16) -> int:
-    """Epochs that give about `steps` optimizer steps on num_classes * ipc images."""
-    return max(1, steps // max(1, -(-num_classes * ipc // batch_size)))
+from fadrm_ray.evaluate import epochs_for_steps
 
 
 def main(argv=None) -> dict:
@@ -61,7 +57,7 @@ def main(argv=None) -> dict:
 
     dataset = get_dataset(args.dataset)
     teacher, teacher_top1 = ensure_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
-    epochs = student_epochs(dataset.num_classes, args.ipc, STUDENT_STEPS[mode])
+    epochs = epochs_for_steps(dataset.num_classes * args.ipc, STUDENT_STEPS[mode])
     vanishing = information_vanishing(dataset, teacher, budgets=budgets, ipc=args.ipc, seeds=seeds, out_dir=out,
                                       epochs=epochs, overrides=overrides, progress=True)
     merges = arc_merge_effect(dataset, teacher, ipc=min(args.ipc, 4), iterations=BUDGETS[mode][dataset.name],

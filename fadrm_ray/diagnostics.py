@@ -32,18 +32,10 @@ from fadrm_ray.distill import distill_local, load_teachers, plan_units, unit_sta
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import _resize, run_stage
-from fadrm_ray.report import save_figure
+from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.squeeze import torch_threads
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _dataset(dataset: ImageDataset | str) -> ImageDataset:
@@ -64,16 +56,13 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
     dataset = _dataset(dataset)
     out = Path(out_dir)
     store_root = out / "store"
-    old_threads = torch.get_num_threads()
-    if num_threads:
-        torch.set_num_threads(int(num_threads))
     # One unit holding every IPC batch, packed into one forward: the same math (recover.py's
     # groups are independent), fewer Python round trips on a CPU.
     common = {"ipc": ipc, "ipc_per_unit": ipc, "pack": ipc, **dict(overrides or {})}
     variants = {"arc": ("fadrm", {}), "no_arc": ("sre2l++", {"precision": "auto"})}
     rows: dict[str, list[dict]] = {k: [] for k in variants}
     started = time.perf_counter()
-    try:
+    with torch_threads(num_threads):
         for budget in budgets:
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
@@ -86,8 +75,6 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
                 if progress:
                     print(f"information vanishing: {dataset.name} ipc {ipc} budget {budget} {key}: "
                           f"{ev['top1_mean']:.2f} ± {ev['top1_std']:.2f}", flush=True)
-    finally:
-        torch.set_num_threads(old_threads)
     result = {"dataset": dataset.name, "ipc": ipc, "teacher": str(teacher_path), "student": student,
               "seeds": seeds, "budgets": [int(b) for b in budgets], **rows,
               "seconds": round(time.perf_counter() - started, 1)}
@@ -101,7 +88,7 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
 
 
 def _plot_vanishing(result: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8), dpi=120)
     for key, label, color in (("arc", "with ARC (fadrm)", "tab:blue"), ("no_arc", "without ARC (sre2l++)", "tab:gray")):
         rows = result[key]
@@ -221,7 +208,7 @@ def _compare(model: nn.Module, chans: int, before: torch.Tensor, after: torch.Te
 
 
 def _plot_merges(result: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     merges = result["merges"]
     names = [f"merge after\nit. {m['after_iteration']}" for m in merges]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), dpi=120)

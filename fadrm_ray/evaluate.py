@@ -68,6 +68,11 @@ def default_epochs(num_images: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int
     return int(min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(DEFAULT_STEPS / per_epoch))))
 
 
+def epochs_for_steps(num_images: int, steps: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+    """Whole epochs that fit in about `steps` optimizer steps (at least one)."""
+    return max(1, steps // steps_per_epoch(max(1, num_images), batch_size))
+
+
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """KL(teacher || student) of the temperature-softened distributions, averaged over the batch,
     times T^2 so the gradient scale does not shrink with T (FADRM.md section 6)."""

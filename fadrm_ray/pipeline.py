@@ -8,6 +8,7 @@ ImageFolder and returns a summary of where everything is.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -58,7 +59,6 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export
-        import shutil
         shutil.rmtree(export_dir)
     exported = export_imagefolder(result.run_dir, export_dir)
     info = open_run(result.run_dir).info()

@@ -25,7 +25,8 @@ REPORT_DIR = "report"
 GRID_NAME, LOSSES_NAME, EVALUATION_NAME, EVALUATION_PLOT_NAME = "grid.png", "losses.png", "evaluation.json", "evaluation.png"
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -57,7 +58,7 @@ def report_files(run_dir: str | Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- image grid
 def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20) -> Path:
     """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices."""
-    plt = _pyplot()
+    plt = pyplot()
     reader = open_run(run_dir)
     images, labels, ipcs = reader.read()
     path = Path(path)
@@ -140,7 +141,7 @@ def loss_curves(run_dir: str | Path) -> dict:
 
 
 def write_losses(run_dir: str | Path, path: str | Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     curves = loss_curves(run_dir)
     path = Path(path)
     if curves["units"] == 0:
@@ -163,8 +164,7 @@ def write_losses(run_dir: str | Path, path: str | Path) -> Path:
     if curves["merges"]:
         axes[0].legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("iteration (stages concatenated)")
-    reader = open_run(run_dir)
-    fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {reader.run_id}", fontsize=9)
+    fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {Path(run_dir).name}", fontsize=9)
     return save_figure(fig, path)
 
 
@@ -173,7 +173,7 @@ def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
     curves = evaluation.get("curves") or []
     if not curves:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     for seed, curve in zip(evaluation.get("seeds", range(len(curves))), curves):
         if curve:
@@ -185,23 +185,15 @@ def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
                  f" ± {evaluation.get('top1_std', float('nan')):.2f}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _message_png(path: Path, message: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 2), dpi=120)
     ax.axis("off")
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classes: int = 20,

@@ -25,3 +25,12 @@ def digits_teacher(digits, tmp_path_factory):
     result = squeeze(digits, model_name="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0,
                      out_dir=out, progress=False, num_threads=1)
     return result.path, result.test_accuracy
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, then the old count (results repeat for a fixed count)."""
+    from fadrm_ray.squeeze import torch_threads
+
+    with torch_threads(1):
+        yield

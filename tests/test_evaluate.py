@@ -18,12 +18,7 @@ from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, Store
 DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # results are repeatable for a fixed thread count
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # results are repeatable for a fixed thread count
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,7 @@ from fadrm_ray.report import loss_curves, report_files, write_report
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # results are repeatable for a fixed thread count
 
 
 def png_size(path) -> tuple[int, int]:

@@ -23,12 +23,7 @@ MEAN, STD = [0.3], [0.37]
 CLASSES = list(range(10))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # results are repeatable for a fixed thread count
 
 
 @pytest.fixture(scope="module")
