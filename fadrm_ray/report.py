@@ -19,10 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.store import RunStore, open_run, to_plain
-
-REPORT_DIR = "report"
-GRID_NAME, LOSSES_NAME, EVALUATION_NAME, EVALUATION_PLOT_NAME = "grid.png", "losses.png", "evaluation.json", "evaluation.png"
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.store import open_run, to_plain
 
 
 def pyplot():
@@ -49,10 +47,7 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def report_files(run_dir: str | Path) -> dict[str, str]:
     """The report files that exist for a run (for `fadrm info`)."""
-    folder = Path(run_dir) / REPORT_DIR
-    names = {"grid": GRID_NAME, "losses": LOSSES_NAME, "evaluation": EVALUATION_NAME,
-             "evaluation_plot": EVALUATION_PLOT_NAME}
-    return {k: str(folder / v) for k, v in names.items() if (folder / v).is_file()}
+    return {k: str(p) for k, p in RunLayout(run_dir).report_files().items() if p.is_file()}
 
 
 # --------------------------------------------------------------------------- image grid
@@ -106,10 +101,8 @@ def loss_curves(run_dir: str | Path) -> dict:
     Returns {"ce", "bn": arrays over the global iteration, "merges": iterations after which an
     ARC merge happened, "stages": [(start, end, resolution)], "units": packs averaged}.
     """
-    run_dir = Path(run_dir)
-    store = RunStore(run_dir.parent, run_dir.name)
     ce_runs, bn_runs, merge_sets, stage_sets = [], [], [], []
-    for manifest in store.unit_manifests().values():
+    for manifest in open_run(run_dir).unit_manifests().values():
         for pack in (manifest.get("stats") or {}).get("packs", []) or []:
             ce, bn, merges, stages, t = [], [], [], [], 0
             for st in pack.get("stages", []) or []:
@@ -202,14 +195,14 @@ def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classe
 
     Without `evaluation`, an evaluation.json written before is kept (and listed).
     """
-    run_dir = Path(run_dir)
-    folder = run_dir / REPORT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    write_grid(run_dir, folder / GRID_NAME, max_classes, max_ipc)
-    write_losses(run_dir, folder / LOSSES_NAME)
+    layout = RunLayout(run_dir)
+    layout.report_dir.mkdir(parents=True, exist_ok=True)
+    files = layout.report_files()
+    write_grid(run_dir, files["grid"], max_classes, max_ipc)
+    write_losses(run_dir, files["losses"])
     if evaluation is not None:
         plain = to_plain({k: v for k, v in evaluation.items() if k != "model"})
-        atomic_write_text(folder / EVALUATION_NAME, json.dumps(plain, indent=2, allow_nan=True))
-        write_evaluation_plot(plain, folder / EVALUATION_PLOT_NAME)
+        atomic_write_text(files["evaluation"], json.dumps(plain, indent=2, allow_nan=True))
+        write_evaluation_plot(plain, files["evaluation_plot"])
     return report_files(run_dir)
 

@@ -12,7 +12,6 @@ import yaml
 
 from fadrm_ray.store import (
     ImageRecord,
-    RunReader,
     RunStore,
     StoreError,
     export_imagefolder,
@@ -197,7 +196,7 @@ def test_write_unit_validates_input(store):
 
 def test_filter_by_classes(store):
     store.write_unit("u0", make_records([0, 1, 2, 3], [0, 1]), CLASSES, PROVENANCE)
-    reader = RunReader(store.run_dir)
+    reader = open_run(store.run_dir)
     assert [p.parent.name for p in reader.part_files()] == ["label=0", "label=1", "label=2", "label=3"]
     assert [p.parent.name for p in reader.part_files([3, 1])] == ["label=1", "label=3"]
     images, labels, ipcs = reader.read(classes=[3, 1])
@@ -220,8 +219,8 @@ def test_finalize_is_complete_info(store):
     store.write_unit("u0", make_records([0, 1], [0, 1]), CLASSES, PROVENANCE, {"seconds": 2.0})
     store.write_unit("u1", make_records([0, 1], [2, 3]), CLASSES, PROVENANCE, {"seconds": 3.0})
     assert not store.is_complete()
-    assert RunReader(store.run_dir).manifest is None
-    assert RunReader(store.run_dir).info()["complete"] is False
+    assert open_run(store.run_dir).manifest is None
+    assert open_run(store.run_dir).info()["complete"] is False
 
     manifest = store.finalize({"timings": {"total_s": 5.0}, "note": "ok"})
     assert store.is_complete()
@@ -230,7 +229,7 @@ def test_finalize_is_complete_info(store):
     assert [u["unit_id"] for u in manifest["units"]] == ["u0", "u1"]
     assert json.loads((store.run_dir / "manifest.json").read_text()) == manifest
 
-    reader = RunReader(store.run_dir)
+    reader = open_run(store.run_dir)
     assert reader.manifest == manifest
     info = reader.info()
     assert info["run_id"] == "run1" and info["complete"] is True
@@ -257,15 +256,15 @@ def test_reader_ignores_leftovers_of_crashed_attempts(store):
     orphan.write_unit("x", make_records([0], [5]), CLASSES, PROVENANCE)
     src = orphan.run_dir / "label=0" / "part-ipc00005-00006.parquet"
     os.replace(src, store.run_dir / "label=0" / src.name)
-    _, _, ipcs = RunReader(store.run_dir).read()
+    _, _, ipcs = open_run(store.run_dir).read()
     assert ipcs.tolist() == [0, 1]
 
 
 def test_reader_on_non_run_dir(tmp_path):
     with pytest.raises(StoreError, match="not a FADRM run directory"):
-        RunReader(tmp_path)
+        open_run(tmp_path)
     with pytest.raises(StoreError, match="not a FADRM run directory"):
-        RunReader(tmp_path / "missing")
+        open_run(tmp_path / "missing")
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(StoreError):
         open_run(tmp_path / "file.txt")
@@ -356,3 +355,67 @@ def test_export_tensors_round_trip(store, tmp_path):
     assert export_tensors(store.run_dir, out, classes=[1]) == 2
     assert torch.load(out)["labels"].tolist() == [1, 1]
     assert [p.name for p in out.parent.iterdir()] == ["distilled.pt"]
+
+
+@pytest.mark.parametrize("finalized", [False, True])
+def test_info_counts_rows_from_the_manifests(store, monkeypatch, finalized):
+    store.write_unit("u0", make_records([0, 1, 2], [0, 1]), CLASSES, PROVENANCE)
+    store.write_unit("u1", make_records([0, 3], [2, 3, 4]), CLASSES, PROVENANCE)
+    if finalized:
+        store.finalize({})
+    first = store.run_dir / "label=0" / "part-ipc00000-00002.parquet"
+    touched = []
+
+    def no_table(*args, **kwargs):
+        raise AssertionError("info() read a whole part file")
+
+    real_file, real_schema = pq.ParquetFile, pq.read_schema
+    monkeypatch.setattr(pq, "read_table", no_table)
+    monkeypatch.setattr(pq, "ParquetFile", lambda path, *a, **k: touched.append(path) or real_file(path, *a, **k))
+    monkeypatch.setattr(pq, "read_schema", lambda path, *a, **k: touched.append(path) or real_schema(path, *a, **k))
+    info = open_run(store.run_dir).info()
+    assert info["parts"] == 5 and info["rows"] == 12
+    assert info["images_per_class"] == {0: 5, 1: 2, 2: 2, 3: 3} and info["classes"] == [0, 1, 2, 3]
+    assert info["image_shape"] == [3, 8, 8]
+    # Class names, provenance and the image shape come from the first part; no other part is opened.
+    assert {str(p) for p in touched} == {str(first)}
+
+
+def test_reader_never_builds_the_writer(store, monkeypatch):
+    import fadrm_ray.store.writer
+
+    store.write_unit("u0", make_records([0, 1], [0, 1]), CLASSES, PROVENANCE, {"seconds": 1.0})
+    store.write_unit("u1", make_records([2], [0, 1]), CLASSES, PROVENANCE)
+    expected = open_run(store.run_dir).read()
+
+    def no_writer(*args, **kwargs):
+        raise AssertionError("the reader built a RunStore")
+
+    for finalized in (False, True):
+        if finalized:
+            store.finalize({})
+        with monkeypatch.context() as patch:
+            patch.setattr(fadrm_ray.store.writer.RunStore, "__init__", no_writer)
+            reader = open_run(store.run_dir)
+            assert reader.complete is finalized
+            images, labels, _ = reader.read()
+            assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+            assert reader.info()["rows"] == 6 and set(reader.unit_manifests()) == {"u0", "u1"}
+            assert len(reader.records()) == 6 and len(reader.as_dataset()) == 6
+
+
+def test_reader_on_a_bare_copy_of_the_part_files(store, tmp_path):
+    store.write_unit("u0", make_records([0, 1], [0, 1]), CLASSES, PROVENANCE)
+    store.write_unit("u1", make_records([1], [2, 3]), CLASSES, PROVENANCE)
+    copy = tmp_path / "copy"
+    for part in store.run_dir.glob("label=*/*.parquet"):
+        target = copy / part.parent.name / part.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(part.read_bytes())
+    reader = open_run(copy)  # no config.yaml, no manifests: the label folders are all there is
+    assert not reader.complete and reader.config == {} and reader.class_names == CLASSES
+    images, labels, ipcs = reader.read()
+    assert labels.tolist() == [0, 0, 1, 1, 1, 1] and ipcs.tolist() == [0, 1, 0, 1, 2, 3]
+    assert torch.equal(images, open_run(store.run_dir).read()[0])
+    info = reader.info()
+    assert info["rows"] == 6 and info["images_per_class"] == {0: 2, 1: 4} and info["parts"] == 3
