@@ -92,7 +92,7 @@ class Coordinator:
         self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
         self.units = plan_units(self.cfg, self.dataset.num_classes)
         self.stages = self.cfg.k + 1
-        self.ledger_path = self.store.run_dir / "ledger.jsonl"
+        self.ledger_path = self.store.layout.ledger
 
     def close(self) -> None:
         """Stop the worker actors (idempotent)."""
@@ -181,7 +181,7 @@ class Coordinator:
                 worker, task = idle.popleft(), queue.popleft()
                 inflight[worker.run_stage.remote(task.unit, task.stage, self.context)] = (worker, task)
             if not inflight and not probes:
-                raise RuntimeError("no distill worker is left alive; see ledger.jsonl in the run directory")
+                raise RuntimeError(f"no distill worker is left alive; see {self.ledger_path}")
             ready, _ = ray.wait(list(starting) + list(inflight) + list(probes), num_returns=1, timeout=60)
             for ref in ready:
                 if ref in starting:  # a worker's first answer: record where it runs

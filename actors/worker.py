@@ -30,17 +30,12 @@ from fadrm_ray.runtime import tune_allocator
 from fadrm_ray.store import RunStore
 
 
-def checkpoint_path(store: RunStore, unit_id: str, stage: int) -> Path:
-    """The states of a unit after `stage` stages have run."""
-    return store.run_dir / "checkpoints" / f"{unit_id}.after{stage}.pt"
-
-
 def save_checkpoint(store: RunStore, unit_id: str, states: list[RecoverState]) -> Path:
     import io
     buf = io.BytesIO()
     torch.save({"unit_id": unit_id, "stage": states[0].stage, "states": [s.to_dict() for s in states]}, buf)
-    path = atomic_write_bytes(checkpoint_path(store, unit_id, states[0].stage), buf.getvalue())
-    for old in path.parent.glob(f"{unit_id}.after*.pt"):  # keep only the newest
+    path = atomic_write_bytes(store.layout.checkpoint(unit_id, states[0].stage), buf.getvalue())
+    for old in store.layout.checkpoints(unit_id):  # keep only the newest
         if old != path:
             old.unlink(missing_ok=True)
     return path
@@ -54,13 +49,11 @@ def load_checkpoint(path: Path) -> list[RecoverState]:
 def latest_checkpoints(store: RunStore) -> dict[str, int]:
     """unit_id -> number of stages its newest checkpoint has completed."""
     out: dict[str, int] = {}
-    folder = store.run_dir / "checkpoints"
-    for path in folder.glob("*.after*.pt") if folder.is_dir() else []:
-        unit_id, _, rest = path.name.rpartition(".after")
-        try:
-            out[unit_id] = max(out.get(unit_id, 0), int(rest.removesuffix(".pt")))
-        except ValueError:
-            continue
+    for path in store.layout.checkpoints():
+        parsed = store.layout.checkpoint_stage(path)
+        if parsed is not None:
+            unit_id, stage = parsed
+            out[unit_id] = max(out.get(unit_id, 0), stage)
     return out
 
 
@@ -112,7 +105,7 @@ class DistillWorker:
             if stage == 0:
                 states = unit_states(unit, self.cfg, self.dataset, self.teachers, self.device, self.patch_cache)
             else:
-                states = load_checkpoint(checkpoint_path(self.store, unit.unit_id, stage))
+                states = load_checkpoint(self.store.layout.checkpoint(unit.unit_id, stage))
         run_unit_stage(states, self.teachers, self.cfg, self.device)
         seconds = time.perf_counter() - started
         reply = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds}
@@ -120,7 +113,7 @@ class DistillWorker:
             records, packs = unit_records(unit, states, self.teachers, self.device)
             stats = unit_stats(unit, packs, self.device, seconds, worker_pid=os.getpid())
             manifest = self.store.write_unit(unit.unit_id, records, self.dataset.class_names, self.provenance, stats)
-            for old in (self.store.run_dir / "checkpoints").glob(f"{unit.unit_id}.after*.pt"):
+            for old in self.store.layout.checkpoints(unit.unit_id):
                 old.unlink(missing_ok=True)
             reply.update(done=True, rows=sum(f["rows"] for f in manifest["files"]))
         else:

@@ -25,6 +25,7 @@ import torch
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
+from fadrm_ray.layout import RunLayout
 from fadrm_ray.pipeline import ensure_teacher
 
 
@@ -77,7 +78,7 @@ def main(argv=None) -> dict:
         result = Coordinator(make_config("fadrm", overrides=overrides), args.dataset, [teacher],
                              fresh(f"ray{workers}"), workers=workers, cpus_per_worker=1, progress=False).run()
         wall = time.perf_counter() - t0
-        ledger = [json.loads(line) for line in (result.run_dir / "ledger.jsonl").read_text().splitlines()]
+        ledger = [json.loads(line) for line in RunLayout(result.run_dir).ledger.read_text().splitlines()]
         return wall, sum(e["seconds"] for e in ledger if e["event"] == "stage_done")
 
     # Rounds of (local, Ray with 1 worker), in alternating order, so that a change of load on a

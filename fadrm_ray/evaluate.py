@@ -314,7 +314,7 @@ def evaluate_run(run_dir: str | Path, student: str = DEFAULT_STUDENT, epochs: in
     result = evaluate_images(images, labels, dataset, list(teachers), student=student, epochs=epochs, seeds=seeds,
                              batch_size=batch_size, temperature=temperature, lr=lr, weight_decay=weight_decay,
                              cosine_stretch=cosine_stretch, soft_labels=soft_labels,
-                             soft_label_dir=Path(reader.run_dir) / "soft_labels", student_kwargs=student_kwargs,
+                             soft_label_dir=reader.layout.soft_labels, student_kwargs=student_kwargs,
                              num_threads=num_threads, device=device, progress=progress, **train_kwargs)
     result["run_id"] = reader.run_id
     result["run_dir"] = str(reader.run_dir)

@@ -3,9 +3,11 @@ import json
 import time
 from pathlib import Path
 
+from fadrm_ray.layout import RunLayout
+
 
 def ledger(run_dir) -> list[dict]:
-    path = Path(run_dir) / "ledger.jsonl"
+    path = RunLayout(run_dir).ledger
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
