@@ -48,9 +48,10 @@ import torch
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
-from fadrm_ray.evaluate import DEFAULT_COSINE_STRETCH, epochs_for_steps, evaluate_run
+from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
 from fadrm_ray.models import ModelError, load_teacher
 from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import squeeze
 
 METHODS = ["random-real", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+"]
@@ -89,28 +90,27 @@ def ensure_teacher(dataset, out: Path, name: str, epochs: int, log) -> tuple[Pat
         except ModelError:
             pass
     started = time.perf_counter()
-    result = squeeze(dataset, model_name=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0,
+    result = squeeze(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
                      out_dir=path.parent, progress=False)
     log(f"  teacher {name} ({model} {kwargs}) on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
         f"in {time.perf_counter() - started:.0f} s")
     return Path(result.path), float(result.test_accuracy)
 
 
-def cached_evaluation(out: Path, run_dir: Path, teachers: list[Path], epochs: int | None, seeds: int, dataset,
-                      cosine_stretch: float) -> dict:
+def cached_evaluation(out: Path, run_dir: Path, teachers: list[Path], dataset, cfg: EvalConfig) -> dict:
     """evaluate_run, or its result from an earlier identical call (same run, teachers, student
     protocol and code version)."""
     from fadrm_ray import __version__
     from fadrm_ray.fileio import atomic_write_text, sha256_file
 
+    # The grid varies only these settings; the key keeps its old form so earlier results stay usable.
     key_src = json.dumps({"run": Path(run_dir).name, "teachers": [sha256_file(p) for p in teachers],
-                          "epochs": epochs, "seeds": seeds, "version": __version__, "protocol": 1,
-                          "cosine_stretch": cosine_stretch}, sort_keys=True)
+                          "epochs": cfg.epochs, "seeds": cfg.seeds, "version": __version__, "protocol": 1,
+                          "cosine_stretch": cfg.cosine_stretch}, sort_keys=True)
     path = out / "evaluations" / f"{hashlib.sha256(key_src.encode()).hexdigest()[:16]}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    ev = evaluate_run(run_dir, epochs=epochs, seeds=seeds, teachers=teachers, dataset=dataset,
-                      cosine_stretch=cosine_stretch, progress=False)
+    ev = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, progress=False)
     atomic_write_text(path, json.dumps(ev))
     return ev
 
@@ -148,8 +148,7 @@ def _cell_job(cell: dict) -> list[dict]:
     rows = []
     for method in [preset] + ([CONTROL] if cell["control"] else []):
         eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
-        ev = cached_evaluation(cell["out"], run.run_dir, eval_teachers, cell["epochs"], cell["seeds"], dataset,
-                               cell["cosine_stretch"])
+        ev = cached_evaluation(cell["out"], run.run_dir, eval_teachers, dataset, cell["evaluation"])
         rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
                      "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),
@@ -185,8 +184,9 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
                 epochs = epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode]) if STUDENT_STEPS[mode] else None
                 for method in methods:
                     cells.append({"dataset": d, "ipc": ipc, "method": method, "t": BUDGETS[mode][d],
-                                  "teachers": paths[d], "epochs": epochs, "seeds": seeds, "store": store, "out": out,
-                                  "cosine_stretch": cosine_stretch, "control": control and method == "fadrm+",
+                                  "teachers": paths[d], "store": store, "out": out,
+                                  "evaluation": EvalConfig(epochs=epochs, seeds=seeds, cosine_stretch=cosine_stretch),
+                                  "control": control and method == "fadrm+",
                                   "recover_overrides": dict(recover_overrides or {})})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
         order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
@@ -200,7 +200,7 @@ def _cost(cell: dict) -> float:
     pixels = _dataset(cell["dataset"]).image_size ** 2
     teachers = 3 if cell["method"] == "fadrm+" else 1
     recover = budget_of(cell["method"], cell["t"]) * cell["ipc"] * teachers * pixels
-    return recover + 2e4 * pixels * cell["seeds"] * (2 if cell["control"] else 1)
+    return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
 
 
 def markdown(results: list[dict], methods: list[str]) -> str:
@@ -250,7 +250,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--control", action="store_true",
                         help=f"add the '{CONTROL}' row (FADRM+ images, single-teacher labels)")
-    parser.add_argument("--cosine-stretch", type=float, default=DEFAULT_COSINE_STRETCH,
+    parser.add_argument("--cosine-stretch", type=float, default=EvalConfig().cosine_stretch,
                         help="student schedule stretch (evaluate.py; 2 = the published small-IPC setting)")
     parser.add_argument("--student-steps", type=int, default=None,
                         help="student optimizer steps per evaluation (default: 1000, quick: 300)")

@@ -25,6 +25,7 @@ from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing
 from fadrm_ray.evaluate import epochs_for_steps
+from fadrm_ray.settings import EvalConfig
 
 
 def main(argv=None) -> dict:
@@ -58,8 +59,8 @@ def main(argv=None) -> dict:
     dataset = get_dataset(args.dataset)
     teacher, teacher_top1 = ensure_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
     epochs = epochs_for_steps(dataset.num_classes * args.ipc, STUDENT_STEPS[mode])
-    vanishing = information_vanishing(dataset, teacher, budgets=budgets, ipc=args.ipc, seeds=seeds, out_dir=out,
-                                      epochs=epochs, overrides=overrides, progress=True)
+    vanishing = information_vanishing(dataset, teacher, EvalConfig(epochs=epochs, seeds=seeds), budgets=budgets,
+                                      ipc=args.ipc, out_dir=out, overrides=overrides, progress=True)
     merges = arc_merge_effect(dataset, teacher, ipc=min(args.ipc, 4), iterations=BUDGETS[mode][dataset.name],
                               overrides=overrides, out_dir=out)
     report = {"dataset": dataset.name, "teacher_top1": teacher_top1, "student_epochs": epochs, "overrides": overrides,

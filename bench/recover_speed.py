@@ -437,6 +437,7 @@ class Side:
 def ensure_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
     """The benchmark's teacher, trained once and cached (a teacher trained longer is reused)."""
     from fadrm_ray.models import ModelError, load_teacher
+    from fadrm_ray.settings import SqueezeConfig
     from fadrm_ray.squeeze import squeeze
 
     model, kwargs = TEACHER
@@ -452,7 +453,7 @@ def ensure_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
             pass
     path = folder / f"{dataset.name}-{model}-e{epochs}" / "teacher.pt"
     started = time.perf_counter()
-    result = squeeze(dataset, model_name=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0,
+    result = squeeze(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
                      out_dir=path.parent, progress=False)
     log(f"  trained the {dataset.name} teacher: {epochs} epochs, test top-1 {result.test_accuracy:.2f}% "
         f"({time.perf_counter() - started:.0f} s, cached)")
@@ -612,11 +613,12 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
     if args.evaluate:
         try:
             from fadrm_ray.evaluate import evaluate_images
+            from fadrm_ray.settings import EvalConfig
         except ImportError:
             log("  (fadrm_ray.evaluate.evaluate_images is not available: losses only)")
         else:
             for side in ("reference", "engine"):
-                ev = evaluate_images(images[side], labels, name, [setup["teacher"]], seeds=args.eval_seeds,
+                ev = evaluate_images(images[side], labels, name, [setup["teacher"]], EvalConfig(seeds=args.eval_seeds),
                                      progress=False)
                 q[side]["student_top1_mean"] = ev["top1_mean"]
                 q[side]["student_top1_per_seed"] = ev["top1_per_seed"]

@@ -63,34 +63,28 @@ def _emit(args, payload: dict, human: str) -> None:
 
 # --------------------------------------------------------------------------- subcommands
 def cmd_squeeze(args) -> None:
+    from fadrm_ray.config import parse_overrides
     from fadrm_ray.data import get_dataset
+    from fadrm_ray.settings import SqueezeConfig, layered
     from fadrm_ray.squeeze import squeeze
 
+    cfg = layered(SqueezeConfig, parse_overrides(args.set or [], SqueezeConfig),
+                  flags={"model": args.model, "epochs": args.epochs, "seed": args.seed})
     dataset = get_dataset(args.dataset, root=args.data_root)
-    extra = {} if args.epochs is None else {"epochs": args.epochs}
-    result = squeeze(dataset, model_name=args.model, seed=args.seed, out_dir=args.out,
-                     num_threads=args.threads, progress=not args.quiet, **extra)
-    payload = {"teacher": str(result.path), "model": args.model, "dataset": dataset.name,
+    result = squeeze(dataset, cfg, out_dir=args.out, num_threads=args.threads, progress=not args.quiet)
+    payload = {"teacher": str(result.path), "model": cfg.model, "dataset": dataset.name,
                "test_accuracy": result.test_accuracy, "train_seconds": result.train_seconds,
-               "epochs": result.epochs}
-    _emit(args, payload, f"teacher {args.model} on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
+               "epochs": result.epochs, "config": cfg.model_dump(mode="json")}
+    _emit(args, payload, f"teacher {cfg.model} on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
                          f"after {result.epochs} epochs ({result.train_seconds:.1f} s)\nwritten to {result.path}")
 
 
-def build_config(args):
+def build_config(args) -> "DistillConfig":
+    """The run's config in one pass: preset -> --config -> --set -> --ipc/--classes/--seed."""
     from fadrm_ray.config import make_config
 
-    overrides = list(args.set or [])
-    cfg = make_config(args.preset, args.config, overrides)
-    if args.ipc is not None:
-        cfg.ipc = args.ipc
-    classes = _parse_classes(args.classes)
-    if classes is not None:
-        cfg.classes = classes
-    if args.seed is not None:
-        cfg.seed = args.seed
-    cfg.validate()
-    return cfg
+    return make_config(args.preset, args.config, args.set or [], ipc=args.ipc, classes=_parse_classes(args.classes),
+                       seed=args.seed)
 
 
 def cmd_distill(args) -> None:
@@ -129,12 +123,15 @@ def cmd_export(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
+    from fadrm_ray.config import parse_overrides
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
+    from fadrm_ray.settings import EvalConfig, layered
 
-    extra = {} if args.epochs is None else {"epochs": args.epochs}
-    result = evaluate_run(args.run, student=args.student, seeds=args.seeds, soft_labels=args.soft_labels,
-                          num_threads=args.threads, progress=not args.quiet, **extra)
+    cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),
+                  flags={"student": args.student, "epochs": args.epochs, "seeds": args.seeds,
+                         "soft_labels": args.soft_labels})
+    result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
     result["report"] = write_report(args.run, evaluation=result)
     per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
     _emit(args, result, f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
@@ -195,9 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
     p.add_argument("--dataset", required=True, help=data_help)
-    p.add_argument("--model", default="convnet-bn", help="convnet-bn, resnet18-cifar, or a timm/torchvision name")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: per dataset)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None,
+                   help="convnet-bn (the default), resnet18-cifar, or a timm/torchvision name")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (default 15)")
+    p.add_argument("--seed", type=int, default=None, help="(default 0)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one SqueezeConfig value, e.g. model_kwargs={width: 64} (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--data-root", default=None, help="where downloadable datasets live")
     p.add_argument("--out", required=True, help="directory for teacher.pt")
@@ -225,11 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
-    p.add_argument("--student", default="convnet-bn", help="student model name")
+    p.add_argument("--student", default=None, help="student model name (default convnet-bn)")
     p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the number of images)")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--soft-labels", default="online", choices=["online", "stored"],
-                   help="teacher soft labels computed on the fly, or precomputed into the run")
+    p.add_argument("--seeds", type=int, default=None, help="students trained, seeds 0..N-1 (default 3)")
+    p.add_argument("--soft-labels", default=None, choices=["online", "stored"],
+                   help="teacher soft labels computed on the fly (the default), or precomputed into the run")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_evaluate)
 

@@ -33,6 +33,7 @@ from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import _resize, run_stage
 from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.settings import EvalConfig
 from fadrm_ray.squeeze import torch_threads
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
@@ -43,15 +44,14 @@ def _dataset(dataset: ImageDataset | str) -> ImageDataset:
 
 
 # --------------------------------------------------------------------------- (a)
-def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
+def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path, evaluation: EvalConfig,
                           budgets: Sequence[int] = (100, 300, 1000, 3000), ipc: int = 10,
-                          seeds: int = 3, out_dir: str | Path = "diagnostics", student: str = "convnet-bn",
-                          epochs: int | None = None, overrides: dict | None = None,
+                          out_dir: str | Path = "diagnostics", overrides: dict | None = None,
                           num_threads: int | None = None, progress: bool = True) -> dict:
     """Student top-1 against the total recover budget, with ARC and without.
 
     Every run goes through `distill_local` into `out_dir/store` (finished runs are reused) and
-    is evaluated with `seeds` students. Writes `out_dir/information_vanishing.{json,png}`.
+    is evaluated under `evaluation`. Writes `out_dir/information_vanishing.{json,png}`.
     """
     dataset = _dataset(dataset)
     out = Path(out_dir)
@@ -67,16 +67,16 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
                 run = distill_local(cfg, dataset, [teacher_path], store_root, progress=False)
-                ev = evaluate_run(run.run_dir, student=student, epochs=epochs, seeds=seeds, dataset=dataset,
-                                  teachers=[teacher_path], progress=False)
+                ev = evaluate_run(run.run_dir, evaluation, dataset=dataset, teachers=[teacher_path], progress=False)
                 rows[key].append({"budget": int(budget), "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
                                   "top1_per_seed": ev["top1_per_seed"], "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})
                 if progress:
                     print(f"information vanishing: {dataset.name} ipc {ipc} budget {budget} {key}: "
                           f"{ev['top1_mean']:.2f} ± {ev['top1_std']:.2f}", flush=True)
-    result = {"dataset": dataset.name, "ipc": ipc, "teacher": str(teacher_path), "student": student,
-              "seeds": seeds, "budgets": [int(b) for b in budgets], **rows,
+    result = {"dataset": dataset.name, "ipc": ipc, "teacher": str(teacher_path), "student": evaluation.student,
+              "seeds": len(evaluation.seed_list), "evaluation": evaluation.model_dump(mode="json"),
+              "budgets": [int(b) for b in budgets], **rows,
               "seconds": round(time.perf_counter() - started, 1)}
     out.mkdir(parents=True, exist_ok=True)
     png = out / "information_vanishing.png"

@@ -11,10 +11,10 @@ The cosine may be *stretched*: the published student trainer multiplies the lear
 validate/train_fkd.py: eta = 2 for a ResNet-18 student at IPC 1 and 10 on CIFAR-100,
 Tiny-ImageNet and ImageNet-1K, eta = 1 at IPC 50 (and at IPC 10 on ImageNette/ImageWoof). With
 eta = 2 the rate only decays to half of its start, which their 300-1000 epochs and best-of-run
-reporting tolerate. `cosine_stretch` is that eta. The default here is 1 (a full cosine to zero):
-with the few hundred steps that fit a CPU, eta = 2 left the *final* accuracy to chance (3 seeds
+reporting tolerate. `EvalConfig.cosine_stretch` is that eta. The default here is 1 (a full cosine
+to zero): with the few hundred steps that fit a CPU, eta = 2 left the *final* accuracy to chance (3 seeds
 on mnist-sample IPC 10, RDED images, 600 steps: 77.9 +- 4.7 with eta 2 against 80.7 +- 0.4 with
-eta 1; at 2100 steps 82.8 +- 1.0 against 86.9 +- 0.3). Pass cosine_stretch=2 for the published
+eta 1; at 2100 steps 82.8 +- 1.0 against 86.9 +- 0.3). Set cosine_stretch=2 for the published
 small-IPC setting.
 
 Two details differ from that script and are stated here so numbers can be compared: the KD loss
@@ -38,28 +38,20 @@ from torch import nn
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import create_model
-from fadrm_ray.relabel import SOFT_LABEL_MODES, AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
+from fadrm_ray.relabel import AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
 from fadrm_ray.runtime import tune_allocator
+from fadrm_ray.settings import EvalConfig, EvaluationError
 from fadrm_ray.squeeze import evaluate_top1, torch_threads
 from fadrm_ray.store import open_run
 
-DEFAULT_STUDENT = "convnet-bn"
-DEFAULT_TEMPERATURE = 20.0
-DEFAULT_LR = 1e-3
-DEFAULT_WEIGHT_DECAY = 0.01
-DEFAULT_BATCH_SIZE = 16
-DEFAULT_COSINE_STRETCH = 1.0
 # The published 300 epochs (1000 for IPC 1) are thousands of steps even on 100 images. The
 # default is set by steps instead, so that 3 seeds take about a minute on mnist-sample with one
 # CPU thread: about DEFAULT_STEPS optimizer steps, between MIN_EPOCHS and MAX_EPOCHS (the
 # published IPC-1 count) epochs. Longer still helps: RDED images of mnist-sample IPC 10 give
-# 80.7 % at 600 steps and 86.9 % at 2100; pass `epochs` when the number matters more than time.
+# 80.7 % at 600 steps and 86.9 % at 2100; set `epochs` when the number matters more than time.
 DEFAULT_STEPS = 600
 MIN_EPOCHS, MAX_EPOCHS = 40, 1000
-
-
-class EvaluationError(ValueError):
-    """A run cannot be evaluated as asked (missing teacher, unknown dataset, bad option)."""
+DEFAULT_BATCH_SIZE = EvalConfig().batch_size
 
 
 def default_epochs(num_images: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
@@ -93,7 +85,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def cosine_factor(epoch: int, epochs: int, stretch: float = DEFAULT_COSINE_STRETCH) -> float:
+def cosine_factor(epoch: int, epochs: int, stretch: float = 1.0) -> float:
     """Learning-rate multiplier of epoch `epoch` (0-based): the stretched cosine of the module doc."""
     return 0.5 * (1.0 + math.cos(math.pi * epoch / (max(1, epochs) * stretch)))
 
@@ -105,55 +97,45 @@ def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
     return set(range(epochs - 1, -1, -every))
 
 
-def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler, *,
-                  student: str = DEFAULT_STUDENT, student_kwargs: dict | None = None, epochs: int | None = None,
-                  seed: int = 0, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE,
-                  lr: float = DEFAULT_LR, weight_decay: float = DEFAULT_WEIGHT_DECAY,
-                  cosine_stretch: float = DEFAULT_COSINE_STRETCH, crop_scale: tuple[float, float] = (0.08, 1.0),
-                  cutmix_prob: float = 1.0, soft_labels: str = "online", soft_label_dir: str | Path | None = None,
-                  soft_label_dtype: str = "float16", eval_every: int | None = None, device: str = "cpu",
-                  return_model: bool = False, progress: bool = False) -> dict:
+def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler, cfg: EvalConfig,
+                  seed: int, *, device: str = "cpu", soft_label_dir: str | Path | None = None,
+                  progress: bool = False, return_model: bool = False) -> dict:
     """Train one student (one seed) on `images_uint8` with soft labels from `labeler`.
 
-    Labels of the images are not used: the targets are the teachers' logits. Returns
-    final_top1, best_top1 (percent), the evaluated curve [(epoch, top1)], steps and seconds.
+    Labels of the images are not used: the targets are the teachers' logits. `cfg.seeds` is not
+    read here (`seed` is the one to train). Returns final_top1, best_top1 (percent), the
+    evaluated curve [(epoch, top1)], steps and seconds.
     """
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
-    epochs = default_epochs(images_uint8.shape[0], batch_size) if epochs is None else int(epochs)
-    if epochs < 1:
-        raise EvaluationError(f"epochs must be >= 1, got {epochs}")
-    if temperature <= 0:
-        raise EvaluationError(f"temperature must be > 0, got {temperature}")
-    if cosine_stretch < 1:
-        raise EvaluationError(f"cosine_stretch must be >= 1, got {cosine_stretch}")
-    spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(crop_scale), hflip=dataset.hflip,
-                       cutmix_prob=cutmix_prob)
-    source = soft_label_source(soft_labels, images_uint8, labeler, spec, batch_size, seed, epochs,
-                               soft_label_dir, dtype=soft_label_dtype)
+    epochs = default_epochs(images_uint8.shape[0], cfg.batch_size) if cfg.epochs is None else cfg.epochs
+    spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale), hflip=dataset.hflip,
+                       cutmix_prob=cfg.cutmix_prob)
+    source = soft_label_source(cfg.soft_labels, images_uint8, labeler, spec, cfg.batch_size, seed, epochs,
+                               soft_label_dir, dtype=cfg.soft_label_dtype)
     device_t = torch.device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the student's initial weights depend on the seed only
-        model = create_model(student, dataset.num_classes, in_chans=dataset.channels,
-                             image_size=dataset.image_size, **dict(student_kwargs or {})).to(device_t)
-    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
+        model = create_model(cfg.student, dataset.num_classes, in_chans=dataset.channels,
+                             image_size=dataset.image_size, **cfg.student_kwargs).to(device_t)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
     std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
-    evaluate_at = _eval_epochs(epochs, eval_every)
+    evaluate_at = _eval_epochs(epochs, cfg.eval_every)
 
     from tqdm.auto import tqdm
 
     curve: list[tuple[int, float]] = []
     steps = 0
     started = time.perf_counter()
-    bar = tqdm(range(epochs), desc=f"student {student} seed {seed}", unit="epoch", disable=not progress, leave=False)
+    bar = tqdm(range(epochs), desc=f"student {cfg.student} seed {seed}", unit="epoch", disable=not progress, leave=False)
     for epoch in bar:
         for group in optimizer.param_groups:
-            group["lr"] = lr * cosine_factor(epoch, epochs, cosine_stretch)
+            group["lr"] = cfg.lr * cosine_factor(epoch, epochs, cfg.cosine_stretch)
         model.train()
         for step in source.epoch(epoch):
             x = (step.view01.to(device_t) - mean) / std
-            loss = kd_loss(model(x), step.logits.to(device_t), temperature)
+            loss = kd_loss(model(x), step.logits.to(device_t), cfg.temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -201,58 +183,44 @@ def _summarize(per_seed: list[dict]) -> dict:
 
 
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
-                    teachers, student: str = DEFAULT_STUDENT, epochs: int | None = None, seeds: int | Sequence[int] = 3,
-                    batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE,
-                    lr: float = DEFAULT_LR, weight_decay: float = DEFAULT_WEIGHT_DECAY,
-                    cosine_stretch: float = DEFAULT_COSINE_STRETCH, soft_labels: str = "online",
-                    soft_label_dir: str | Path | None = None, student_kwargs: dict | None = None,
-                    num_threads: int | None = None, device: str = "cpu", progress: bool = True,
-                    **train_kwargs) -> dict:
-    """Train `seeds` students on uint8 (N, C, H, W) images and report top-1 on the real test split.
+                    teachers, cfg: EvalConfig, *, num_threads: int | None = None, device: str = "cpu",
+                    progress: bool = True, soft_label_dir: str | Path | None = None) -> dict:
+    """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real test split.
 
-    `teachers`: checkpoint path(s) or a SoftLabeler. `seeds`: a count (seeds 0..n-1) or a list.
-    `labels` are only counted (images per class); the targets come from the teachers.
+    `teachers`: checkpoint path(s) or a SoftLabeler. `labels` are only counted (images per
+    class); the targets come from the teachers. The result carries `config`: `cfg` with the
+    epochs it ran made explicit.
     """
     tune_allocator()
-    if soft_labels not in SOFT_LABEL_MODES:
-        raise EvaluationError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {soft_labels!r}")
     dataset = _as_dataset(dataset)
     if images_uint8.dim() != 4 or tuple(images_uint8.shape[1:]) != (dataset.channels, dataset.image_size, dataset.image_size):
         raise EvaluationError(f"images must be (N, {dataset.channels}, {dataset.image_size}, {dataset.image_size}) for "
                               f"{dataset.name}, got {tuple(images_uint8.shape)}")
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not seed_list:
-        raise EvaluationError("seeds must be >= 1")
-    epochs = default_epochs(images_uint8.shape[0], batch_size) if epochs is None else int(epochs)
+    if cfg.epochs is None:  # record the epochs that ran, so the saved config repeats this evaluation
+        cfg = cfg.model_copy(update={"epochs": default_epochs(images_uint8.shape[0], cfg.batch_size)})
     started = time.perf_counter()
     with torch_threads(num_threads):
         labeler = _as_labeler(teachers, dataset, device)
-        per_seed = [train_student(images_uint8, dataset, labeler, student=student, student_kwargs=student_kwargs,
-                                  epochs=epochs, seed=s, batch_size=batch_size, temperature=temperature, lr=lr,
-                                  weight_decay=weight_decay, cosine_stretch=cosine_stretch,
-                                  soft_labels=soft_labels, soft_label_dir=soft_label_dir, device=device,
-                                  progress=progress, **train_kwargs)
-                    for s in seed_list]
+        per_seed = [train_student(images_uint8, dataset, labeler, cfg, s, device=device, soft_label_dir=soft_label_dir,
+                                  progress=progress)
+                    for s in cfg.seed_list]
     per_class = None
     if labels is not None:
         per_class = torch.bincount(torch.as_tensor(labels).long(), minlength=dataset.num_classes).tolist()
     return {
         **_summarize(per_seed),
-        "student": student,
-        "student_kwargs": dict(student_kwargs or {}),
-        "epochs": epochs,
+        "student": cfg.student,
+        "student_kwargs": dict(cfg.student_kwargs),
+        "epochs": cfg.epochs,
         "steps_per_seed": per_seed[0]["steps"],
-        "seeds": seed_list,
+        "seeds": cfg.seed_list,
         "seconds": round(time.perf_counter() - started, 2),
         "images": int(images_uint8.shape[0]),
         "images_per_class": per_class,
         "dataset": dataset.name,
         "test_size": len(dataset.test),
         "teachers": list(labeler.ids),
-        "protocol": {"batch_size": batch_size, "temperature": temperature, "lr": lr, "weight_decay": weight_decay,
-                     "cosine_stretch": cosine_stretch, "soft_labels": soft_labels, "optimizer": "adamw",
-                     "loss": "kl(T)*T^2", "metric": "final top-1 on the real test split",
-                     **{k: v for k, v in train_kwargs.items() if isinstance(v, (int, float, str, bool, tuple))}},
+        "config": cfg.model_dump(mode="json"),
     }
 
 
@@ -275,12 +243,9 @@ def _check_teacher_file(entry: dict) -> str:
     return str(path)
 
 
-def evaluate_run(run_dir: str | Path, student: str = DEFAULT_STUDENT, epochs: int | None = None, seeds: int | Sequence[int] = 3,
-                 batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = DEFAULT_TEMPERATURE, lr: float = DEFAULT_LR,
-                 weight_decay: float = DEFAULT_WEIGHT_DECAY, teachers: Sequence[str | Path] | None = None,
-                 dataset: ImageDataset | str | None = None, soft_labels: str = "online", num_threads: int | None = None,
-                 progress: bool = True, cosine_stretch: float = DEFAULT_COSINE_STRETCH,
-                 student_kwargs: dict | None = None, device: str = "cpu", **train_kwargs) -> dict:
+def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
+                 dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
+                 progress: bool = True) -> dict:
     """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
 
     Teachers default to the run's provenance (their sha256 is checked); the dataset defaults to
@@ -311,11 +276,8 @@ def evaluate_run(run_dir: str | Path, student: str = DEFAULT_STUDENT, epochs: in
     images, labels, _ = reader.read()
     if labels.numel() == 0:
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
-    result = evaluate_images(images, labels, dataset, list(teachers), student=student, epochs=epochs, seeds=seeds,
-                             batch_size=batch_size, temperature=temperature, lr=lr, weight_decay=weight_decay,
-                             cosine_stretch=cosine_stretch, soft_labels=soft_labels,
-                             soft_label_dir=reader.layout.soft_labels, student_kwargs=student_kwargs,
-                             num_threads=num_threads, device=device, progress=progress, **train_kwargs)
+    result = evaluate_images(images, labels, dataset, list(teachers), cfg, num_threads=num_threads, device=device,
+                             progress=progress, soft_label_dir=reader.layout.soft_labels)
     result["run_id"] = reader.run_id
     result["run_dir"] = str(reader.run_dir)
     result["preset"] = reader.config.get("preset")

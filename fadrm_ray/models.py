@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -182,6 +182,7 @@ class TeacherInfo:
     test_accuracy: float = float("nan")  # percent
     sha256: str = ""  # of the checkpoint file; filled by save_teacher / load_teacher
     path: str = ""
+    squeeze_config: dict | None = None  # the SqueezeConfig it was trained with (None: not trained by squeeze)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -193,7 +194,7 @@ class TeacherInfo:
     @classmethod
     def from_dict(cls, d: dict) -> "TeacherInfo":
         known = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in d and f.name not in ("test_accuracy", "sha256", "path")]
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING]
         if missing:
             raise ModelError(f"teacher info lacks {', '.join(missing)}")
         d = {k: v for k, v in d.items() if k in known}

@@ -17,6 +17,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import ModelError, load_teacher
 from fadrm_ray.report import write_report
+from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import squeeze
 from fadrm_ray.store import export_imagefolder, open_run
 
@@ -35,8 +36,8 @@ def ensure_teacher(dataset, out_dir: Path, model_name: str = "convnet-bn", epoch
                 return path, info.test_accuracy, True
         except ModelError:
             pass  # unreadable: train a new one over it
-    extra = {} if epochs is None else {"epochs": epochs}
-    result = squeeze(dataset, model_name=model_name, out_dir=out_dir, progress=progress, **extra)
+    cfg = SqueezeConfig(model=model_name, **({} if epochs is None else {"epochs": epochs}))
+    result = squeeze(dataset, cfg, out_dir=out_dir, progress=progress)
     return Path(result.path), result.test_accuracy, False
 
 
@@ -55,7 +56,8 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
-    evaluation = evaluate_run(result.run_dir, teachers=[teacher], dataset=dataset, seeds=seeds, progress=progress)
+    evaluation = evaluate_run(result.run_dir, EvalConfig(seeds=seeds), teachers=[teacher], dataset=dataset,
+                              progress=progress)
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export

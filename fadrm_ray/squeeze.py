@@ -21,9 +21,8 @@ from torch import nn
 from .data.base import ImageDataset, Split
 from .models import TeacherInfo, create_model, match_channels, save_teacher
 from .runtime import tune_allocator
+from .settings import SqueezeConfig
 
-DEFAULT_EPOCHS = 15
-DEFAULT_CUTMIX_PROB = 0.5
 
 
 @dataclass
@@ -33,6 +32,7 @@ class SqueezeResult:
     test_accuracy: float  # percent
     train_seconds: float
     epochs: int
+    config: SqueezeConfig
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -125,42 +125,35 @@ def default_out_dir(dataset: ImageDataset, model_name: str) -> Path:
     return Path("teachers") / f"{_safe(dataset.name)}-{_safe(model_name)}"
 
 
-def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int = DEFAULT_EPOCHS,
-            batch_size: int = 128, lr: float = 1e-3, weight_decay: float = 1e-4, label_smoothing: float = 0.1,
-            cutmix_prob: float = DEFAULT_CUTMIX_PROB, seed: int = 0, out_dir: str | os.PathLike | None = None,
-            model_kwargs: dict | None = None, num_threads: int | None = None, progress: bool = True,
+def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.PathLike | None = None,
+            num_threads: int | None = None, progress: bool = True,
             device: str | torch.device | None = None) -> SqueezeResult:
     """Train a teacher on ``dataset.train``, measure top-1 on ``dataset.test``, save ``out_dir/teacher.pt``.
 
     ``out_dir`` defaults to ``teachers/<dataset>-<model>``; ``device`` defaults to CUDA when present.
+    The checkpoint records ``cfg`` (``TeacherInfo.squeeze_config``).
     """
     tune_allocator()
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 0.0 <= cutmix_prob <= 1.0:
-        raise ValueError(f"cutmix_prob must be in [0, 1], got {cutmix_prob}")
     n = len(dataset.train)
     if n == 0:
         raise ValueError(f"dataset {dataset.name} has an empty training split")
-    model_kwargs = dict(model_kwargs or {})
+    model_kwargs = dict(cfg.model_kwargs)
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, model_name)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, cfg.model)
 
     with torch_threads(num_threads):
-        torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(cfg.seed)
+        gen = torch.Generator().manual_seed(cfg.seed)
         # model_kwargs may ask for in_chans=3 on grey data (e.g. to match an RGB architecture);
         # it is recorded as TeacherInfo.in_chans, not as a builder keyword.
         in_chans = int(model_kwargs.pop("in_chans", dataset.channels))
-        model = create_model(model_name, dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
+        model = create_model(cfg.model, dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
                              **model_kwargs).to(device)
         in_chans = _model_in_chans(model, in_chans)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # Drop a trailing batch of one: BatchNorm cannot take training statistics from a single image.
-        steps_per_epoch = n // batch_size + (1 if n % batch_size > 1 else 0)
-        total_steps = max(1, epochs * steps_per_epoch)
+        steps_per_epoch = n // cfg.batch_size + (1 if n % cfg.batch_size > 1 else 0)
+        total_steps = max(1, cfg.epochs * steps_per_epoch)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         mean = torch.tensor(dataset.mean).view(1, -1, 1, 1)
         std = torch.tensor(dataset.std).view(1, -1, 1, 1)
@@ -168,7 +161,7 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
 
         from tqdm.auto import tqdm
 
-        bar = tqdm(range(epochs), desc=f"squeeze {model_name} on {dataset.name}", unit="epoch",
+        bar = tqdm(range(cfg.epochs), desc=f"squeeze {cfg.model} on {dataset.name}", unit="epoch",
                    disable=not progress, leave=True)
         started = time.perf_counter()
         model.train()
@@ -176,22 +169,22 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
             order = torch.randperm(n, generator=gen)
             loss_sum, correct, seen = 0.0, 0, 0
             for s in range(steps_per_epoch):
-                idx = order[s * batch_size:(s + 1) * batch_size]
+                idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
                 y = dataset.train.labels[idx]
                 x = dataset.train.load(idx).float().div_(255.0)
                 x = _random_crop_flip(x, pad, dataset.hflip, gen)
                 x = match_channels((x - mean) / std, in_chans)
-                mix = cutmix_prob > 0 and float(torch.rand(1, generator=gen)) < cutmix_prob
+                mix = cfg.cutmix_prob > 0 and float(torch.rand(1, generator=gen)) < cfg.cutmix_prob
                 if mix:
                     x, y_a, y_b, lam = _cutmix(x, y, gen)
                 x, y = x.to(device), y.to(device)
                 logits = model(x)
                 if mix:
                     y_b = y_b.to(device)
-                    loss = lam * F.cross_entropy(logits, y, label_smoothing=label_smoothing) + \
-                        (1.0 - lam) * F.cross_entropy(logits, y_b, label_smoothing=label_smoothing)
+                    loss = lam * F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing) + \
+                        (1.0 - lam) * F.cross_entropy(logits, y_b, label_smoothing=cfg.label_smoothing)
                 else:
-                    loss = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
+                    loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -206,11 +199,12 @@ def squeeze(dataset: ImageDataset, model_name: str = "convnet-bn", epochs: int =
         test_accuracy = evaluate_top1(model, dataset.test, dataset)
 
     model.eval()
-    info = TeacherInfo(model_name=model_name, model_kwargs=model_kwargs, num_classes=dataset.num_classes,
+    info = TeacherInfo(model_name=cfg.model, model_kwargs=model_kwargs, num_classes=dataset.num_classes,
                        in_chans=in_chans, image_size=dataset.image_size, mean=tuple(dataset.mean),
                        std=tuple(dataset.std), class_names=list(dataset.class_names), dataset=dataset.name,
-                       dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4))
+                       dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4),
+                       squeeze_config=cfg.model_dump(mode="json"))
     path = out / "teacher.pt"
     save_teacher(path, model, info)
     return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
-                         epochs=epochs)
+                         epochs=cfg.epochs, config=cfg)

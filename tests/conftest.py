@@ -19,10 +19,11 @@ def digits():
 @pytest.fixture(scope="session")
 def digits_teacher(digits, tmp_path_factory):
     """A small convnet-bn trained on digits for a few epochs: (checkpoint path, test accuracy)."""
+    from fadrm_ray.settings import SqueezeConfig
     from fadrm_ray.squeeze import squeeze
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("teacher")
-    result = squeeze(digits, model_name="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0,
+    result = squeeze(digits, SqueezeConfig(model="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0),
                      out_dir=out, progress=False, num_threads=1)
     return result.path, result.test_accuracy
 

@@ -2,12 +2,16 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torchvision
+import yaml
 
 from fadrm_ray.cli import main
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
 
@@ -105,3 +109,28 @@ def test_console_script_help_lists_every_phase():
     out = subprocess.run([sys.executable, "-m", "actors.cli", "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("squeeze", "distill", "export", "info", "demo"):
         assert command in out
+
+
+def test_flags_are_the_last_layer_and_configs_round_trip(digits, digits_teacher, tmp_path, capsys):
+    """`--set ipc=3 --ipc 4` is one pass that ends at 4; config.yaml and evaluation.json read back
+    into the very models that produced them."""
+    sets = ["iterations=4", "k=1", "ipc_per_unit=4", "pack=4"]
+    code, out, err = run_cli(capsys, "distill", "--local", "--dataset", "digits", "--teacher", str(digits_teacher[0]),
+                             "--set", "ipc=3", "--ipc", "4", "--classes", "0,1", *[a for s in sets for a in ("--set", s)],
+                             "--out", str(tmp_path), "--device", "cpu", "--threads", "1", "--json", "--quiet")
+    assert code == 0, err
+    run_dir = Path(json.loads(out)["run_dir"])
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["ipc"] == 4 and saved["classes"] == [0, 1]
+    cfg = make_config("fadrm", overrides=sets, ipc=4, classes=[0, 1]).resolve(
+        digits.image_size, digits.num_classes, digits.hflip, "cpu")
+    assert DistillConfig.from_dict(saved) == cfg
+
+    code, out, err = run_cli(capsys, "evaluate", "--run", str(run_dir), "--set", "seeds=[0, 1]", "--set",
+                             "cosine_stretch=2", "--seeds", "1", "--epochs", "2", "--json", "--quiet", "--threads", "1")
+    assert code == 0, err
+    expected = EvalConfig(epochs=2, seeds=1, cosine_stretch=2.0)
+    assert EvalConfig.model_validate(json.loads(out)["config"]) == expected
+    with open(run_dir / "report" / "evaluation.json") as fh:
+        assert EvalConfig.model_validate(json.load(fh)["config"]) == expected
+

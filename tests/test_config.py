@@ -3,6 +3,7 @@ import yaml
 
 from fadrm_ray.config import (PRESETS, ConfigError, DistillConfig, make_config, mro_resolutions,
                               parse_overrides, tv_downsample_size)
+from fadrm_ray.settings import EvalConfig, EvaluationError, SqueezeConfig, layered
 
 
 @pytest.mark.parametrize("field, value", [
@@ -125,3 +126,94 @@ def test_config_file_errors(tmp_path):
         make_config("fadrm", config_file=bad)
     with pytest.raises(ConfigError, match="preset must be one of"):
         make_config("fadrm-xl")
+
+
+# --------------------------------------------------------------------------- one schema per phase
+@pytest.mark.parametrize("field, value", [
+    ("alpha", True), ("ipc", True), ("ipc", 2.0), ("ipc", "3"), ("lr", "0.1"), ("seed", -1), ("seed", 1.0),
+    ("classes", [0, 1.5]), ("classes", [True]), ("stage_iterations", "100"), ("crop_curriculum", "yes"),
+    ("patch_crop_scale", [0.5]), ("patch_crop_scale", [0.0, 1.0]), ("first_bn_weight", None), ("preset", None),
+])
+def test_distill_config_refuses_coercible_values(field, value):
+    with pytest.raises(ConfigError) as err:
+        DistillConfig(**{field: value})
+    assert str(err.value).startswith(field), str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("student", ""), ("student", 3), ("student_kwargs", "width=3"), ("epochs", 0), ("epochs", 2.5), ("epochs", True),
+    ("seeds", 0), ("seeds", []), ("seeds", [0, -1]), ("seeds", "3"), ("seeds", 1.0), ("batch_size", 0),
+    ("temperature", 0), ("temperature", "20"), ("lr", 0.0), ("lr", False), ("weight_decay", -0.1),
+    ("cosine_stretch", 0.5), ("soft_labels", "disk"), ("soft_label_dtype", "bfloat16"), ("crop_scale", (0.9, 0.1)),
+    ("crop_scale", (0.0, 1.0)), ("crop_scale", 0.5), ("cutmix_prob", 1.5), ("cutmix_prob", -0.1), ("eval_every", 0),
+])
+def test_eval_config_refuses_bad_values_naming_the_field(field, value):
+    with pytest.raises(ConfigError) as err:
+        EvalConfig(**{field: value})
+    assert str(err.value).startswith(field), str(err.value)
+    assert isinstance(err.value, EvaluationError)  # what evaluate.py raised for a bad option before
+
+
+@pytest.mark.parametrize("field, value", [
+    ("model", ""), ("model", None), ("model_kwargs", [1]), ("epochs", 0), ("epochs", 1.5), ("batch_size", 0),
+    ("batch_size", True), ("lr", 0), ("lr", "1e-3"), ("weight_decay", -1e-4), ("label_smoothing", 1.5),
+    ("label_smoothing", -0.1), ("cutmix_prob", 2.0), ("seed", -1), ("seed", "0"),
+])
+def test_squeeze_config_refuses_bad_values_naming_the_field(field, value):
+    with pytest.raises(ConfigError) as err:
+        SqueezeConfig(**{field: value})
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_messages_state_the_range():
+    cases = [(DistillConfig, "alpha", 2, "alpha must be in (0, 1], got 2"),
+             (DistillConfig, "jitter", -1, 'jitter must be an integer >= 0 or "auto", got -1'),
+             (DistillConfig, "downsample_size", 0, 'downsample_size must be an integer >= 1, "auto", "default" or null'),
+             (DistillConfig, "precision", "fp8", "precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
+             (EvalConfig, "cosine_stretch", 0.5, "cosine_stretch must be a number >= 1, got 0.5"),
+             (EvalConfig, "seeds", 0, "seeds must be an integer >= 1 or a non-empty list of integers >= 0, got 0"),
+             (SqueezeConfig, "label_smoothing", 2.0, "label_smoothing must be in [0, 1], got 2.0")]
+    for model, field, value, message in cases:
+        with pytest.raises(ConfigError) as err:
+            model(**{field: value})
+        assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize("model", [DistillConfig, EvalConfig, SqueezeConfig])
+def test_unknown_keys_list_the_known_ones(model):
+    with pytest.raises(ConfigError, match="unknown config key\\(s\\) nonsense; known keys: ") as err:
+        model.model_validate({"nonsense": 1})
+    assert all(name in str(err.value) for name in model.model_fields)
+    with pytest.raises(ConfigError, match="unknown config key 'nonsense'"):
+        parse_overrides(["nonsense=1"], model)
+
+
+def test_defaults_are_the_documented_ones():
+    ev = EvalConfig()
+    assert (ev.student, ev.student_kwargs, ev.epochs, ev.seeds, ev.batch_size, ev.temperature, ev.lr) == \
+        ("convnet-bn", {}, None, 3, 16, 20.0, 1e-3)
+    assert (ev.weight_decay, ev.cosine_stretch, ev.soft_labels, ev.soft_label_dtype, ev.crop_scale, ev.cutmix_prob,
+            ev.eval_every) == (0.01, 1.0, "online", "float16", (0.08, 1.0), 1.0, None)
+    assert ev.seed_list == [0, 1, 2] and EvalConfig(seeds=[4, 7]).seed_list == [4, 7]
+    sq = SqueezeConfig()
+    assert (sq.model, sq.model_kwargs, sq.epochs, sq.batch_size, sq.lr, sq.weight_decay, sq.label_smoothing,
+            sq.cutmix_prob, sq.seed) == ("convnet-bn", {}, 15, 128, 1e-3, 1e-4, 0.1, 0.5, 0)
+
+
+def test_settings_are_frozen_and_resolve_returns_a_new_validated_config():
+    cfg = DistillConfig(ipc=2)
+    with pytest.raises(ValueError):
+        cfg.ipc = 3
+    resolved = cfg.resolve(8, 10, hflip=False)
+    assert resolved is not cfg and cfg.stage_iterations is None and resolved.stage_iterations == [500] * 4
+    assert DistillConfig.from_dict(resolved.to_dict()) == resolved
+
+
+def test_flags_are_the_last_layer_and_none_means_not_given(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"ipc": 2, "seed": 5}))
+    cfg = make_config("fadrm", config_file=path, overrides=["ipc=3", "classes=[1, 2]"], ipc=4, classes=None, seed=None)
+    assert (cfg.ipc, cfg.classes, cfg.seed) == (4, [1, 2], 5)
+    with pytest.raises(ConfigError, match="ipc must be an integer >= 1, got 0"):
+        make_config("fadrm", overrides=["ipc=3"], ipc=0)
+    assert layered(EvalConfig, {"epochs": 3}, flags={"epochs": None, "seeds": 1}) == EvalConfig(epochs=3, seeds=1)

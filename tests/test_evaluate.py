@@ -14,6 +14,7 @@ from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, 
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, StoredSoftLabels, apply_plan,
                                cutmix_box, draw_plan, epoch_generator, precompute_soft_labels)
+from fadrm_ray.settings import EvalConfig
 
 DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}
 
@@ -110,7 +111,7 @@ def test_flips_follow_the_dataset():
 # --------------------------------------------------------------------------- students
 def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher):
     images, _ = real_subset(digits, per_class=30)
-    result = train_student(images, digits, labeler, epochs=15, seed=0)
+    result = train_student(images, digits, labeler, EvalConfig(epochs=15), 0)
     assert result["steps"] == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
     # Chance is 10 %; the session teacher (4 epochs, width 32) is about 80 %.
     assert result["final_top1"] >= 60.0, result
@@ -118,11 +119,11 @@ def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher
 
 def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=3)
-    kw = dict(epochs=6, seeds=[5], progress=False)
-    a = evaluate_images(images, labels, digits, [digits_teacher[0]], **kw)
-    b = evaluate_images(images, labels, digits, [digits_teacher[0]], **kw)
+    cfg = EvalConfig(epochs=6, seeds=[5])
+    a = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
+    b = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
     assert a["top1_per_seed"] == b["top1_per_seed"] and a["curves"] == b["curves"]
-    c = evaluate_images(images, labels, digits, [digits_teacher[0]], epochs=6, seeds=[6], progress=False)
+    c = evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(epochs=6, seeds=[6]), progress=False)
     assert c["curves"] != a["curves"]
 
 
@@ -140,10 +141,9 @@ def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path)
             assert torch.equal(a.view01, b.view01)
             assert torch.allclose(a.logits, b.logits, rtol=2e-3, atol=2e-3)  # fp16 storage
     # A rerun fills in only what is missing; fp32 storage gives the very same student.
-    common = dict(epochs=4, seed=3, return_model=True)
-    on = train_student(images, digits, labeler, soft_labels="online", **common)
-    st = train_student(images, digits, labeler, soft_labels="stored", soft_label_dir=tmp_path,
-                       soft_label_dtype="float32", **common)
+    on = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="online"), 3, return_model=True)
+    st = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), 3,
+                       soft_label_dir=tmp_path, return_model=True)
     a, b = on["model"].state_dict(), st["model"].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a) and on["curve"] == st["curve"]
     assert epoch_generator(3, 1).initial_seed() != epoch_generator(3, 2).initial_seed()
@@ -171,7 +171,7 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
 
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
     run_dir, _ = tiny_run
-    result = evaluate_run(run_dir, epochs=3, seeds=2, progress=False)
+    result = evaluate_run(run_dir, EvalConfig(epochs=3, seeds=2), progress=False)
     assert DOCUMENTED_KEYS <= set(result)
     assert result["student"] == "convnet-bn" and result["epochs"] == 3 and result["images"] == 20
     assert len(result["top1_per_seed"]) == 2 and len(result["best_top1_per_seed"]) == 2
@@ -189,8 +189,8 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
         with open(teacher, "ab") as fh:
             fh.write(b"x")
         with pytest.raises(EvaluationError, match="changed since the run was distilled"):
-            evaluate_run(run_dir, epochs=1, seeds=1, progress=False)
-        result = evaluate_run(run_dir, epochs=1, seeds=1, teachers=[backup], progress=False)
+            evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), progress=False)
+        result = evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), teachers=[backup], progress=False)
         assert len(result["top1_per_seed"]) == 1
     finally:
         shutil.copy(backup, teacher)
@@ -199,9 +199,9 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
 def test_bad_options_fail_clearly(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=1)
     with pytest.raises(EvaluationError, match="soft_labels"):
-        evaluate_images(images, labels, digits, [digits_teacher[0]], soft_labels="disk", progress=False)
+        evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(soft_labels="disk"), progress=False)
     with pytest.raises(EvaluationError, match=r"images must be \(N, 1, 8, 8\)"):
-        evaluate_images(images[:, :, :4, :4], labels, digits, [digits_teacher[0]], progress=False)
+        evaluate_images(images[:, :, :4, :4], labels, digits, [digits_teacher[0]], EvalConfig(), progress=False)
     with pytest.raises(ValueError, match="soft_label_dir"):
-        evaluate_images(images, labels, digits, [digits_teacher[0]], soft_labels="stored", epochs=1, seeds=1,
+        evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(soft_labels="stored", epochs=1, seeds=1),
                         progress=False)

@@ -19,6 +19,7 @@ import yaml
 from fadrm_ray.config import make_config
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import evaluate_run
+from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,6 +91,6 @@ def test_images_are_bit_identical(golden_runs, name):
 
 
 def test_student_result_is_identical(golden_runs, digits, digits_teacher):
-    result = evaluate_run(golden_runs["sre2l"], epochs=12, seeds=[0], teachers=[digits_teacher[0]], dataset=digits,
-                          progress=False)
+    result = evaluate_run(golden_runs["sre2l"], EvalConfig(epochs=12, seeds=[0]), teachers=[digits_teacher[0]],
+                          dataset=digits, progress=False)
     assert {k: result[k] for k in STUDENT} == STUDENT

@@ -7,15 +7,17 @@ from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.models import check_teacher_fits, load_teacher
+from fadrm_ray.settings import SqueezeConfig
 from fadrm_ray.squeeze import _cutmix, _random_crop_flip, evaluate_top1, squeeze
 
-FAST = dict(model_name="convnet-bn", epochs=8, model_kwargs={"width": 32}, progress=False, num_threads=1)
+FAST = dict(model="convnet-bn", epochs=8, model_kwargs={"width": 32})
+RUN = dict(progress=False, num_threads=1)
 
 
 @pytest.fixture(scope="module")
 def trained(digits, tmp_path_factory):
     out = tmp_path_factory.mktemp("squeeze")
-    return squeeze(digits, seed=0, out_dir=out / "a", **FAST), out
+    return squeeze(digits, SqueezeConfig(seed=0, **FAST), out_dir=out / "a", **RUN), out
 
 
 def test_squeeze_learns_digits_and_writes_a_fitting_teacher(trained, digits):
@@ -33,26 +35,26 @@ def test_squeeze_learns_digits_and_writes_a_fitting_teacher(trained, digits):
 
 def test_squeeze_is_deterministic_for_a_seed(trained, digits):
     first, out = trained
-    again = squeeze(digits, seed=0, out_dir=out / "b", **FAST)
+    again = squeeze(digits, SqueezeConfig(seed=0, **FAST), out_dir=out / "b", **RUN)
     assert again.test_accuracy == first.test_accuracy
     a = torch.load(first.path, weights_only=True)["state_dict"]
     b = torch.load(again.path, weights_only=True)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    other = squeeze(digits, seed=1, out_dir=out / "c", **dict(FAST, epochs=1))
+    other = squeeze(digits, SqueezeConfig(seed=1, **dict(FAST, epochs=1)), out_dir=out / "c", **RUN)
     c = torch.load(other.path, weights_only=True)["state_dict"]
     assert not torch.equal(a["classifier.weight"], c["classifier.weight"])
 
 
 def test_squeeze_feeds_grey_data_to_an_rgb_model(digits, tmp_path):
-    result = squeeze(digits, model_name="convnet-bn", epochs=1, model_kwargs={"width": 8, "depth": 2, "in_chans": 3},
-                     out_dir=tmp_path, progress=False, num_threads=1)
+    cfg = SqueezeConfig(model="convnet-bn", epochs=1, model_kwargs={"width": 8, "depth": 2, "in_chans": 3})
+    result = squeeze(digits, cfg, out_dir=tmp_path, progress=False, num_threads=1)
     assert result.info.in_chans == 3 and "in_chans" not in result.info.model_kwargs
     model, info = load_teacher(result.path)
     check_teacher_fits(info, digits)
     assert next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels == 3
     assert evaluate_top1(model, digits.test, digits) == pytest.approx(result.test_accuracy)
     with pytest.raises(ValueError):
-        squeeze(digits, epochs=0, out_dir=tmp_path, progress=False)
+        squeeze(digits, SqueezeConfig(epochs=0), out_dir=tmp_path, progress=False)
 
 
 class _Constant(nn.Module):
@@ -105,3 +107,9 @@ def test_cutmix_lambda_matches_pasted_area():
             if y_b[i] != y[i]:  # the pasted box came from the other class: its share is 1 - lam
                 own = float((mixed[i] == x[i, 0, 0, 0]).float().mean())
                 assert own == pytest.approx(lam)
+
+
+def test_the_checkpoint_records_the_whole_squeeze_config(trained):
+    result, _ = trained
+    _, info = load_teacher(result.path)
+    assert SqueezeConfig.model_validate(info.squeeze_config) == result.config == SqueezeConfig(seed=0, **FAST)

@@ -1,0 +1,201 @@
+"""The settings schema: one pydantic model per phase, and what they share.
+
+`DistillConfig` (config.py) holds the knobs of a distillation, `EvalConfig` those of student
+evaluation and `SqueezeConfig` those of teacher training. Each is validated once, when it is
+built, so a bad value fails before any work starts; each is saved whole beside what it produced
+(config.yaml of a run, `config` in report/evaluation.json, the teacher checkpoint's info).
+Runtime choices (device, threads, progress bars, output paths) are not settings: they are
+arguments of the functions that run a phase, or of `runtime.ExecutionSpec`.
+
+Errors reach users and the CLI as one `ConfigError` line that starts with the field's name and
+states what it accepts, e.g. `alpha must be in (0, 1], got 2`. The accepted values are read from
+each field's type and constraints, so the message cannot drift from what is checked.
+"""
+from __future__ import annotations
+
+import json
+import types
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+
+from annotated_types import Ge, Gt, Le, Lt, MinLen
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+
+
+class ConfigError(ValueError):
+    """A config value is out of range, of the wrong type, or unknown."""
+
+
+class EvaluationError(ValueError):
+    """A run cannot be evaluated as asked (missing teacher, unknown dataset, bad option)."""
+
+
+class EvalConfigError(ConfigError, EvaluationError):
+    """A bad evaluation setting: callers that catch either error see it."""
+
+
+class Settings(BaseModel):
+    """Base of the settings models: unknown keys refused, immutable once built, and every
+    validation failure raised as one `error_class` (a ConfigError) whose message starts with the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    error_class: ClassVar[type[ConfigError]] = ConfigError
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise self.error_class(error_message(exc, type(self), data)) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs):
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise cls.error_class(error_message(exc, cls, obj)) from None
+
+
+SettingsT = TypeVar("SettingsT", bound=Settings)
+
+
+# --------------------------------------------------------------------------- shared field types
+def _ordered(pair: tuple[float, float]) -> tuple[float, float]:
+    if pair[0] > pair[1]:
+        raise ValueError(f"must satisfy low <= high, got {pair!r}")
+    return pair
+
+
+def _distinct(items: list[int]) -> list[int]:
+    if len(set(items)) != len(items):
+        raise ValueError(f"must not repeat, got {items}")
+    return items
+
+
+# Scalars are strict: "0.5", True or 1.5 are not silently read as a number or a count.
+Flag = Annotated[bool, Field(strict=True)]
+Count = Annotated[int, Field(strict=True, ge=1)]
+Index = Annotated[int, Field(strict=True, ge=0)]
+Fraction = Annotated[float, Field(strict=True, gt=0, le=1)]
+# A [low, high] range of area fractions (random-resized crops, patch crops).
+ScaleRange = Annotated[tuple[Fraction, Fraction], AfterValidator(_ordered)]
+Indices = Annotated[list[Index], MinLen(1), AfterValidator(_distinct)]
+
+
+# --------------------------------------------------------------------------- error messages
+def error_message(exc: ValidationError, model: type[BaseModel], data: Any) -> str:
+    """One line for the first problem pydantic found, naming the field first."""
+    errors = exc.errors()
+    unknown = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return f"unknown config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(model.model_fields))}"
+    err = errors[0]
+    if not err["loc"]:  # a check across fields: its message names them
+        return str(err.get("ctx", {}).get("error", err["msg"]))
+    field = str(err["loc"][0])
+    if err["type"] == "value_error":  # a validator of this field said what is wrong
+        return f"{field} {err['ctx']['error']}"
+    value = data[field] if isinstance(data, dict) and field in data else err["input"]
+    return f"{field} must be {describe(model.model_fields[field])}, got {value!r}"
+
+
+def describe(field: FieldInfo) -> str:
+    """What a field accepts, in words: 'an integer >= 1', 'in (0, 1]', 'one of a, b'."""
+    if get_origin(field.annotation) is Literal:
+        return "one of " + ", ".join(str(v) for v in get_args(field.annotation))
+    alternatives = _alternatives(field.annotation, list(field.metadata))
+    return alternatives[0] if len(alternatives) == 1 else ", ".join(alternatives[:-1]) + " or " + alternatives[-1]
+
+
+def _alternatives(tp: Any, meta: list, plural: bool = False) -> list[str]:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _alternatives(args[0], meta + _flat(tp.__metadata__), plural)
+    if origin in (Union, types.UnionType):
+        return [alt for arg in args for alt in _alternatives(arg, meta, plural)]
+    if tp is type(None):
+        return ["null"]
+    if origin is Literal:
+        return [json.dumps(v) for v in args]
+    if tp is bool:
+        return ["true", "false"]
+    if tp in (int, float):
+        noun = {int: ("an integer", "integers"), float: ("a number", "numbers")}[tp][plural]
+        return [_bounded(noun, meta, plural)]
+    if origin is list:
+        sized = "a non-empty list" if any(isinstance(m, MinLen) and m.min_length > 0 for m in meta) else "a list"
+        return [f"{sized} of " + " or ".join(_alternatives(args[0], [], plural=True))]
+    if origin is tuple:
+        return ["a pair [low, high] of " + " or ".join(_alternatives(args[0], [], plural=True))]
+    if origin is dict or tp is dict:
+        return ["a mapping of key: value"]
+    if tp is str:
+        return ["a non-empty string" if any(isinstance(m, MinLen) for m in meta) else "a string"]
+    return [getattr(tp, "__name__", str(tp))]
+
+
+def _flat(meta) -> list:
+    return [m for item in meta for m in (item.metadata if isinstance(item, FieldInfo) else [item])]
+
+
+def _bounded(noun: str, meta: list, plural: bool) -> str:
+    """'an integer >= 1', 'a number > 0', or for two bounds 'in (0, 1]' ('numbers in (0, 1]')."""
+    b = {type(m): m for m in meta if isinstance(m, (Ge, Gt, Le, Lt))}
+    low = (">=", "[", b[Ge].ge) if Ge in b else (">", "(", b[Gt].gt) if Gt in b else None
+    high = ("<=", "]", b[Le].le) if Le in b else ("<", ")", b[Lt].lt) if Lt in b else None
+    if low and high:
+        return f"{noun + ' ' if plural else ''}in {low[1]}{low[2]:g}, {high[2]:g}{high[1]}"
+    if low or high:
+        op, _, value = low or high
+        return f"{noun} {op} {value:g}"
+    return noun
+
+
+# --------------------------------------------------------------------------- layers
+def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, Any] | None = None) -> SettingsT:
+    """Merge `layers` (later wins), then `flags` (a flag left at None is not given), and
+    validate the result once."""
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values.update(layer)
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    return model.model_validate(values)
+
+
+# --------------------------------------------------------------------------- evaluate and squeeze
+class EvalConfig(Settings):
+    """How students are trained on distilled images and scored (evaluate.py, FADRM.md section 6)."""
+
+    error_class: ClassVar[type[ConfigError]] = EvalConfigError
+
+    student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
+    student_kwargs: dict[str, Any] = {}
+    epochs: Count | None = None          # None: about 600 optimizer steps (evaluate.default_epochs)
+    seeds: Count | Annotated[list[Index], MinLen(1)] = 3   # a count (seeds 0..n-1) or the seeds themselves
+    batch_size: Count = 16
+    temperature: float = Field(20.0, strict=True, gt=0)    # KD temperature T
+    lr: float = Field(1e-3, strict=True, gt=0)             # AdamW
+    weight_decay: float = Field(0.01, strict=True, ge=0)
+    cosine_stretch: float = Field(1.0, strict=True, ge=1)  # eta of the stretched cosine (evaluate.py)
+    soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
+    soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
+    crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view
+    cutmix_prob: float = Field(1.0, strict=True, ge=0, le=1)
+    eval_every: Count | None = None      # epochs between test evaluations; None: about 6 in all
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+class SqueezeConfig(Settings):
+    """How a teacher is trained on the real data (squeeze.py, FADRM.md section 1)."""
+
+    model: str = Field("convnet-bn", strict=True, min_length=1)  # model name (models.create_model)
+    model_kwargs: dict[str, Any] = {}    # builder keywords; in_chans here feeds grey data to an RGB model
+    epochs: Count = 15
+    batch_size: Count = 128
+    lr: float = Field(1e-3, strict=True, gt=0)             # Adam, cosine over all steps
+    weight_decay: float = Field(1e-4, strict=True, ge=0)
+    label_smoothing: float = Field(0.1, strict=True, ge=0, le=1)
+    cutmix_prob: float = Field(0.5, strict=True, ge=0, le=1)
+    seed: Index = 0
