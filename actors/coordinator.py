@@ -24,7 +24,7 @@ from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, plan_units, prepare_run, provenance
-from fadrm_ray.runtime import ALLOCATOR_ENV
+from fadrm_ray.runtime import ALLOCATOR_ENV, ExecutionSpec
 
 
 @contextlib.contextmanager
@@ -228,12 +228,11 @@ class Coordinator:
 
 
 def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
-                   out_root: str | Path, address: str | None = None, workers: int | None = None,
-                   cpus_per_worker: float = 1.0, gpus_per_worker: float | None = None,
-                   data_root: str | None = None, progress: bool = True) -> DistillResult:
-    """Distill through Ray: on the cluster at `address`, or on an embedded local Ray."""
-    with ray_session(address):
-        coordinator = Coordinator(cfg, dataset_spec, teacher_paths, out_root, workers=workers,
-                                  cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                                  data_root=data_root, progress=progress)
+                   out_root: str | Path, spec: ExecutionSpec | None = None) -> DistillResult:
+    """Distill through Ray: on the cluster at `spec.address`, or on an embedded local Ray."""
+    spec = spec or ExecutionSpec()
+    with ray_session(spec.address):
+        coordinator = Coordinator(cfg, dataset_spec, teacher_paths, out_root, workers=spec.workers,
+                                  cpus_per_worker=spec.cpus_per_worker, gpus_per_worker=spec.gpus_per_worker,
+                                  data_root=spec.data_root, progress=spec.progress)
         return coordinator.run()

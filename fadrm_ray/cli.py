@@ -2,38 +2,50 @@
 
 Every subcommand prints a short human summary, or with `--json` one JSON object on stdout
 (progress bars go to stderr). Bad input exits with status 2 and one line naming what is wrong.
+
+Each phase's settings are built once from the command line (a flag left unset means the
+model's default), and the runtime options become one `ExecutionSpec`. Without `--local`,
+`fadrm distill` and `fadrm demo` run through `ray_distill`, which the Ray layer passes to `main`
+(actors/cli.py), so this package never imports Ray.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from fadrm_ray.runtime import ExecutionSpec
+
+if TYPE_CHECKING:
+    from fadrm_ray.config import DistillConfig
+    from fadrm_ray.distill import DistillResult
+
+    # ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec) -> DistillResult
+    RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
 
 EXIT_BAD_INPUT = 2
-
-# How `fadrm distill` runs a plan: "local" is this process; the Ray layer (`actors`) registers
-# "ray" before it calls `main`, so this module never imports Ray itself.
-EXECUTORS: dict = {}
-
-
-def register_executor(name: str, distill_fn) -> None:
-    """`distill_fn(cfg, dataset_spec, teacher_paths, out_root, args) -> DistillResult`."""
-    EXECUTORS[name] = distill_fn
-
-
-def _executor(args):
-    if args.local:
-        return "local", None
-    if "ray" not in EXECUTORS:
-        raise CLIError("the Ray executor is not available in this entry point; pass --local "
-                       "or use the `fadrm` console script")
-    return "ray", EXECUTORS["ray"]
 
 
 class CLIError(Exception):
     """A user error the CLI reports in one line."""
+
+
+def execution_spec(args) -> ExecutionSpec:
+    return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
+                         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+                         device=args.device, threads=args.threads, data_root=getattr(args, "data_root", None),
+                         progress=not args.quiet)
+
+
+def _needs_ray(ray_distill: "RayDistill | None") -> "RayDistill":
+    if ray_distill is None:
+        raise CLIError("the Ray executor is not available in this entry point; pass --local "
+                       "or use the `fadrm` console script")
+    return ray_distill
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -87,23 +99,23 @@ def build_config(args) -> "DistillConfig":
                        seed=args.seed)
 
 
-def cmd_distill(args) -> None:
+def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     from fadrm_ray.data import get_dataset
 
     for path in args.teacher:
         if not Path(path).is_file():
             raise CLIError(f"teacher checkpoint {path} does not exist")
     cfg = build_config(args)
-    name, distill_fn = _executor(args)
-    if name == "local":
+    spec = execution_spec(args)
+    if spec.local:
         from fadrm_ray.distill import distill_local
-        if args.threads:
+        if spec.threads:
             import torch
-            torch.set_num_threads(args.threads)
-        dataset = get_dataset(args.dataset, root=args.data_root)
-        result = distill_local(cfg, dataset, args.teacher, args.out, device=args.device, progress=not args.quiet)
+            torch.set_num_threads(spec.threads)
+        dataset = get_dataset(args.dataset, root=spec.data_root)
+        result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress)
     else:
-        result = distill_fn(cfg, args.dataset, args.teacher, args.out, args)
+        result = _needs_ray(ray_distill)(cfg, args.dataset, args.teacher, args.out, spec)
     payload = result.to_dict()
     _emit(args, payload, f"distilled {result.images} images ({len(result.units_run)} units run, "
                          f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s\n"
@@ -156,20 +168,24 @@ def cmd_info(args) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def cmd_demo(args) -> None:
+def cmd_demo(args, ray_distill: "RayDistill | None" = None) -> None:
     """The main job on the embedded default: train a teacher on a real offline dataset, distill, export."""
     from fadrm_ray.pipeline import run_demo
 
-    name, distill_fn = _executor(args)
+    spec = execution_spec(args)
+    ray = None if spec.local else _needs_ray(ray_distill)
+
+    def on_ray(cfg, dataset_spec, teacher_paths, out_root):
+        return ray(cfg, dataset_spec, teacher_paths, out_root, spec)
+
     summary = run_demo(out=args.out, dataset_name=args.dataset, ipc=args.ipc, iterations=args.iterations,
-                       epochs=args.epochs, progress=not args.quiet,
-                       distill_fn=None if distill_fn is None else (lambda *a: distill_fn(*a, args)))
+                       epochs=args.epochs, progress=spec.progress, distill_fn=None if ray is None else on_ray)
     lines = [f"{k}: {v}" for k, v in summary.items() if not isinstance(v, dict)]
     _emit(args, summary, "\n".join(lines))
 
 
 # --------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentParser:
     from fadrm_ray.config import PRESETS
 
     common = argparse.ArgumentParser(add_help=False)
@@ -214,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value (repeatable)")
     p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
     p.add_argument("--data-root", default=None)
-    p.set_defaults(func=cmd_distill)
+    p.set_defaults(func=functools.partial(cmd_distill, ray_distill=ray_distill))
 
     p = sub.add_parser("export", parents=[common], help="export a run as an ImageFolder or a tensor file")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
@@ -245,13 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ipc", type=int, default=10)
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--epochs", type=int, default=None)
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=functools.partial(cmd_demo, ray_distill=ray_distill))
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = None) -> int:
+    """Run one `fadrm` subcommand; `ray_distill` runs distillations without --local."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
-    parser = build_parser()
+    parser = build_parser(ray_distill)
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -1,4 +1,10 @@
-"""Process-wide settings that make CPU work fast: the glibc allocator.
+"""How and where work runs, as opposed to what it computes (settings.py): the execution spec of
+a run, and the process-wide glibc allocator settings that make CPU work fast.
+
+`ExecutionSpec` gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
+or on Ray, workers and their resources, device, threads, data location, progress bars). It is
+built once from the command line and handed to whichever function runs the distillation, so
+the Ray layer never sees the argument parser.
 
 glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
 asks for them again every step; on this project's workloads that costs up to 1.9x (measured:
@@ -13,7 +19,23 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from dataclasses import dataclass
 
+
+@dataclass(frozen=True)
+class ExecutionSpec:
+    local: bool = False                  # in this process, without Ray
+    address: str | None = None           # Ray cluster to join; None = an embedded local Ray
+    workers: int | None = None           # distill actors; None = one per GPU, else per cpus_per_worker CPUs
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None  # GPU share per actor (fractions allowed); None = 1 when GPUs exist
+    device: str | None = None            # cpu or cuda for --local; None = cuda when available
+    threads: int | None = None           # torch threads of this process (--local)
+    data_root: str | None = None         # where downloadable datasets live
+    progress: bool = True
+
+
+# --------------------------------------------------------------------------- the allocator
 ALLOCATOR_ENV = {
     "MALLOC_MMAP_THRESHOLD_": "33554432",   # 32 MiB: the largest glibc allows, disables the sliding threshold
     "MALLOC_TRIM_THRESHOLD_": "8589934592",  # keep freed memory at the top of the heap

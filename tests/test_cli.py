@@ -11,6 +11,8 @@ import yaml
 
 from fadrm_ray.cli import main
 from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.distill import DistillResult
+from fadrm_ray.runtime import ExecutionSpec
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -134,3 +136,21 @@ def test_flags_are_the_last_layer_and_configs_round_trip(digits, digits_teacher,
     with open(run_dir / "report" / "evaluation.json") as fh:
         assert EvalConfig.model_validate(json.load(fh)["config"]) == expected
 
+
+def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher, tmp_path, capsys):
+    calls = []
+
+    def fake_ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec):
+        calls.append((cfg, dataset_spec, list(teacher_paths), out_root, spec))
+        return DistillResult("run", tmp_path / "run", 0)
+
+    argv = ["distill", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--ipc", "2", "--address", "ray://h:1",
+            "--workers", "3", "--gpus-per-worker", "0.5", "--data-root", "/data", "--out", str(tmp_path), "--quiet", "--json"]
+    assert main(argv, ray_distill=fake_ray_distill) == 0
+    cfg, dataset_spec, teachers, out_root, spec = calls[0]
+    assert isinstance(cfg, DistillConfig) and cfg.ipc == 2 and dataset_spec == "digits"
+    assert teachers == [str(digits_teacher[0])] and out_root == str(tmp_path)
+    assert spec == ExecutionSpec(address="ray://h:1", workers=3, gpus_per_worker=0.5, data_root="/data", progress=False)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, *argv)  # no Ray function given: only --local can run
+    assert code == 2 and "--local" in err

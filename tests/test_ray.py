@@ -13,6 +13,7 @@ ray = pytest.importorskip("ray")
 
 from actors.coordinator import distill_on_ray  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
+from fadrm_ray.runtime import ExecutionSpec  # noqa: E402
 from fadrm_ray.distill import distill_local  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
 from tests.ray_helpers import events, only_run_dir, wait_for  # noqa: E402
@@ -38,10 +39,10 @@ def test_same_seed_same_images_on_1_and_2_workers_and_local(local_ray, digits, d
     torch.set_num_threads(1)
     local = distill_local(make_config("fadrm", overrides=CFG), digits, [teacher], tmp_path / "local", device="cpu",
                           progress=False)
-    one = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "one", workers=1,
-                         progress=False)
-    two = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "two", workers=2,
-                         progress=False)
+    one = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "one",
+                         ExecutionSpec(workers=1, progress=False))
+    two = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "two",
+                         ExecutionSpec(workers=2, progress=False))
     assert local.run_id == one.run_id == two.run_id  # same config, data and teacher
     a, b, c = read(local.run_dir), read(one.run_dir), read(two.run_dir)
     assert a[0].shape == (20, 1, 8, 8)
@@ -56,7 +57,7 @@ def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digit
     cfg = make_config("fadrm", overrides={**CFG, "ipc": 4, "iterations": 240})
     result = {}
     thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
-        cfg, "digits", [digits_teacher[0]], tmp_path, workers=2, progress=False)))
+        cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
     thread.start()
     run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None))
     wait_for(lambda: events(run_dir, "stage_done"))

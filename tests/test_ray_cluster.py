@@ -10,6 +10,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from actors.coordinator import distill_on_ray  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
+from fadrm_ray.runtime import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
 from tests.ray_helpers import events, wait_for  # noqa: E402
 
@@ -22,7 +23,7 @@ def test_losing_a_node_mid_run_still_completes(digits_teacher, tmp_path):
         cfg = make_config("fadrm", overrides={"ipc": 4, "iterations": 160, "precision": "fp32"})
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
-            cfg, "digits", [digits_teacher[0]], tmp_path, workers=2, progress=False)))
+            cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
         thread.start()
         run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None))
         wait_for(lambda: len({e["pid"] for e in events(run_dir, "stage_done")}) == 2, timeout=180)
