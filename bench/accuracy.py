@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import multiprocessing
 import os
@@ -97,24 +96,6 @@ def ensure_teacher(dataset, out: Path, name: str, epochs: int, log) -> tuple[Pat
     return Path(result.path), float(result.test_accuracy)
 
 
-def cached_evaluation(out: Path, run_dir: Path, teachers: list[Path], dataset, cfg: EvalConfig) -> dict:
-    """evaluate_run, or its result from an earlier identical call (same run, teachers, student
-    protocol and code version)."""
-    from fadrm_ray import __version__
-    from fadrm_ray.fileio import atomic_write_text, sha256_file
-
-    # The grid varies only these settings; the key keeps its old form so earlier results stay usable.
-    key_src = json.dumps({"run": Path(run_dir).name, "teachers": [sha256_file(p) for p in teachers],
-                          "epochs": cfg.epochs, "seeds": cfg.seeds, "version": __version__, "protocol": 1,
-                          "cosine_stretch": cfg.cosine_stretch}, sort_keys=True)
-    path = out / "evaluations" / f"{hashlib.sha256(key_src.encode()).hexdigest()[:16]}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    ev = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, progress=False)
-    atomic_write_text(path, json.dumps(ev))
-    return ev
-
-
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -148,7 +129,8 @@ def _cell_job(cell: dict) -> list[dict]:
     rows = []
     for method in [preset] + ([CONTROL] if cell["control"] else []):
         eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
-        ev = cached_evaluation(cell["out"], run.run_dir, eval_teachers, dataset, cell["evaluation"])
+        # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
+        ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False)
         rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
                      "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),

@@ -135,6 +135,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
+    from fadrm_ray.baselines import BASELINES, evaluate_with_baselines
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
@@ -142,13 +143,23 @@ def cmd_evaluate(args) -> None:
 
     cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),
                   flags={"student": args.student, "epochs": args.epochs, "seeds": args.seeds,
-                         "soft_labels": args.soft_labels})
-    result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
+                         "soft_labels": args.soft_labels, "protocol": args.protocol})
+    if args.baselines:
+        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
+    else:
+        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
     result["report"] = write_report(args.run, evaluation=result)
     per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
-    _emit(args, result, f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
-                        f"± {result['top1_std']:.2f}% over {len(result['top1_per_seed'])} seeds ({per_seed})\n"
-                        f"report: {result['report'].get('grid', '')}")
+    lines = [f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
+             f"± {result['top1_std']:.2f}% over {len(result['top1_per_seed'])} seeds ({per_seed})"]
+    for name, base in (result.get("baselines") or {}).items():
+        if "error" in base:
+            lines.append(f"  {BASELINES[name]}: not available ({base['error']})")
+        else:
+            lines.append(f"  {BASELINES[name]}: {base['top1_mean']:.2f} ± {base['top1_std']:.2f}% "
+                         f"(gain {result['gains'][name]:+.2f})")
+    lines.append(f"report: {result['report'].get('evaluation_plot', result['report'].get('grid', ''))}")
+    _emit(args, result, "\n".join(lines))
 
 
 def cmd_info(args) -> None:
@@ -242,10 +253,15 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
     p.add_argument("--student", default=None, help="student model name (default convnet-bn)")
-    p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the number of images)")
+    p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the protocol)")
     p.add_argument("--seeds", type=int, default=None, help="students trained, seeds 0..N-1 (default 3)")
     p.add_argument("--soft-labels", default=None, choices=["online", "stored"],
                    help="teacher soft labels computed on the fly (the default), or precomputed into the run")
+    p.add_argument("--protocol", default=None, choices=["short", "published"],
+                   help="student schedule: short (about 600 steps, the default) or published (300 epochs, "
+                        "1000 at IPC 1, stretched cosine)")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false",
+                   help="skip the baselines (random real images, the run's starting patches)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--threads", type=int, default=None)

@@ -9,6 +9,7 @@ Layout of one run::
     checkpoints/<unit_id>.after<stage>.pt         recover states of a unit after `stage` stages (Ray runs)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
     soft_labels/                                  teacher soft labels kept by `evaluate --soft-labels stored`
+    evaluations/<key>.json                        every evaluation of the run, by what decides its result
     report/                                       grid.png, losses.png, evaluation.json, evaluation.png
 
 Every module that writes or reads one of these asks a `RunLayout` for the path, and every name
@@ -29,6 +30,7 @@ _CHECKPOINTS = "checkpoints"
 _LEDGER = "ledger.jsonl"
 _SOFT_LABELS = "soft_labels"
 _REPORT = "report"
+_EVALUATIONS = "evaluations"
 _REPORT_FILES = {"grid": "grid.png", "losses": "losses.png", "evaluation": "evaluation.json",
                  "evaluation_plot": "evaluation.png"}
 
@@ -163,6 +165,17 @@ class RunLayout:
             return unit_id, int(rest.removesuffix(".pt"))
         except ValueError:
             return None
+
+    # -- evaluations
+    @property
+    def evaluations_dir(self) -> Path:
+        return self.run_dir / _EVALUATIONS
+
+    def evaluation(self, key: str) -> Path:
+        """The cached result of the evaluation whose settings, teachers, data and images hash to `key`."""
+        if not re.fullmatch(r"[0-9a-f]{8,64}", key):
+            raise ValueError(f"an evaluation key is a hex digest, got {key!r}")
+        return self.evaluations_dir / f"{key}.json"
 
     # -- report
     @property

@@ -163,11 +163,16 @@ def write_losses(run_dir: str | Path, path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- evaluation
 def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
+    """The student's test top-1 during training, one line per seed; beside it, when the
+    evaluation has baselines (baselines.py), the run's final top-1 against theirs."""
     curves = evaluation.get("curves") or []
     if not curves:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    baselines = {k: v for k, v in (evaluation.get("baselines") or {}).items() if "top1_mean" in v}
+    fig, axes = plt.subplots(1, 2 if baselines else 1, figsize=(10 if baselines else 6, 3.6), dpi=120,
+                             squeeze=False, gridspec_kw={"width_ratios": [3, 2]} if baselines else None)
+    ax = axes[0][0]
     for seed, curve in zip(evaluation.get("seeds", range(len(curves))), curves):
         if curve:
             e, acc = zip(*curve)
@@ -178,7 +183,31 @@ def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
                  f" ± {evaluation.get('top1_std', float('nan')):.2f}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if baselines:
+        _baseline_bars(axes[0][1], evaluation, baselines)
     return save_figure(fig, path)
+
+
+def _baseline_bars(ax, evaluation: dict, baselines: dict) -> None:
+    """Final top-1 of the run and of each baseline: bars at the mean, dots per seed, gains above."""
+    from fadrm_ray.baselines import BASELINES
+
+    rows = [("this run", evaluation, None)] + [(BASELINES.get(k, k), v, (evaluation.get("gains") or {}).get(k))
+                                               for k, v in baselines.items()]
+    colors = ["tab:blue", "tab:gray", "tab:olive"]
+    for i, (label, ev, gain) in enumerate(rows):
+        ax.bar(i, ev["top1_mean"], yerr=ev.get("top1_std") or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
+        seeds = ev.get("top1_per_seed") or []
+        ax.plot([i] * len(seeds), seeds, "k.", ms=4)
+        if gain is not None:
+            ax.annotate(f"{gain:+.2f}", (i, ev["top1_mean"]), xytext=(0, 12), textcoords="offset points",
+                        ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
+    lows = [ev["top1_mean"] - (ev.get("top1_std") or 0) for _, ev, _ in rows]
+    ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev["top1_mean"] for _, ev, _ in rows) + 8))
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r[0] for r in rows], fontsize=8, rotation=15)
+    ax.set_title("final top-1 against the baselines\n(number: this run minus the baseline)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
 
 
 def _message_png(path: Path, message: str) -> Path:

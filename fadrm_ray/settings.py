@@ -169,13 +169,17 @@ class EvalConfig(Settings):
 
     student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
     student_kwargs: dict[str, Any] = {}
-    epochs: Count | None = None          # None: about 600 optimizer steps (evaluate.default_epochs)
+    # How epochs and the cosine stretch are chosen when they are left unset (evaluate.resolve_protocol):
+    # "short" trains about 600 optimizer steps with a full cosine; "published" is the published
+    # schedule, 300 epochs (1000 at IPC 1) with the stretched cosine.
+    protocol: Literal["short", "published"] = "short"
+    epochs: Count | None = None          # None: chosen by the protocol
     seeds: Count | Annotated[list[Index], MinLen(1)] = 3   # a count (seeds 0..n-1) or the seeds themselves
     batch_size: Count = 16
     temperature: float = Field(20.0, strict=True, gt=0)    # KD temperature T
     lr: float = Field(1e-3, strict=True, gt=0)             # AdamW
     weight_decay: float = Field(0.01, strict=True, ge=0)
-    cosine_stretch: float = Field(1.0, strict=True, ge=1)  # eta of the stretched cosine (evaluate.py)
+    cosine_stretch: float | None = Field(None, strict=True, ge=1)  # eta of the stretched cosine; None: by protocol
     soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
     soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
     crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view

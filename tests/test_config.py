@@ -170,7 +170,7 @@ def test_messages_state_the_range():
              (DistillConfig, "jitter", -1, 'jitter must be an integer >= 0 or "auto", got -1'),
              (DistillConfig, "downsample_size", 0, 'downsample_size must be an integer >= 1, "auto", "default" or null'),
              (DistillConfig, "precision", "fp8", "precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
-             (EvalConfig, "cosine_stretch", 0.5, "cosine_stretch must be a number >= 1, got 0.5"),
+             (EvalConfig, "cosine_stretch", 0.5, "cosine_stretch must be a number >= 1 or null, got 0.5"),
              (EvalConfig, "seeds", 0, "seeds must be an integer >= 1 or a non-empty list of integers >= 0, got 0"),
              (SqueezeConfig, "label_smoothing", 2.0, "label_smoothing must be in [0, 1], got 2.0")]
     for model, field, value, message in cases:
@@ -193,7 +193,7 @@ def test_defaults_are_the_documented_ones():
     assert (ev.student, ev.student_kwargs, ev.epochs, ev.seeds, ev.batch_size, ev.temperature, ev.lr) == \
         ("convnet-bn", {}, None, 3, 16, 20.0, 1e-3)
     assert (ev.weight_decay, ev.cosine_stretch, ev.soft_labels, ev.soft_label_dtype, ev.crop_scale, ev.cutmix_prob,
-            ev.eval_every) == (0.01, 1.0, "online", "float16", (0.08, 1.0), 1.0, None)
+            ev.eval_every, ev.protocol) == (0.01, None, "online", "float16", (0.08, 1.0), 1.0, None, "short")
     assert ev.seed_list == [0, 1, 2] and EvalConfig(seeds=[4, 7]).seed_list == [4, 7]
     sq = SqueezeConfig()
     assert (sq.model, sq.model_kwargs, sq.epochs, sq.batch_size, sq.lr, sq.weight_decay, sq.label_smoothing,

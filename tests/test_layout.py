@@ -11,7 +11,7 @@ LAYOUT_MODULE = ROOT / "fadrm_ray" / "layout.py"
 
 # Entries of a run directory (README, "The store"). A string equal to one of these, used to
 # build a path, means a module knows the layout itself instead of asking RunLayout.
-RUN_ENTRIES = {"config.yaml", "manifest.json", "units", "checkpoints", "ledger.jsonl", "soft_labels", "report",
+RUN_ENTRIES = {"config.yaml", "manifest.json", "units", "checkpoints", "ledger.jsonl", "soft_labels", "report", "evaluations",
                "grid.png", "losses.png", "evaluation.json", "evaluation.png"}
 # Pieces of generated names inside a run (label folders, part files, stage checkpoints).
 NAME_PIECES = ("label=", "part-ipc", ".after")

@@ -8,6 +8,8 @@ describing a run (`info`) does not read its images.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -124,6 +126,14 @@ class RunReader:
     def unit_manifests(self) -> dict[str, dict]:
         """Every readable unit manifest (files, rows, stats), verified or not."""
         return manifests.unit_manifests(self.layout)
+
+    def content_hash(self) -> str:
+        """A hash of the images the run holds, from the sha256 its unit manifests record for every
+        part: it changes when a unit is rewritten, so results computed from the images (an
+        evaluation) can be keyed by it."""
+        entries = sorted((str(f.get("path")), str(f.get("sha256")))
+                         for m in self.unit_manifests().values() for f in m.get("files", []) if isinstance(f, dict))
+        return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
     def part_files(self, classes: Iterable[int] | None = None) -> list[Path]:
         if classes is None:

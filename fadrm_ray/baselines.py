@@ -1,0 +1,77 @@
+"""The two baselines every distilled set is judged against (docs/method.md section 7).
+
+A distillation is worth its compute only if its images train a better student than
+
+- **random real images** at the same IPC, classes and seed (preset `random-real`): the floor
+  every method must beat, and
+- **its own starting patches** (its config at zero recover iterations, preset `rded` with the
+  run's patch settings): what the recover loop added, or took away.
+
+Both are ordinary store runs, distilled beside the run they judge (content-addressed, so every
+run of the same classes, IPC, seed and teachers shares them) and evaluated with the very same
+settings and soft labels. `evaluate_run` caches each evaluation inside its run, so a baseline is
+trained once however many runs ask for it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.distill import distill_local
+from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
+from fadrm_ray.settings import EvalConfig, EvaluationError
+from fadrm_ray.squeeze import torch_threads
+from fadrm_ray.store import open_run
+
+BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
+_PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates")
+
+
+def baseline_configs(run_config: dict) -> dict[str, DistillConfig]:
+    """The distill configs of the baselines of a run, from the run's saved config. A run that
+    starts from noise has no starting patches to compare with."""
+    cfg = DistillConfig.from_dict(run_config)
+    common = {"ipc": cfg.ipc, "classes": cfg.classes, "seed": cfg.seed}
+    out = {"random_real": make_config("random-real", overrides=common)}
+    if cfg.init == "real":
+        patch = {k: getattr(cfg, k) for k in _PATCH_KEYS}
+        out["starting_patches"] = make_config("rded", overrides={**common, **patch})
+    return out
+
+
+def _summary(ev: dict) -> dict:
+    keys = ("run_id", "run_dir", "preset", "top1_mean", "top1_std", "top1_per_seed", "best_top1_mean")
+    return {k: ev.get(k) for k in keys}
+
+
+def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
+                            dataset: ImageDataset | str | None = None, num_threads: int | None = None,
+                            device: str = "cpu", progress: bool = True) -> dict:
+    """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
+    and soft labels) and `gains` (the run's top-1 minus each baseline's, in points).
+
+    The baselines are distilled with the run's own teachers (patch scores depend on them); the
+    students of all three learn from `teachers` (default: the run's). A baseline that cannot be
+    built (a teacher file gone) is reported with its error instead of a number.
+    """
+    reader = open_run(run_dir)
+    dataset = run_dataset(reader, dataset)
+    result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
+                          device=device, progress=progress)
+    baselines, gains = {}, {}
+    for name, bcfg in baseline_configs(reader.config).items():
+        try:
+            with torch_threads(num_threads):
+                run = distill_local(bcfg, dataset, run_teachers(reader), Path(reader.run_dir).parent,
+                                    device=device, progress=False)
+            ev = result if run.run_id == reader.run_id else evaluate_run(
+                run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
+                progress=progress)
+        except (EvaluationError, OSError, ValueError) as exc:
+            baselines[name] = {"error": str(exc)}
+            continue
+        baselines[name] = _summary(ev)
+        gains[name] = round(result["top1_mean"] - ev["top1_mean"], 3)
+    return {**result, "baselines": baselines, "gains": gains}

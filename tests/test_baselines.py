@@ -1,0 +1,113 @@
+"""Evaluation protocols, the evaluation cache and the baselines every evaluation is judged against."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from fadrm_ray import evaluate as evaluate_module
+from fadrm_ray.baselines import baseline_configs, evaluate_with_baselines
+from fadrm_ray.config import make_config
+from fadrm_ray.distill import distill_local
+from fadrm_ray.evaluate import default_epochs, evaluate_run, images_per_class, resolve_protocol
+from fadrm_ray.report import write_report
+from fadrm_ray.settings import EvalConfig
+from fadrm_ray.store import open_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_published_protocol_is_300_epochs_1000_at_ipc_1_with_the_stretched_cosine():
+    published = EvalConfig(protocol="published")
+    assert (resolve_protocol(published, 100, 10).epochs, resolve_protocol(published, 100, 10).cosine_stretch) == (300, 2.0)
+    assert (resolve_protocol(published, 10, 1).epochs, resolve_protocol(published, 10, 1).cosine_stretch) == (1000, 2.0)
+    assert (resolve_protocol(published, 500, 50).epochs, resolve_protocol(published, 500, 50).cosine_stretch) == (300, 1.0)
+    short = resolve_protocol(EvalConfig(), 100, 10)
+    assert (short.epochs, short.cosine_stretch) == (default_epochs(100), 1.0)
+    explicit = resolve_protocol(EvalConfig(protocol="published", epochs=7, cosine_stretch=1.5), 100, 10)
+    assert (explicit.epochs, explicit.cosine_stretch) == (7, 1.5)  # what the user set wins
+
+
+def test_images_per_class_is_the_largest_class():
+    assert images_per_class(torch.tensor([0, 0, 1, 2, 2, 2]), 6, 3) == 3
+    assert images_per_class(None, 20, 10) == 2
+
+
+@pytest.fixture(scope="module")
+def store(digits, digits_teacher, tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("baselines")
+    teacher = root / "teacher.pt"
+    shutil.copy(digits_teacher[0], teacher)
+    cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 8, "ipc_per_unit": 2, "pack": 2, "classes": [0, 1, 2, 3]})
+    run = distill_local(cfg, digits, [teacher], root / "store", progress=False)
+    return run.run_dir, teacher
+
+
+def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store, monkeypatch):
+    run_dir, _ = store
+    cfg = EvalConfig(epochs=2, seeds=1)
+    first = evaluate_run(run_dir, cfg, progress=False)
+    assert not first.get("cached") and list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached evaluation trained a student again")
+
+    monkeypatch.setattr(evaluate_module, "train_student", no_training)
+    again = evaluate_run(run_dir, cfg, progress=False)
+    assert again["cached"] and again["top1_per_seed"] == first["top1_per_seed"]
+    with pytest.raises(AssertionError, match="trained a student again"):  # other settings: a new evaluation
+        evaluate_run(run_dir, EvalConfig(epochs=3, seeds=1), progress=False)
+    with pytest.raises(AssertionError, match="trained a student again"):  # cache=False: never read
+        evaluate_run(run_dir, cfg, progress=False, cache=False)
+
+
+def test_the_baselines_are_random_real_images_and_the_starting_patches():
+    cfg = make_config("fadrm", overrides={"ipc": 3, "seed": 5, "classes": [1, 2], "patch_selection": "medium",
+                                          "patch_crop_scale": [1.0, 1.0], "lr": 0.05})
+    configs = baseline_configs(cfg.to_dict())
+    real, patches = configs["random_real"], configs["starting_patches"]
+    assert (real.preset, real.patch_selection, real.iterations) == ("random-real", "whole", 0)
+    assert (patches.preset, patches.iterations, patches.patch_selection, patches.patch_crop_scale) == \
+        ("rded", 0, "medium", (1.0, 1.0))
+    for b in (real, patches):
+        assert (b.ipc, b.seed, b.classes) == (3, 5, [1, 2])
+    noise = make_config("sre2l", overrides={"ipc": 3})
+    assert set(baseline_configs(noise.to_dict())) == {"random_real"}  # noise has no starting patches
+
+
+def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
+    run_dir, _ = store
+    cfg = EvalConfig(epochs=2, seeds=2)
+    result = evaluate_with_baselines(run_dir, cfg, progress=False)
+    assert set(result["baselines"]) == {"random_real", "starting_patches"}
+    for name, base in result["baselines"].items():
+        assert base["run_id"] != result["run_id"]
+        assert result["gains"][name] == pytest.approx(result["top1_mean"] - base["top1_mean"], abs=1e-3)
+        images, labels, ipc = open_run(base["run_dir"]).read()
+        assert sorted(set(labels.tolist())) == [0, 1, 2, 3] and images.shape[0] == 8  # same classes and IPC
+    # The starting patches are the run's own patches: recover changed the pixels, not the choice.
+    patches, plabels, pipc = open_run(result["baselines"]["starting_patches"]["run_dir"]).read()
+    distilled, dlabels, dipc = open_run(run_dir).read()
+    assert torch.equal(plabels, dlabels) and torch.equal(pipc, dipc) and not torch.equal(patches, distilled)
+    # Written into the report: evaluation.json carries them and the plot shows them.
+    files = write_report(run_dir, evaluation=result)
+    saved = json.loads(open_run(run_dir).layout.report_files()["evaluation"].read_text())
+    assert saved["gains"] == result["gains"] and set(saved["baselines"]) == set(result["baselines"])
+    assert files["evaluation_plot"].endswith(".png")
+
+
+def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path):
+    run_dir, teacher = store
+    backup = tmp_path / "teacher.pt"
+    shutil.copy(teacher, backup)
+    teacher.unlink()
+    try:
+        result = evaluate_with_baselines(run_dir, EvalConfig(epochs=2, seeds=1), teachers=[backup], progress=False)
+    finally:
+        shutil.copy(backup, teacher)
+    assert set(result["baselines"]) == {"random_real", "starting_patches"}
+    assert all("does not exist" in b["error"] for b in result["baselines"].values())
+    assert result["gains"] == {} and len(result["top1_per_seed"]) == 1  # the run itself is still evaluated
