@@ -3,9 +3,9 @@
     python -m bench.accuracy [--quick] [--out DIR] [--json]
 
 For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 10}, every method
-of FADRM.md section 7 (random-real, rded, sre2l, sre2l++, fadrm, fadrm+) produces its images
-through `distill_local` into one store, and every run is evaluated by `evaluate_run` with the
-same student, protocol and seeds (FADRM.md section 6). Teachers are trained once with
+of docs/method.md section 7 (random-real, rded, sre2l, sre2l++, fadrm, fadrm+) produces its
+images through `distill_local` into one store, and every run is evaluated by `evaluate_run` with
+the same student, protocol and seeds (docs/method.md section 6). Teachers are trained once with
 `squeeze` and cached in the output folder:
 
 - t1: convnet-bn, width 64, depth 3 (the teacher of every single-teacher method and the student
@@ -16,9 +16,10 @@ same student, protocol and seeds (FADRM.md section 6). Teachers are trained once
   on a 2-core CPU. An optional control row (--control), "fadrm+ (t1 labels)", evaluates the
   FADRM+ images with t1's labels only, to separate better images from better soft labels.
 
-Budgets keep the published ratios (FADRM.md section 7: FADRM 2000, SRe2L++ 4000, SRe2L 1000 on
-CIFAR), scaled down to T for FADRM/FADRM+, 2T for SRe2L++ and T/2 for SRe2L. Distillation
-uses seed 0; the 3 seeds are the students' (initial weights and augmentation stream).
+Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++ 4000, SRe2L
+1000 on CIFAR), scaled down to T for FADRM/FADRM+, 2T for SRe2L++ and T/2 for SRe2L.
+Distillation uses seed 0; the 3 seeds are the students' (initial weights and augmentation
+stream).
 
 Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
 single-threaded process per CPU); every cell is deterministic, so the table does not depend on

@@ -1,4 +1,4 @@
-"""The paper's claims about ARC, at small scale (FADRM.md sections 4 and 6).
+"""The paper's claims about ARC, at small scale (docs/method.md sections 4 and 6).
 
     python -m bench.diagnostics [--dataset digits] [--budgets 0,100,300,1000,3000] [--set KEY=VALUE] [--quick] [--json]
 

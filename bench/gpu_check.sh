@@ -134,7 +134,7 @@ for name in ("main", "contiguous", "bf16", "compile"):
     if path.exists():
         out["imagenet"] += json.loads(path.read_text())["runs"]
 out["published"] = {"fadrm_seconds_per_image": 0.47, "fadrm_peak_gb": 2.9, "sre2l++_seconds_per_image": 2.52,
-                    "hardware": "one RTX 4090 (FADRM.md section 4)"}
+                    "hardware": "one RTX 4090 (docs/method.md section 4)"}
 Path(result).write_text(json.dumps(out, indent=2))
 mem = "gpu_peak_gb" if not dry else "rss_peak_mb"
 print(f"{'precision':>9} {'pack':>4} {'layout':>14} {'compile':>7} {'ms/step':>9} {'s/image@T2000':>14} {'images/hour':>12} {mem:>12}")

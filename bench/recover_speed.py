@@ -14,7 +14,7 @@ mnist-sample, 1000 on digits); the timed runs use fewer iterations, over the sam
 and ARC merges, because the cost of an iteration does not depend on T.
 
 Two paths:
-  (a) reference: `reference_recover` below, a plain implementation of FADRM.md sections 3-4:
+  (a) reference: `reference_recover` below, a plain implementation of docs/method.md sections 3-4:
       fp32, one batch of one image per class at a time, the teacher's parameters left
       requiring grad (so the backward also computes weight gradients nobody uses), BN
       statistics with `mean`/`var` in forward hooks, the default glibc allocator.
@@ -73,7 +73,7 @@ PACKS = (1, 2, 5, 10)
 # --------------------------------------------------------------------------- (a) the reference
 def reference_recover(model: nn.Module, patches: torch.Tensor, labels: torch.Tensor, cfg, mean, std,
                       seed: int, device: str = "cpu") -> torch.Tensor:
-    """FADRM.md sections 3-4 written plainly, for one batch (one image per class).
+    """docs/method.md sections 3-4 written plainly, for one batch (one image per class).
 
     `patches`: uint8 (B, C, D, D); `cfg`: a resolved DistillConfig. Returns the final images,
     normalized, float32 (B, C, D, D). The random crop/flip/roll come from torch's global
@@ -314,7 +314,7 @@ def worker_main(setup_path: str, device: str, threads: int) -> None:
 # --------------------------------------------------------------------------- ImageNet-1K setting
 def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: list[str],
                     channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print) -> dict:
-    """Seconds per image of the engine at the ImageNet-1K setting of FADRM.md section 4.
+    """Seconds per image of the engine at the ImageNet-1K setting of docs/method.md section 4.
 
     ResNet-18 (torchvision, random init: the cost of a step does not depend on the weights),
     224 px, MRO stages 200/224/200/224, k = 3, alpha 0.5, jitter 32, 100 classes per batch (one

@@ -1,11 +1,11 @@
-"""DistillConfig: every knob of a distillation run (FADRM.md sections 2-7), and its presets.
+"""DistillConfig: every knob of a distillation run (docs/method.md sections 2-7), and its presets.
 
 A config is validated once, when it is built (settings.py has the shared rules), so a bad value
 fails before any work starts, with a message that names the field and the allowed range. Presets
-are named sets of overrides of the defaults (FADRM.md section 7). `make_config` builds a config in
-one pass from its layers: preset, YAML file, `key=value` overrides, then command-line flags. What
-depends on the dataset (stage budgets and resolutions, jitter, flip, precision) is filled in by
-`resolve`, and the resolved config is what every run saves beside its images.
+are named sets of overrides of the defaults (docs/method.md section 7). `make_config` builds a
+config in one pass from its layers: preset, YAML file, `key=value` overrides, then command-line
+flags. What depends on the dataset (stage budgets and resolutions, jitter, flip, precision) is
+filled in by `resolve`, and the resolved config is what every run saves beside its images.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indice
 
 
 # ---------------------------------------------------------------------- presets
-# FADRM.md section 7: the baselines are settings of the same loop.
+# docs/method.md section 7: the baselines are settings of the same loop.
 _NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
@@ -44,7 +44,7 @@ class DistillConfig(Settings):
     classes: Indices | None = None       # class indices to distill; None = every class
     seed: Index = 0
 
-    # Initialization (FADRM.md section 2).
+    # Initialization (docs/method.md section 2).
     init: Literal["real", "noise"] = "real"  # "real" patches or Gaussian "noise" (SRe2L, CDA)
     # easy = lowest teacher CE first; medium = middle of the ranking; random = random crops;
     # whole = random whole images (random-real)
@@ -53,7 +53,7 @@ class DistillConfig(Settings):
     patch_crop_scale: ScaleRange = (0.5, 1.0)  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
 
-    # The optimization loop (FADRM.md section 3).
+    # The optimization loop (docs/method.md section 3).
     iterations: Index = 2000             # T, over all stages
     lr: float = Field(0.25, strict=True, gt=0)
     r_bn: NonNegative = 0.01
@@ -64,7 +64,7 @@ class DistillConfig(Settings):
     crop_scale_min: Fraction = 0.08      # RandomResizedCrop lower scale bound
     crop_curriculum: Flag = False        # CDA: the lower bound anneals 1.0 -> crop_scale_min by cosine
 
-    # Stages, ARC, MRO, MPT (FADRM.md section 4).
+    # Stages, ARC, MRO, MPT (docs/method.md section 4).
     k: Index = 3                         # number of ARC merges; k + 1 stages
     alpha: Fraction = 0.5                # x <- alpha * x + (1 - alpha) * P at each merge
     stage_iterations: list[Index] | None = None  # explicit budgets (k + 1 of them, summing to iterations)
@@ -121,7 +121,7 @@ class DistillConfig(Settings):
             raise ConfigError(f"classes must be in [0, {num_classes - 1}] for this dataset, got {self.classes}")
         downsample = self.downsample_size
         if downsample == "default":
-            # MRO as published: 200/224 at large resolutions, none on small data (FADRM.md section 4).
+            # MRO as published: 200/224 at large resolutions, none on small data (docs/method.md section 4).
             downsample = int(round(image_size * 200 / 224)) if image_size >= 128 else None
         if isinstance(downsample, int) and downsample > image_size:
             raise ConfigError(f"downsample_size must be <= the image size {image_size}, got {downsample}")
@@ -203,7 +203,7 @@ def parse_overrides(items: Sequence[str], model: type[Settings] = DistillConfig)
 
 
 def mro_resolutions(k: int, image_size: int, downsample_size: int | None) -> list[int]:
-    """Stage resolutions: alternate D_ds and D so the last stage is at D (FADRM.md section 4:
+    """Stage resolutions: alternate D_ds and D so the last stage is at D (docs/method.md section 4:
     200, 224, 200, 224 for k = 3). No downsampling gives D for every stage."""
     if downsample_size is None or downsample_size == image_size:
         return [image_size] * (k + 1)
@@ -211,7 +211,7 @@ def mro_resolutions(k: int, image_size: int, downsample_size: int | None) -> lis
 
 
 def tv_downsample_size(x01, image_size: int) -> int:
-    """Adaptive D_ds from total variation (FADRM.md section 4, adaptive variants).
+    """Adaptive D_ds from total variation (docs/method.md section 4, adaptive variants).
 
     TV is taken per pixel (the L1 sums divided by the number of differences) so the ratio is
     independent of the image size; the 128-px floor at 224 px scales with D.
@@ -225,7 +225,7 @@ def tv_downsample_size(x01, image_size: int) -> int:
 
 
 def default_precision(device_type: str) -> str:
-    """MPT (FADRM.md section 4): fp16 with a GradScaler on CUDA; bf16 on CPUs with native bf16."""
+    """MPT (docs/method.md section 4): fp16 with a GradScaler on CUDA; bf16 on CPUs with native bf16."""
     if device_type == "cuda":
         return "fp16"
     try:

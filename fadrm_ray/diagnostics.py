@@ -1,4 +1,4 @@
-"""Small-scale checks of the paper's two claims about ARC (FADRM.md sections 4 and 6).
+"""Small-scale checks of the paper's two claims about ARC (docs/method.md sections 4 and 6).
 
 (a) Information vanishing: without ARC, a longer optimization *lowers* student accuracy; with
     ARC it keeps rising. `information_vanishing` distills the same data with the same teacher
@@ -184,7 +184,7 @@ def arc_merge_effect(dataset: ImageDataset | str, teacher_paths: str | Path | Se
 
 def pre_merge_images(state, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(resize(x) just before the last merge, resize(P)) from a state just after it, by
-    inverting x_merged = alpha * resize(x) + (1 - alpha) * resize(P) (FADRM.md section 4)."""
+    inverting x_merged = alpha * resize(x) + (1 - alpha) * resize(P) (docs/method.md section 4)."""
     mean = torch.tensor(state.mean).view(1, -1, 1, 1)
     std = torch.tensor(state.std).view(1, -1, 1, 1)
     patch = _resize((state.patches.float() / 255.0 - mean) / std, state.x.shape[-1])

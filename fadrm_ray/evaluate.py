@@ -1,7 +1,7 @@
 """Evaluate: train a student from scratch on distilled images, report top-1 on the real test set.
 
-The protocol of FADRM.md section 6: the student sees only the distilled images, each step under
-a random-resized crop, flip (where allowed) and CutMix, and learns the frozen teacher(s)'
+The protocol of docs/method.md section 6: the student sees only the distilled images, each step
+under a random-resized crop, flip (where allowed) and CutMix, and learns the frozen teacher(s)'
 distribution on that exact view (relabel.py) by KL divergence at temperature T [20]; AdamW
 (lr 1e-3, wd 0.01, no decay on biases and norm parameters), batch 16, a cosine schedule stepped
 once per epoch; top-1 on the dataset's full real test split.
@@ -101,7 +101,7 @@ def epochs_for_steps(num_images: int, steps: int, batch_size: int = DEFAULT_BATC
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """KL(teacher || student) of the temperature-softened distributions, averaged over the batch,
-    times T^2 so the gradient scale does not shrink with T (FADRM.md section 6)."""
+    times T^2 so the gradient scale does not shrink with T (docs/method.md section 6)."""
     t = float(temperature)
     log_p_student = F.log_softmax(student_logits.float() / t, dim=1)
     log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=1)
@@ -111,7 +111,7 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on conv/linear weights only, none on biases and norm
-    parameters (FADRM.md section 6). One-dimensional tensors are exactly those."""
+    parameters (docs/method.md section 6). One-dimensional tensors are exactly those."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:

@@ -6,7 +6,7 @@ are trained locally by squeeze.
 
 A teacher checkpoint holds plain types plus the state dict, so it loads with
 ``torch.load(weights_only=True)``; it records the class order, normalization and dataset
-fingerprint the teacher was trained with (FADRM.md section 1).
+fingerprint the teacher was trained with (docs/method.md section 1).
 """
 from __future__ import annotations
 

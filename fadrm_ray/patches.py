@@ -1,4 +1,4 @@
-"""Real-patch selection: the images FADRM starts from and merges back to (FADRM.md section 2).
+"""Real-patch selection: the images FADRM starts from and merges back to (docs/method.md section 2).
 
 RDED-style: for class c, cut a few random square crops from each candidate image, score every
 crop by the teacher's cross-entropy for c, keep each image's best crop, rank the images by that

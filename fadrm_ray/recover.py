@@ -1,4 +1,4 @@
-"""Recover: optimize synthetic images against frozen teachers (FADRM.md sections 3-5).
+"""Recover: optimize synthetic images against frozen teachers (docs/method.md sections 3-5).
 
 The whole method is in this file. A unit of work is a set of classes and a few IPC indices;
 each IPC index is one *group*, a batch of one image per class. Groups are independent: each has
@@ -35,7 +35,7 @@ from fadrm_ray.models import match_channels
 class FrozenTeacher:
     """A teacher in eval mode with hooks that measure the BatchNorm-statistics loss.
 
-    The BN loss (FADRM.md section 3) compares the batch statistics of each BN layer's input
+    The BN loss (docs/method.md section 3) compares the batch statistics of each BN layer's input
     with the layer's running statistics: ||mu - running_mean||_2 + ||var - running_var||_2,
     biased variance over (N, H, W), plain (not squared) L2 norms, the first BN layer weighted
     `first_bn_weight`. Here the statistics are taken per group, so a packed batch of G groups
@@ -179,7 +179,7 @@ def group_seed(seed: int, classes: Sequence[int], ipc_index: int) -> int:
 def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence[int],
                patches: torch.Tensor | None, image_size: int, channels: int,
                mean: Sequence[float], std: Sequence[float]) -> RecoverState:
-    """Initial images for the groups `ipc_indices` of `classes` (FADRM.md section 2).
+    """Initial images for the groups `ipc_indices` of `classes` (docs/method.md section 2).
 
     `patches` is uint8 (G, B, C, D, D) with B = len(classes), or None for noise init.
     `cfg` must be resolved (`DistillConfig.resolve`).
@@ -215,7 +215,7 @@ def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence
 def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: DistillConfig,
               device: str | torch.device = "cpu",
               on_step: Callable[[int], None] | None = None) -> RecoverState:
-    """Run the next stage of `state` in place and return it (FADRM.md sections 3-4).
+    """Run the next stage of `state` in place and return it (docs/method.md sections 3-4).
 
     At the end of every stage but the last, the images are resampled to the next stage's
     resolution and, with ARC, merged with the real patch resampled to the same size.
@@ -384,7 +384,7 @@ def final_images(state: RecoverState, teachers: Sequence[FrozenTeacher],
 # --------------------------------------------------------------------------- pieces
 def augment(x: torch.Tensor, groups: int, gens: Sequence[torch.Generator], out_size: int,
             scale_min: float, flip: bool, jitter: int) -> torch.Tensor:
-    """One RandomResizedCrop, one flip decision and one roll per group (FADRM.md section 3)."""
+    """One RandomResizedCrop, one flip decision and one roll per group (docs/method.md section 3)."""
     views = []
     for chunk, gen in zip(x.chunk(groups), gens):
         top, left, h, w = crop_box(chunk.shape[-2], chunk.shape[-1], scale_min, gen)
@@ -418,7 +418,7 @@ def crop_box(height: int, width: int, scale_min: float, gen: torch.Generator,
 
 
 def cosine(base_lr: float, t: int, total: int) -> float:
-    """One cosine schedule over all T iterations, no warm-up (FADRM.md section 3)."""
+    """One cosine schedule over all T iterations, no warm-up (docs/method.md section 3)."""
     return 0.5 * base_lr * (1 + math.cos(math.pi * t / max(total, 1)))
 
 
@@ -434,7 +434,7 @@ def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _mixed_precision(precision: str, device: torch.device):
-    """MPT (FADRM.md section 4): autocast for forward/backward; images and Adam stay fp32."""
+    """MPT (docs/method.md section 4): autocast for forward/backward; images and Adam stay fp32."""
     if precision == "fp32":
         return nullcontext, None
     if precision == "fp16":

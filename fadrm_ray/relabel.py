@@ -1,9 +1,9 @@
 """Relabel: soft labels from the frozen teacher(s) on the exact view the student sees.
 
-FADRM.md section 6: every student step sees a batch of distilled images under a random-resized
-crop (scale 0.08-1), a horizontal flip (only where the dataset says a flip keeps the label) and
-CutMix with lambda ~ Beta(1, 1); its target is the teacher's logits on that same augmented,
-mixed batch. Several teachers (FADRM+, section 5) average their logits.
+docs/method.md section 6: every student step sees a batch of distilled images under a
+random-resized crop (scale 0.08-1), a horizontal flip (only where the dataset says a flip keeps
+the label) and CutMix with lambda ~ Beta(1, 1); its target is the teacher's logits on that same
+augmented, mixed batch. Several teachers (FADRM+, section 5) average their logits.
 
 A `ViewPlan` is everything random about one step (which images, each crop box and flip, the
 CutMix partner of every slot and the box). `apply_plan` turns a plan into pixels, so the two
@@ -47,7 +47,7 @@ LOGIT_DTYPES = {"float16": (torch.float16, pa.float16()), "float32": (torch.floa
 # --------------------------------------------------------------------------- the augmentation
 @dataclass(frozen=True)
 class AugmentSpec:
-    """The student-side augmentation (FADRM.md section 6)."""
+    """The student-side augmentation (docs/method.md section 6)."""
     out_size: int
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = False          # only where a flip keeps the label (not for digits)
@@ -101,7 +101,7 @@ def cutmix_box(size: int, lam: float, cy: int, cx: int) -> tuple[tuple[int, int,
 def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
               gen: torch.Generator) -> ViewPlan:
     """Draw one step's crops, flips and CutMix from `gen` (per-image crop and flip, one
-    lambda, partner permutation and box for the whole batch, as in FADRM.md section 6)."""
+    lambda, partner permutation and box for the whole batch, as in docs/method.md section 6)."""
     b = int(indices.numel())
     boxes = torch.tensor([crop_box(height, width, spec.crop_scale[0], gen, scale_max=spec.crop_scale[1])
                           for _ in range(b)], dtype=torch.long).view(b, 4)

@@ -1,11 +1,12 @@
 """Reports of a store run: the distilled images, the recover loss curves, the evaluation.
 
-ARCHITECTURE.md, data flow step 5: beside a run, `report/` holds
+The last step of a run's life, after distill and evaluate: `report/` beside the run's images
+(README.md, "The store") holds
 
 - `grid.png`: the distilled images, one row per class (with its name), one column per IPC index;
-- `losses.png`: the teacher CE and BN-statistics losses of recover (FADRM.md section 3) over the
-  global iteration count, stages concatenated, averaged over units, with a vertical line at
-  every ARC merge (section 4), where the images jump back toward the real patch;
+- `losses.png`: the teacher CE and BN-statistics losses of recover (docs/method.md section 3)
+  over the global iteration count, stages concatenated, averaged over units, with a vertical
+  line at every ARC merge (section 4), where the images jump back toward the real patch;
 - `evaluation.json` (and `evaluation.png`, the student's test top-1 during training) when an
   evaluation result (evaluate.evaluate_run) is given.
 

@@ -163,7 +163,7 @@ def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, An
 
 # --------------------------------------------------------------------------- evaluate and squeeze
 class EvalConfig(Settings):
-    """How students are trained on distilled images and scored (evaluate.py, FADRM.md section 6)."""
+    """How students are trained on distilled images and scored (evaluate.py, docs/method.md section 6)."""
 
     error_class: ClassVar[type[ConfigError]] = EvalConfigError
 
@@ -192,7 +192,7 @@ class EvalConfig(Settings):
 
 
 class SqueezeConfig(Settings):
-    """How a teacher is trained on the real data (squeeze.py, FADRM.md section 1)."""
+    """How a teacher is trained on the real data (squeeze.py, docs/method.md section 1)."""
 
     model: str = Field("convnet-bn", strict=True, min_length=1)  # model name (models.create_model)
     model_kwargs: dict[str, Any] = {}    # builder keywords; in_chans here feeds grey data to an RGB model

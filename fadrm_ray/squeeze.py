@@ -1,4 +1,4 @@
-"""Squeeze: train the teacher on the real training split (FADRM.md section 1).
+"""Squeeze: train the teacher on the real training split (docs/method.md section 1).
 
 Adam + cosine schedule over all steps, label smoothing, random crop (padding = size // 8),
 horizontal flip when the dataset allows it, CutMix. All randomness comes from one seeded

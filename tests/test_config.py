@@ -47,7 +47,7 @@ def test_noise_init_with_arc_is_rejected():
 def test_resolve_fills_the_paper_defaults_at_224():
     cfg = DistillConfig(precision="fp32").resolve(224, 1000)
     assert cfg.stage_iterations == [500, 500, 500, 500]
-    assert cfg.stage_resolutions == [200, 224, 200, 224]  # FADRM.md section 4
+    assert cfg.stage_resolutions == [200, 224, 200, 224]  # docs/method.md section 4
     assert cfg.jitter == 32 and cfg.flip is True and cfg.downsample_size == 200
 
 

@@ -1,4 +1,4 @@
-"""Relabel and student evaluation (FADRM.md section 6) on the real digits data."""
+"""Relabel and student evaluation (docs/method.md section 6) on the real digits data."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Real-patch selection (FADRM.md section 2)."""
+"""Real-patch selection (docs/method.md section 2)."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""The recover loop of FADRM.md sections 3-5, on tiny teachers and 8-px images."""
+"""The recover loop of docs/method.md sections 3-5, on tiny teachers and 8-px images."""
 import math
 
 import pytest
@@ -106,7 +106,7 @@ def test_mro_stages_run_at_their_resolutions(teacher_model):
 
 
 def plain_sre2l_plus_plus(x, labels, teacher_model, cfg, gen):
-    """A straightforward loop (FADRM.md section 3): one stage, one Adam, cosine, clamp."""
+    """A straightforward loop (docs/method.md section 3): one stage, one Adam, cosine, clamp."""
     x = x.clone().requires_grad_(True)
     opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9))
     bns = [m for m in teacher_model.modules() if isinstance(m, nn.BatchNorm2d)]

@@ -49,7 +49,7 @@ def cfg_for(**kw):
 
 
 def plain_bn_loss(model, x, groups, first_bn_weight=10.0):
-    """The formula of FADRM.md section 3 with plain autograd ops, per group."""
+    """The formula of docs/method.md section 3 with plain autograd ops, per group."""
     seen = []
     hooks = [m.register_forward_hook(lambda m, i, o: seen.append((m, i[0])))
              for m in model.modules() if isinstance(m, nn.BatchNorm2d)]

@@ -3,7 +3,7 @@
 A dataset is two splits of labelled uint8 images at one native resolution, plus what a
 model needs to read them (class names in class-index order, per-channel mean/std). Class
 order is explicit: ``class_names[i]`` is the name of label ``i``, and it is recorded in
-every teacher checkpoint and every store file (FADRM.md section 1: mismatched class orders
+every teacher checkpoint and every store file (docs/method.md section 1: mismatched class orders
 are the most common cause of broken reproductions).
 """
 from __future__ import annotations
