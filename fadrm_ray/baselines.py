@@ -21,8 +21,8 @@ from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
+from fadrm_ray.runtime import torch_threads
 from fadrm_ray.settings import EvalConfig, EvaluationError
-from fadrm_ray.squeeze import torch_threads
 from fadrm_ray.store import open_run
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}

@@ -31,10 +31,10 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import distill_local, load_teachers, plan_units, unit_states
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
-from fadrm_ray.recover import _resize, run_stage
+from fadrm_ray.recover import resize, run_stage
 from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.runtime import torch_threads
 from fadrm_ray.settings import EvalConfig
-from fadrm_ray.squeeze import torch_threads
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
 
@@ -187,7 +187,7 @@ def pre_merge_images(state, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     inverting x_merged = alpha * resize(x) + (1 - alpha) * resize(P) (docs/method.md section 4)."""
     mean = torch.tensor(state.mean).view(1, -1, 1, 1)
     std = torch.tensor(state.std).view(1, -1, 1, 1)
-    patch = _resize((state.patches.float() / 255.0 - mean) / std, state.x.shape[-1])
+    patch = resize((state.patches.float() / 255.0 - mean) / std, state.x.shape[-1])
     return (state.x - (1 - alpha) * patch) / alpha, patch
 
 

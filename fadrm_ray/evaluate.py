@@ -46,11 +46,10 @@ from torch import nn
 
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.models import create_model
+from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.relabel import AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
-from fadrm_ray.runtime import tune_allocator
+from fadrm_ray.runtime import torch_threads, tune_allocator
 from fadrm_ray.settings import EvalConfig, EvaluationError
-from fadrm_ray.squeeze import evaluate_top1, torch_threads
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import open_run, to_plain
 

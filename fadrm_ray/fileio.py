@@ -23,7 +23,9 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries to disk, after a rename into it (best effort: not every
+    platform or file system allows it)."""
     # The rename itself lives in the directory entry; without this a power loss can undo it.
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -58,7 +60,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

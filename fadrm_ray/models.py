@@ -1,4 +1,4 @@
-"""Teacher/student model factory and teacher checkpoints.
+"""Teacher/student model factory, teacher checkpoints, and the top-1 score of a model on a split.
 
 Names: our own (``convnet-bn``, ``resnet18-cifar``), ``timm:NAME``, ``torchvision:NAME``, or a bare
 name looked up in that order. Weights are never downloaded (pretrained=False always): teachers
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.fileio import atomic_write_bytes, sha256_file
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
@@ -167,6 +168,41 @@ def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
     raise ModelError(f"model expects {in_chans} input channels, images have {c}")
 
 
+def model_in_chans(model: nn.Module, fallback: int) -> int:
+    """The input channels of the model's first convolution (`fallback` for a model without one)."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            return m.in_channels
+    return fallback
+
+
+@torch.no_grad()
+def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_size: int = 512) -> float:
+    """Top-1 accuracy (percent) of ``model`` on ``split``, normalized with the dataset's mean/std.
+
+    The model runs in eval mode on the device of its parameters and is put back in the mode it
+    was in, so a training loop can score its model between epochs.
+    """
+    n = len(split)
+    if n == 0:
+        return float("nan")
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    in_chans = model_in_chans(model, dataset.channels)
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        for start in range(0, n, batch_size):
+            idx = torch.arange(start, min(n, start + batch_size))
+            x = match_channels(dataset.normalize(split.load(idx)), in_chans).to(device)
+            pred = model(x).argmax(dim=1).cpu()
+            correct += int((pred == split.labels[idx]).sum())
+    finally:
+        model.train(was_training)
+    return 100.0 * correct / n
+
+
 @dataclass
 class TeacherInfo:
     model_name: str
@@ -267,7 +303,7 @@ def _short(values: list[str], limit: int = 12) -> str:
     return f"[{shown}{', ...' if len(values) > limit else ''}]"
 
 
-def check_teacher_fits(info: TeacherInfo, dataset) -> None:
+def check_teacher_fits(info: TeacherInfo, dataset: ImageDataset) -> None:
     """Raise ModelError unless the teacher was built for this dataset's classes, channels and size."""
     if info.num_classes != dataset.num_classes:
         raise ModelError(f"num_classes: teacher has {info.num_classes}, dataset {dataset.name} has "

@@ -11,7 +11,6 @@ the seed only, so every worker that needs it computes the same one.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Sequence
 
@@ -21,11 +20,7 @@ import torch.nn.functional as F
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.recover import FrozenTeacher
-
-
-def class_seed(seed: int, label: int) -> int:
-    digest = hashlib.sha256(f"patches|{seed}|{label}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+from fadrm_ray.seeding import seeded_generator
 
 
 def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
@@ -36,7 +31,7 @@ def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
     When the class has fewer candidate images than IPC, the ranking is reused from the top
     (a 10-image class at IPC 20 yields each image's best crop twice).
     """
-    gen = torch.Generator().manual_seed(class_seed(cfg.seed, label))
+    gen = seeded_generator("patches", cfg.seed, label)  # a function of (seed, class) only
     candidates = dataset.train.indices_of_class(label)
     if candidates.numel() == 0:
         raise ValueError(f"class {label} ({dataset.class_names[label]}) has no training images")

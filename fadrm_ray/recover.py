@@ -1,6 +1,7 @@
 """Recover: optimize synthetic images against frozen teachers (docs/method.md sections 3-5).
 
-The whole method is in this file. A unit of work is a set of classes and a few IPC indices;
+The whole method is in this file, but for the random-resized-crop box of its views, which the
+student's views share (augment.py). A unit of work is a set of classes and a few IPC indices;
 each IPC index is one *group*, a batch of one image per class. Groups are independent: each has
 its own random stream (so its result does not depend on which process ran it or on which other
 groups it was packed with), its own crop/flip/roll, and its own BatchNorm-statistics loss. The
@@ -15,7 +16,6 @@ boundary and continue it in another process.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 import warnings
@@ -27,8 +27,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
+from fadrm_ray.seeding import derive_seed
 
 
 # --------------------------------------------------------------------------- teachers
@@ -172,8 +174,7 @@ class RecoverState:
 
 def group_seed(seed: int, classes: Sequence[int], ipc_index: int) -> int:
     """The seed of one group: a function of the run seed, its classes and its IPC index only."""
-    key = f"{seed}|{','.join(map(str, classes))}|{ipc_index}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+    return derive_seed(seed, ",".join(map(str, classes)), ipc_index)
 
 
 def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence[int],
@@ -203,7 +204,7 @@ def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence
     if resolutions is None:  # downsample_size == "auto": from the total variation of the patches
         x01 = patches.float() / 255.0 if patches is not None else (full * std_t + mean_t).clamp(0, 1)
         resolutions = mro_resolutions(cfg.k, image_size, tv_downsample_size(x01, image_size))
-    x = _resize(full, resolutions[0])
+    x = resize(full, resolutions[0])
     return RecoverState(
         x=x, patches=patches, labels=torch.tensor(list(classes), dtype=torch.long).repeat(g),
         ipc_indices=list(ipc_indices), mean=list(mean), std=list(std),
@@ -283,11 +284,11 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         merged = False
         if s < last:
             next_res = state.resolutions[s + 1]
-            x = _resize(x, next_res)
+            x = resize(x, next_res)
             if cfg.uses_arc and state.patches is not None:
                 # ARC: re-inject real local detail washed out by optimization (section 4).
                 patch = (state.patches.to(device).float() / 255.0 - mean) / std
-                x = cfg.alpha * x + (1 - cfg.alpha) * _resize(patch, next_res)
+                x = cfg.alpha * x + (1 - cfg.alpha) * resize(patch, next_res)
                 merged = True
     ce_curve, bn_curve = curves[:steps].T.tolist()
     state.x = x.cpu()
@@ -399,24 +400,6 @@ def augment(x: torch.Tensor, groups: int, gens: Sequence[torch.Generator], out_s
     return torch.cat(views)
 
 
-def crop_box(height: int, width: int, scale_min: float, gen: torch.Generator,
-             scale_max: float = 1.0, ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """A RandomResizedCrop box (top, left, h, w) drawn from `gen`: area in [scale_min, scale_max]
-    of the image, log-uniform aspect ratio, centre crop after 10 failed tries."""
-    area = height * width
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        u = torch.rand(4, generator=gen).tolist()
-        target = area * (scale_min + (scale_max - scale_min) * u[0])
-        aspect = math.exp(log_lo + (log_hi - log_lo) * u[1])
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
-    side = min(height, width)
-    return (height - side) // 2, (width - side) // 2, side, side
-
-
 def cosine(base_lr: float, t: int, total: int) -> float:
     """One cosine schedule over all T iterations, no warm-up (docs/method.md section 3)."""
     return 0.5 * base_lr * (1 + math.cos(math.pi * t / max(total, 1)))
@@ -427,7 +410,9 @@ def cda_scale_min(final_min: float, t: int, total: int) -> float:
     return final_min + (1.0 - final_min) * 0.5 * (1 + math.cos(math.pi * t / max(total, 1)))
 
 
-def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+def resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resampling of a batch to `size` x `size`, the one resampling of stage changes and
+    ARC merges (section 4); a batch already at that size is returned as it is."""
     if x.shape[-1] == size and x.shape[-2] == size:
         return x
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -34,9 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fadrm_ray.models import load_teacher, match_channels
-from fadrm_ray.recover import FrozenTeacher, crop_box
+from fadrm_ray.augment import crop_box, cutmix_box
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
+from fadrm_ray.models import load_teacher, match_channels
+from fadrm_ray.recover import FrozenTeacher
+from fadrm_ray.seeding import seeded_generator
 
 SOFT_LABEL_MODES = ("online", "stored")
 STORE_FORMAT = "fadrm-soft-labels"
@@ -86,18 +87,6 @@ class ViewPlan:
         return int(self.indices.numel())
 
 
-def cutmix_box(size: int, lam: float, cy: int, cx: int) -> tuple[tuple[int, int, int, int], float]:
-    """The CutMix box for a drawn lambda and centre, clipped to the image, and the lambda that
-    box really gives (1 - box area / image area), so soft and hard mixing weights agree."""
-    cut = math.sqrt(1.0 - lam)
-    ch, cw = int(size * cut), int(size * cut)
-    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, size)
-    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, size)
-    if y1 <= y0 or x1 <= x0:
-        return (0, 0, 0, 0), 1.0
-    return (y0, y1, x0, x1), 1.0 - (y1 - y0) * (x1 - x0) / float(size * size)
-
-
 def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
               gen: torch.Generator) -> ViewPlan:
     """Draw one step's crops, flips and CutMix from `gen` (per-image crop and flip, one
@@ -113,7 +102,7 @@ def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
             lam0 = float(torch.rand((), generator=gen))  # Beta(1, 1) is uniform on [0, 1]
             partner = torch.randperm(b, generator=gen)
             cy, cx = (int(v) for v in torch.randint(0, spec.out_size, (2,), generator=gen))
-            mix_box, lam = cutmix_box(spec.out_size, lam0, cy, cx)
+            mix_box, lam = cutmix_box(spec.out_size, spec.out_size, lam0, cy, cx)
             if mix_box == (0, 0, 0, 0):
                 partner = torch.arange(b)
     return ViewPlan(indices=indices.clone().long(), boxes=boxes, flips=flips, partner=partner,
@@ -147,8 +136,7 @@ def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.T
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """One generator per (seed, epoch), so any epoch can be rebuilt on its own."""
-    digest = hashlib.sha256(f"relabel|{int(seed)}|{int(epoch)}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    return seeded_generator("relabel", int(seed), int(epoch))
 
 
 def epoch_batches(n: int, batch_size: int, gen: torch.Generator) -> list[torch.Tensor]:

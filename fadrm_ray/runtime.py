@@ -1,5 +1,6 @@
 """How and where work runs, as opposed to what it computes (settings.py): the execution spec of
-a run, and the process-wide glibc allocator settings that make CPU work fast.
+a run, the torch thread count of a phase, and the process-wide glibc allocator settings that
+make CPU work fast.
 
 `ExecutionSpec` gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
 or on Ray, workers and their resources, device, threads, data location, progress bars). It is
@@ -7,8 +8,8 @@ built once from the command line and handed to whichever function runs the disti
 the Ray layer never sees the argument parser.
 
 glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
-asks for them again every step; on this project's workloads that costs up to 1.9x (measured:
-mnist-sample recover 25.4 s with the defaults, 13.8 s with the settings below). glibc reads
+asks for them again every step, which can nearly double the time of a CPU run (README.md,
+Execution; bench/recover_speed.py --ladder measures it). glibc reads
 them from `ALLOCATOR_ENV` when a process starts, which is how Ray workers get them
 (`runtime_env.env_vars`); a process that is already running gets the same values through
 `mallopt`, which `tune_allocator` calls. Every heavy entry point (squeeze, distill, evaluate,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -33,6 +35,23 @@ class ExecutionSpec:
     threads: int | None = None           # torch threads of this process (--local)
     data_root: str | None = None         # where downloadable datasets live
     progress: bool = True
+
+
+# --------------------------------------------------------------------------- threads
+@contextmanager
+def torch_threads(num_threads: int | None):
+    """Use `num_threads` torch threads inside the block (None: leave the count alone)."""
+    if not num_threads:
+        yield
+        return
+    import torch  # here, not at the top: the CLI imports this module before it needs torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(num_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 # --------------------------------------------------------------------------- the allocator

@@ -6,23 +6,20 @@ generator, so a run on CPU is repeatable.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .data.base import ImageDataset, Split
-from .models import TeacherInfo, create_model, match_channels, save_teacher
-from .runtime import tune_allocator
+from .augment import cutmix_box
+from .data.base import ImageDataset
+from .models import TeacherInfo, create_model, evaluate_top1, match_channels, model_in_chans, save_teacher
+from .runtime import torch_threads, tune_allocator
 from .settings import SqueezeConfig
-
 
 
 @dataclass
@@ -35,41 +32,7 @@ class SqueezeResult:
     config: SqueezeConfig
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
-def _model_in_chans(model: nn.Module, fallback: int) -> int:
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            return m.in_channels
-    return fallback
-
-
-@torch.no_grad()
-def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_size: int = 512) -> float:
-    """Top-1 accuracy (percent) of ``model`` on ``split``, normalized with the dataset's mean/std."""
-    n = len(split)
-    if n == 0:
-        return float("nan")
-    device = _model_device(model)
-    in_chans = _model_in_chans(model, dataset.channels)
-    was_training = model.training
-    model.eval()
-    correct = 0
-    try:
-        for start in range(0, n, batch_size):
-            idx = torch.arange(start, min(n, start + batch_size))
-            x = match_channels(dataset.normalize(split.load(idx)), in_chans).to(device)
-            pred = model(x).argmax(dim=1).cpu()
-            correct += int((pred == split.labels[idx]).sum())
-    finally:
-        model.train(was_training)
-    return 100.0 * correct / n
-
-
-def _random_crop_flip(x: torch.Tensor, pad: int, hflip: bool, gen: torch.Generator) -> torch.Tensor:
+def random_crop_flip(x: torch.Tensor, pad: int, hflip: bool, gen: torch.Generator) -> torch.Tensor:
     """Per-sample random crop after zero padding, and per-sample horizontal flip; x is float (B,C,H,W)."""
     b, c, h, w = x.shape
     if pad > 0:
@@ -86,35 +49,18 @@ def _random_crop_flip(x: torch.Tensor, pad: int, hflip: bool, gen: torch.Generat
     return x
 
 
-def _cutmix(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
+def cutmix(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
     """Paste a box from a shuffled batch; returns (x, y, y_other, lam) with lam = kept area fraction."""
     b, _, h, w = x.shape
+    # The draws and their order are the teacher's random stream: a saved teacher depends on them.
     lam = float(torch.rand(1, generator=gen))  # Beta(1, 1) is uniform
     perm = torch.randperm(b, generator=gen)
-    cut = math.sqrt(1.0 - lam)
-    ch, cw = int(h * cut), int(w * cut)
     cy = int(torch.randint(0, h, (1,), generator=gen))
     cx = int(torch.randint(0, w, (1,), generator=gen))
-    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
-    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
+    (y0, y1, x0, x1), lam = cutmix_box(h, w, lam, cy, cx)
     x = x.clone()
     x[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
-    lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
     return x, y, y[perm], lam
-
-
-@contextmanager
-def torch_threads(num_threads: int | None):
-    """Use `num_threads` torch threads inside the block (None: leave the count alone)."""
-    if not num_threads:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(num_threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _safe(name: str) -> str:
@@ -149,7 +95,7 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
         in_chans = int(model_kwargs.pop("in_chans", dataset.channels))
         model = create_model(cfg.model, dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
                              **model_kwargs).to(device)
-        in_chans = _model_in_chans(model, in_chans)
+        in_chans = model_in_chans(model, in_chans)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # Drop a trailing batch of one: BatchNorm cannot take training statistics from a single image.
         steps_per_epoch = n // cfg.batch_size + (1 if n % cfg.batch_size > 1 else 0)
@@ -172,11 +118,11 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
                 idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
                 y = dataset.train.labels[idx]
                 x = dataset.train.load(idx).float().div_(255.0)
-                x = _random_crop_flip(x, pad, dataset.hflip, gen)
+                x = random_crop_flip(x, pad, dataset.hflip, gen)
                 x = match_channels((x - mean) / std, in_chans)
                 mix = cfg.cutmix_prob > 0 and float(torch.rand(1, generator=gen)) < cfg.cutmix_prob
                 if mix:
-                    x, y_a, y_b, lam = _cutmix(x, y, gen)
+                    x, y_a, y_b, lam = cutmix(x, y, gen)
                 x, y = x.to(device), y.to(device)
                 logits = model(x)
                 if mix:
@@ -208,3 +154,4 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
     save_teacher(path, model, info)
     return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
                          epochs=cfg.epochs, config=cfg)
+

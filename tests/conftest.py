@@ -31,7 +31,7 @@ def digits_teacher(digits, tmp_path_factory):
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, then the old count (results repeat for a fixed count)."""
-    from fadrm_ray.squeeze import torch_threads
+    from fadrm_ray.runtime import torch_threads
 
     with torch_threads(1):
         yield

@@ -8,12 +8,13 @@ import pytest
 import torch
 from torch import nn
 
+from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, StoredSoftLabels, apply_plan,
-                               cutmix_box, draw_plan, epoch_generator, precompute_soft_labels)
+                               draw_plan, epoch_generator, precompute_soft_labels)
 from fadrm_ray.settings import EvalConfig
 
 DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}
@@ -98,9 +99,9 @@ def test_cutmix_box_area_is_the_mixing_weight_of_images_and_soft_labels():
 
 
 def test_cutmix_box_is_clipped_and_its_lambda_follows():
-    box, lam = cutmix_box(8, 0.0, 0, 0)  # the whole-image box centred on a corner keeps a quarter
+    box, lam = cutmix_box(8, 8, 0.0, 0, 0)  # the whole-image box centred on a corner keeps a quarter
     assert box == (0, 4, 0, 4) and lam == pytest.approx(1 - 16 / 64)
-    assert cutmix_box(8, 1.0, 3, 3) == ((0, 0, 0, 0), 1.0)
+    assert cutmix_box(8, 8, 1.0, 3, 3) == ((0, 0, 0, 0), 1.0)
 
 
 def test_flips_follow_the_dataset():

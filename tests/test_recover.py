@@ -6,10 +6,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.models import create_model
-from fadrm_ray.recover import (FrozenTeacher, RecoverState, augment, cda_scale_min, cosine, crop_box,
-                               final_images, init_state, recover, run_stage)
+from fadrm_ray.recover import (FrozenTeacher, RecoverState, augment, cda_scale_min, cosine, final_images,
+                               init_state, recover, run_stage)
 
 MEAN, STD = [0.3], [0.37]
 

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.models import check_teacher_fits, load_teacher
+from fadrm_ray.models import check_teacher_fits, evaluate_top1, load_teacher
 from fadrm_ray.settings import SqueezeConfig
-from fadrm_ray.squeeze import _cutmix, _random_crop_flip, evaluate_top1, squeeze
+from fadrm_ray.squeeze import cutmix, random_crop_flip, squeeze
 
 FAST = dict(model="convnet-bn", epochs=8, model_kwargs={"width": 32})
 RUN = dict(progress=False, num_threads=1)
@@ -84,13 +84,13 @@ def test_evaluate_top1_counts_exactly():
 def test_random_crop_is_a_shifted_window_and_flip_is_optional():
     gen = torch.Generator().manual_seed(0)
     x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).view(2, 1, 6, 6) + 1
-    out = _random_crop_flip(x, 1, False, gen)
+    out = random_crop_flip(x, 1, False, gen)
     assert out.shape == x.shape
     for i in range(2):
         padded = torch.nn.functional.pad(x[i], (1, 1, 1, 1))
         windows = [padded[:, r:r + 6, c:c + 6] for r in range(3) for c in range(3)]
         assert any(torch.equal(out[i], w) for w in windows)
-    flipped = _random_crop_flip(x[:1].expand(64, -1, -1, -1), 0, True, torch.Generator().manual_seed(0))
+    flipped = random_crop_flip(x[:1].expand(64, -1, -1, -1), 0, True, torch.Generator().manual_seed(0))
     n_flipped = sum(torch.equal(f, x[0].flip(-1)) for f in flipped)
     assert 10 < n_flipped < 54
 
@@ -101,7 +101,7 @@ def test_cutmix_lambda_matches_pasted_area():
     x[4:] = 1.0
     y = torch.tensor([0] * 4 + [1] * 4)
     for _ in range(5):
-        mixed, y_a, y_b, lam = _cutmix(x, y, gen)
+        mixed, y_a, y_b, lam = cutmix(x, y, gen)
         assert torch.equal(y_a, y) and 0.0 <= lam <= 1.0
         for i in range(8):
             if y_b[i] != y[i]:  # the pasted box came from the other class: its share is 1 - lam
@@ -113,3 +113,4 @@ def test_the_checkpoint_records_the_whole_squeeze_config(trained):
     result, _ = trained
     _, info = load_teacher(result.path)
     assert SqueezeConfig.model_validate(info.squeeze_config) == result.config == SqueezeConfig(seed=0, **FAST)
+

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from fadrm_ray.fileio import _fsync_dir, atomic_write_bytes
+from fadrm_ray.fileio import atomic_write_bytes, fsync_dir
 from fadrm_ray.store.reader import open_run
 from fadrm_ray.store.records import StoreError, json_dumps
 
@@ -86,7 +86,7 @@ def export_imagefolder(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(out_dir.parent)
+    fsync_dir(out_dir.parent)
     return len(images)
 
 
