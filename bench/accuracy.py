@@ -6,7 +6,8 @@ For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 
 of docs/method.md section 7 (random-real, rded, sre2l, sre2l++, fadrm, fadrm+) produces its
 images through `distill_local` into one store, and every run is evaluated by `evaluate_run` with
 the same student, protocol and seeds (docs/method.md section 6). Teachers are trained once with
-`squeeze` and cached in the output folder:
+`squeeze` (`ensure_teacher`) and cached in the output folder, retrained when their squeeze
+settings change:
 
 - t1: convnet-bn, width 64, depth 3 (the teacher of every single-teacher method and the student
   architecture);
@@ -49,10 +50,9 @@ from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
-from fadrm_ray.models import ModelError, load_teacher
 from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
-from fadrm_ray.squeeze import squeeze
+from fadrm_ray.squeeze import ensure_teacher
 
 METHODS = ["random-real", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+"]
 CONTROL = "fadrm+ (t1 labels)"
@@ -77,24 +77,16 @@ def budget_of(method: str, t: int) -> int:
     return {"sre2l++": 2 * t, "sre2l": t // 2, "rded": 0, "random-real": 0}.get(method, t)
 
 
-def ensure_teacher(dataset, out: Path, name: str, epochs: int, log) -> tuple[Path, float]:
-    """Train (or reuse, when trained on the same data with the same architecture) one teacher."""
+def bench_teacher(dataset, out: Path, name: str, epochs: int, log) -> tuple[Path, float]:
+    """Teacher `name` of TEACHERS on `dataset`, trained once into out/teachers/<dataset>/<name>/."""
     model, kwargs = TEACHERS[name]
-    path = out / "teachers" / dataset.name / name / "teacher.pt"
-    if path.is_file():
-        try:
-            _, info = load_teacher(path)
-            if (info.dataset_fingerprint == dataset.fingerprint() and info.model_name == model
-                    and info.model_kwargs == kwargs):
-                return path, float(info.test_accuracy)
-        except ModelError:
-            pass
+    cfg = SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0)
     started = time.perf_counter()
-    result = squeeze(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
-                     out_dir=path.parent, progress=False)
-    log(f"  teacher {name} ({model} {kwargs}) on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
-        f"in {time.perf_counter() - started:.0f} s")
-    return Path(result.path), float(result.test_accuracy)
+    teacher = ensure_teacher(dataset, cfg, out / "teachers" / dataset.name / name, progress=False)
+    if not teacher.reused:
+        log(f"  teacher {name} ({model} {kwargs}) on {dataset.name}: test top-1 {teacher.info.test_accuracy:.2f}% "
+            f"in {time.perf_counter() - started:.0f} s")
+    return teacher.path, float(teacher.info.test_accuracy)
 
 
 def log(msg: str) -> None:
@@ -111,7 +103,7 @@ def _start_job(threads: int) -> None:
 
 
 def _teacher_job(out: Path, dataset_name: str, tname: str, epochs: int) -> tuple[str, str, Path, float]:
-    path, acc = ensure_teacher(_dataset(dataset_name), out, tname, epochs, log)
+    path, acc = bench_teacher(_dataset(dataset_name), out, tname, epochs, log)
     return dataset_name, tname, path, acc
 
 

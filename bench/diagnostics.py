@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, ensure_teacher
+from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
         print(msg, file=sys.stderr, flush=True)
 
     dataset = get_dataset(args.dataset)
-    teacher, teacher_top1 = ensure_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
+    teacher, teacher_top1 = bench_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
     epochs = epochs_for_steps(dataset.num_classes * args.ipc, STUDENT_STEPS[mode])
     vanishing = information_vanishing(dataset, teacher, EvalConfig(epochs=epochs, seeds=seeds), budgets=budgets,
                                       ipc=args.ipc, out_dir=out, overrides=overrides, progress=True)

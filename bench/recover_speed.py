@@ -434,30 +434,19 @@ class Side:
                 self.proc.kill()
 
 
-def ensure_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
-    """The benchmark's teacher, trained once and cached (a teacher trained longer is reused)."""
-    from fadrm_ray.models import ModelError, load_teacher
+def bench_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
+    """The benchmark's teacher, trained once per epoch count into DIR/teachers/<dataset>-<model>-e<epochs>/."""
     from fadrm_ray.settings import SqueezeConfig
-    from fadrm_ray.squeeze import squeeze
+    from fadrm_ray.squeeze import ensure_teacher
 
     model, kwargs = TEACHER
-    folder = out / "teachers"
-    candidates = sorted(folder.glob(f"{dataset.name}-{model}-e*/teacher.pt"),
-                        key=lambda q: -int(q.parent.name.rsplit("-e", 1)[1]))
-    for path in [q for q in candidates if int(q.parent.name.rsplit("-e", 1)[1]) >= epochs]:
-        try:
-            _, info = load_teacher(path)
-            if info.dataset_fingerprint == dataset.fingerprint():
-                return path, info.test_accuracy
-        except ModelError:
-            pass
-    path = folder / f"{dataset.name}-{model}-e{epochs}" / "teacher.pt"
     started = time.perf_counter()
-    result = squeeze(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
-                     out_dir=path.parent, progress=False)
-    log(f"  trained the {dataset.name} teacher: {epochs} epochs, test top-1 {result.test_accuracy:.2f}% "
-        f"({time.perf_counter() - started:.0f} s, cached)")
-    return Path(result.path), result.test_accuracy
+    teacher = ensure_teacher(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
+                             out / "teachers" / f"{dataset.name}-{model}-e{epochs}", progress=False)
+    if not teacher.reused:
+        log(f"  trained the {dataset.name} teacher: {epochs} epochs, test top-1 {teacher.info.test_accuracy:.2f}% "
+            f"({time.perf_counter() - started:.0f} s, cached)")
+    return teacher.path, teacher.info.test_accuracy
 
 
 def prepare(name: str, out: Path, mode: str, device: str, log) -> tuple[Path, dict]:
@@ -469,7 +458,7 @@ def prepare(name: str, out: Path, mode: str, device: str, log) -> tuple[Path, di
     from fadrm_ray.recover import FrozenTeacher
 
     dataset = get_dataset(name)
-    teacher_path, acc = ensure_teacher(dataset, out, TEACHER_EPOCHS[mode][name], log)
+    teacher_path, acc = bench_teacher(dataset, out, TEACHER_EPOCHS[mode][name], log)
     cfg = make_config("fadrm", overrides={"ipc": IPC, "iterations": BUDGET_T[name]}).resolve(
         dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type)
     model, info = load_teacher(teacher_path)

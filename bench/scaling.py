@@ -26,7 +26,8 @@ from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.pipeline import ensure_teacher
+from fadrm_ray.settings import SqueezeConfig
+from fadrm_ray.squeeze import ensure_teacher
 
 
 def main(argv=None) -> dict:
@@ -50,7 +51,8 @@ def main(argv=None) -> dict:
     iterations = args.iterations or (200 if args.quick else 500)
     out = Path(args.out)
     dataset = get_dataset(args.dataset)
-    teacher, teacher_acc, _ = ensure_teacher(dataset, out / "teacher", progress=False)
+    teacher, teacher_info, _ = ensure_teacher(dataset, SqueezeConfig(), out / "teacher", progress=False)
+    teacher_acc = teacher_info.test_accuracy
     overrides = {"ipc": ipc, "iterations": iterations}
     images = ipc * dataset.num_classes
     work = Path(tempfile.mkdtemp(prefix="fadrm-scaling-"))

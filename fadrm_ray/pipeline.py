@@ -15,30 +15,13 @@ from typing import Callable
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluate import evaluate_run
-from fadrm_ray.models import ModelError, load_teacher
 from fadrm_ray.report import write_report
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
-from fadrm_ray.squeeze import squeeze
+from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import export_imagefolder, open_run
 
 # Budgets that finish in a few minutes on a 2-core CPU.
 DEMO_ITERATIONS = {"digits": 1000, "mnist-sample": 1000}
-
-
-def ensure_teacher(dataset, out_dir: Path, model_name: str = "convnet-bn", epochs: int | None = None,
-                   progress: bool = True) -> tuple[Path, float, bool]:
-    """A teacher for `dataset` in `out_dir`: reused when one trained on the same data is there."""
-    path = out_dir / "teacher.pt"
-    if path.is_file():
-        try:
-            _, info = load_teacher(path)
-            if info.dataset_fingerprint == dataset.fingerprint() and info.model_name == model_name:
-                return path, info.test_accuracy, True
-        except ModelError:
-            pass  # unreadable: train a new one over it
-    cfg = SqueezeConfig(model=model_name, **({} if epochs is None else {"epochs": epochs}))
-    result = squeeze(dataset, cfg, out_dir=out_dir, progress=progress)
-    return Path(result.path), result.test_accuracy, False
 
 
 def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: int = 10,
@@ -48,7 +31,8 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     distillation (the Ray executor), or None for this process."""
     out = Path(out)
     dataset = get_dataset(dataset_name)
-    teacher, teacher_acc, reused = ensure_teacher(dataset, out / "teacher", epochs=epochs, progress=progress)
+    squeeze_cfg = SqueezeConfig(**({} if epochs is None else {"epochs": epochs}))
+    teacher, teacher_info, reused = ensure_teacher(dataset, squeeze_cfg, out / "teacher", progress=progress)
     cfg = make_config("fadrm", overrides={"ipc": ipc, "iterations": iterations or DEMO_ITERATIONS.get(dataset_name, 1000)})
     store_root = out / "store"
     if distill_fn is None:
@@ -67,7 +51,7 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     summary = {
         "dataset": dataset_name,
         "teacher": str(teacher),
-        "teacher_test_accuracy": round(teacher_acc, 2),
+        "teacher_test_accuracy": round(teacher_info.test_accuracy, 2),
         "teacher_reused": reused,
         "run": str(result.run_dir),
         "images": result.images,

@@ -3,6 +3,9 @@
 Adam + cosine schedule over all steps, label smoothing, random crop (padding = size // 8),
 horizontal flip when the dataset allows it, CutMix. All randomness comes from one seeded
 generator, so a run on CPU is repeatable.
+
+`ensure_teacher` is squeeze with a cache: it reuses the teacher saved in a folder when that
+teacher is what `squeeze` would train there, and trains one otherwise.
 """
 from __future__ import annotations
 
@@ -11,15 +14,17 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from .augment import cutmix_box
 from .data.base import ImageDataset
-from .models import TeacherInfo, create_model, evaluate_top1, match_channels, model_in_chans, save_teacher
+from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
+                     model_in_chans, save_teacher)
 from .runtime import torch_threads, tune_allocator
-from .settings import SqueezeConfig
+from .settings import ConfigError, SqueezeConfig
 
 
 @dataclass
@@ -155,3 +160,43 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
     return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
                          epochs=cfg.epochs, config=cfg)
 
+
+# --------------------------------------------------------------------------- a cached teacher
+class EnsuredTeacher(NamedTuple):
+    path: Path          # out_dir/teacher.pt
+    info: TeacherInfo   # as saved: test accuracy, dataset fingerprint, squeeze config
+    reused: bool        # False when this call trained it
+
+
+def teacher_matches(info: TeacherInfo, dataset: ImageDataset, cfg: SqueezeConfig) -> bool:
+    """Whether a saved teacher is the one `squeeze(dataset, cfg)` trains: the same data (by
+    fingerprint), model name and model keywords, and the same SqueezeConfig where the checkpoint
+    records one (a teacher saved before it was recorded is judged on the rest)."""
+    kwargs = dict(cfg.model_kwargs)
+    in_chans = kwargs.pop("in_chans", None)  # squeeze records it as TeacherInfo.in_chans, not as a keyword
+    if (info.dataset_fingerprint != dataset.fingerprint() or info.model_name != cfg.model
+            or info.model_kwargs != kwargs or (in_chans is not None and info.in_chans != in_chans)):
+        return False
+    if info.squeeze_config is None:
+        return True
+    try:
+        return SqueezeConfig.model_validate(info.squeeze_config) == cfg
+    except ConfigError:  # recorded by a version with other settings: not comparable, so not the same
+        return False
+
+
+def ensure_teacher(dataset: ImageDataset, cfg: SqueezeConfig, out_dir: str | os.PathLike, *,
+                   num_threads: int | None = None, progress: bool = True,
+                   device: str | torch.device | None = None) -> EnsuredTeacher:
+    """The teacher of `squeeze(dataset, cfg, out_dir=out_dir)`: the one saved in `out_dir` when it
+    matches (`teacher_matches`), else a new one trained there (over an unreadable or other one)."""
+    path = Path(out_dir) / "teacher.pt"
+    if path.is_file():
+        try:
+            _, info = load_teacher(path)
+        except ModelError:
+            info = None
+        if info is not None and teacher_matches(info, dataset, cfg):
+            return EnsuredTeacher(path, info, True)
+    result = squeeze(dataset, cfg, out_dir=out_dir, num_threads=num_threads, progress=progress, device=device)
+    return EnsuredTeacher(Path(result.path), result.info, False)

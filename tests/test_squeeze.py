@@ -1,6 +1,8 @@
 """Teacher training (squeeze) and top-1 evaluation."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -8,7 +10,7 @@ from torch import nn
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.models import check_teacher_fits, evaluate_top1, load_teacher
 from fadrm_ray.settings import SqueezeConfig
-from fadrm_ray.squeeze import cutmix, random_crop_flip, squeeze
+from fadrm_ray.squeeze import cutmix, ensure_teacher, random_crop_flip, squeeze, teacher_matches
 
 FAST = dict(model="convnet-bn", epochs=8, model_kwargs={"width": 32})
 RUN = dict(progress=False, num_threads=1)
@@ -114,3 +116,17 @@ def test_the_checkpoint_records_the_whole_squeeze_config(trained):
     _, info = load_teacher(result.path)
     assert SqueezeConfig.model_validate(info.squeeze_config) == result.config == SqueezeConfig(seed=0, **FAST)
 
+
+def test_ensure_teacher_reuses_only_the_teacher_squeeze_would_train(digits, tmp_path):
+    cfg = SqueezeConfig(model="convnet-bn", epochs=1, model_kwargs={"width": 8, "depth": 2})
+    first = ensure_teacher(digits, cfg, tmp_path, progress=False, num_threads=1)
+    assert not first.reused and first.path == tmp_path / "teacher.pt"
+    again = ensure_teacher(digits, cfg, tmp_path, progress=False, num_threads=1)
+    assert again.reused and again.info.sha256 == first.info.sha256
+    other = cfg.model_copy(update={"seed": 1})  # any setting the checkpoint records counts
+    assert not teacher_matches(first.info, digits, other)
+    retrained = ensure_teacher(digits, other, tmp_path, progress=False, num_threads=1)
+    assert not retrained.reused and retrained.info.sha256 != first.info.sha256
+    unrecorded = dataclasses.replace(retrained.info, squeeze_config=None)  # judged on data, model and kwargs
+    assert teacher_matches(unrecorded, digits, cfg)
+    assert not teacher_matches(unrecorded, digits, cfg.model_copy(update={"model_kwargs": {"width": 16}}))
