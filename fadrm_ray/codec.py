@@ -53,7 +53,23 @@ def decode(data: bytes | bytearray | memoryview, channels: int | None = None) ->
 
 def stored_channels(data: bytes | bytearray | memoryview) -> int:
     """How many channels the encoded image holds: 1 or 2 for grey (with alpha), 3 or 4 for colour."""
-    image = _open(data)
+    return _channels(_open(data))
+
+
+def header_channels(head: bytes | bytearray | memoryview) -> int | None:
+    """`stored_channels` from the first bytes of an encoded image, without decoding it: Pillow's
+    open reads the mode from the header and leaves the pixels alone. None when those bytes do
+    not hold a header Pillow can read (then decode the whole image)."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(bytes(head)))
+    except Exception:  # truncated before the mode, or not an image format Pillow knows
+        return None
+    return _channels(image)
+
+
+def _channels(image) -> int:
     if image.mode in _GREY_MODES:
         return _GREY_MODES[image.mode]
     return 4 if "A" in image.getbands() else 3

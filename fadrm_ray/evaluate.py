@@ -4,7 +4,7 @@ The protocol of docs/method.md section 6: the student sees only the distilled im
 under a random-resized crop, flip (where allowed) and CutMix, and learns the frozen teacher(s)'
 distribution on that exact view (relabel.py) by KL divergence at temperature T [20]; AdamW
 (lr 1e-3, wd 0.01, no decay on biases and norm parameters), batch 16, a cosine schedule stepped
-once per epoch; top-1 on the dataset's full real test split.
+once per epoch (torch's LambdaLR); top-1 on the dataset's full real test split.
 
 The cosine may be *stretched*: the published student trainer multiplies the learning rate by
 0.5 * (1 + cos(pi * epoch / (epochs * eta))), with eta chosen per dataset, student and IPC in their
@@ -155,6 +155,9 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
         model = create_model(cfg.student, dataset.num_classes, in_chans=dataset.channels,
                              image_size=dataset.image_size, **cfg.student_kwargs).to(device_t)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    # Stepped once per epoch: the rate of epoch e is cfg.lr * cosine_factor(e, ...).
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda epoch: cosine_factor(epoch, epochs, cfg.cosine_stretch))
     mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
     std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
     evaluate_at = _eval_epochs(epochs, cfg.eval_every)
@@ -166,8 +169,6 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
     started = time.perf_counter()
     bar = tqdm(range(epochs), desc=f"student {cfg.student} seed {seed}", unit="epoch", disable=not progress, leave=False)
     for epoch in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * cosine_factor(epoch, epochs, cfg.cosine_stretch)
         model.train()
         for step in source.epoch(epoch):
             x = (step.view01.to(device_t) - mean) / std
@@ -176,6 +177,7 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
             loss.backward()
             optimizer.step()
             steps += 1
+        scheduler.step()
         if epoch in evaluate_at:
             top1 = evaluate_top1(model, dataset.test, dataset)
             curve.append((epoch + 1, round(top1, 4)))

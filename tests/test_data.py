@@ -216,6 +216,24 @@ def test_imagefolder_val_folder_and_flat_layout(tmp_path):
     assert torch.equal(g.test.load(torch.arange(4)), f.test.load(torch.arange(4)))
 
 
+def test_imagefolder_reads_subfolders_in_path_order(tmp_path):
+    # A class's files in path order, subfolders included: "a/x" before "a b/y" before "z".
+    names = ["z.png", "a/x.png", "a b/y.png", "a-c/q.png", "a/deep/k.png", ".hidden.png", "notes.txt"]
+    for c in ("p", "q"):
+        _write_png(tmp_path / "test" / c / "t.png", _png(1))  # with a test split, train keeps every file
+        for i, name in enumerate(names):
+            path = tmp_path / "train" / c / name
+            if name.endswith(".png"):
+                _write_png(path, _png(10 * i + (c == "q")))
+            else:
+                path.write_text("not an image")
+    d = get_dataset(f"imagefolder:{tmp_path}")
+    firsts = d.train.load(torch.arange(len(d.train)))[:, 0, 0, 0].tolist()
+    order = [10 * names.index(n) for n in ["a/deep/k.png", "a/x.png", "a b/y.png", "a-c/q.png", "z.png"]]
+    assert firsts == order + [v + 1 for v in order]
+    assert d.train.labels.tolist() == [0] * 5 + [1] * 5
+
+
 def test_imagefolder_colour_if_any_image_is_colour(tmp_path):
     _make_folder(tmp_path, ["a", "b"], per_class=3)
     assert get_dataset(f"imagefolder:{tmp_path}").channels == 1

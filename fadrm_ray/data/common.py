@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import struct
 from typing import Callable, Sequence
 
 import torch
@@ -70,43 +69,10 @@ def subset_split(images: torch.Tensor, labels: torch.Tensor, indices: torch.Tens
     return Split.in_memory(images[indices], labels[indices])
 
 
-def _png_is_grey(head: bytes) -> bool | None:
-    # IHDR colour type sits at byte 25: 0 = grey, 4 = grey + alpha.
-    if len(head) < 26:
-        return None
-    return head[25] in (0, 4)
-
-
-def _jpeg_is_grey(head: bytes) -> bool | None:
-    # Walk the markers up to the first start-of-frame; its component count says grey or colour.
-    i = 2
-    n = len(head)
-    while i + 4 <= n:
-        if head[i] != 0xFF:
-            return None
-        marker = head[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        seg_len = struct.unpack(">H", head[i + 2:i + 4])[0]
-        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
-            if i + 10 > n:
-                return None
-            return head[i + 9] == 1
-        i += 2 + seg_len
-    return None
-
-
 def sniff_is_grey(head: bytes) -> bool | None:
     """From the first bytes of an encoded image: True grey, False colour, None unknown."""
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
-        return _png_is_grey(head)
-    if head[:2] == b"\xff\xd8":
-        return _jpeg_is_grey(head)
-    return None
+    channels = codec.header_channels(head)
+    return None if channels is None else channels in (1, 2)
 
 
 def decode_bytes(data: bytes | bytearray | memoryview, channels: int, what: str = "image") -> torch.Tensor:
@@ -120,7 +86,8 @@ def decode_bytes(data: bytes | bytearray | memoryview, channels: int, what: str 
 def all_grey(heads: Callable[[int], bytes], count: int, decode_channels: Callable[[int], int]) -> bool:
     """True only if every image is grey; stops at the first colour image.
 
-    Headers are sniffed where the format allows it; other formats are decoded unchanged.
+    The mode is read from each image's header where Pillow can read it from the first bytes;
+    otherwise the image is decoded.
     """
     for i in range(count):
         grey = sniff_is_grey(heads(i))

@@ -6,9 +6,11 @@ of the folder name in sorted order, the torchvision convention.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+from torchvision.datasets.folder import find_classes, make_dataset
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
@@ -20,22 +22,37 @@ _HEAD_BYTES = 65536
 
 
 def _class_dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        names, _ = find_classes(root)
+    except FileNotFoundError:  # torchvision's "no class folder": the caller says it in this reader's words
+        return []
+    # torchvision counts hidden folders (.git, .ipynb_checkpoints) as classes; a dataset never has them.
+    return [name for name in names if not name.startswith(".")]
+
+
+def _is_image(path: str) -> bool:
+    name = os.path.basename(path)
+    return (not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+            and os.path.isfile(path))  # a broken link is listed by the walk but is no image
 
 
 def _list_files(root: Path, classes: list[str], strict: bool) -> tuple[list[Path], list[int]]:
-    files, labels = [], []
-    for label, name in enumerate(classes):
-        cdir = root / name
-        found = []
-        if cdir.is_dir():
-            found = sorted(p for p in cdir.rglob("*")
-                           if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
-        if strict and not found:
-            raise DatasetError(f"class folder {cdir} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-        files.extend(found)
-        labels.extend([label] * len(found))
-    return files, labels
+    """The image files under each class folder (subfolders included) and their labels, a class's
+    files in path order. `strict`: every class folder must hold an image.
+
+    torchvision's walk follows linked subfolders, as its ImageFolder does; a link back up the
+    tree lists the same files again, until the system's link limit stops it."""
+    samples = make_dataset(root, {name: label for label, name in enumerate(classes)}, is_valid_file=_is_image,
+                           allow_empty=True)
+    # make_dataset lists a folder's own files before its subfolders'; path order (by components)
+    # keeps the file order, and so the 80/20 split, this reader has always had.
+    samples = sorted(((Path(path), label) for path, label in samples), key=lambda s: (s[1], s[0]))
+    if strict:
+        found = {label for _, label in samples}
+        empty = next((name for label, name in enumerate(classes) if label not in found), None)
+        if empty is not None:
+            raise DatasetError(f"class folder {root / empty} has no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return [path for path, _ in samples], [label for _, label in samples]
 
 
 def _file_fingerprint(base: Path, files: list[Path], labels: list[int]) -> str:
