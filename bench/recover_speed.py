@@ -14,54 +14,57 @@ mnist-sample, 1000 on digits); the timed runs use fewer iterations, over the sam
 and ARC merges, because the cost of an iteration does not depend on T.
 
 Two paths:
-  (a) reference: `reference_recover` below, a plain implementation of docs/method.md sections 3-4:
-      fp32, one batch of one image per class at a time, the teacher's parameters left
-      requiring grad (so the backward also computes weight gradients nobody uses), BN
-      statistics with `mean`/`var` in forward hooks, the default glibc allocator.
+  (a) reference: `reference_recover` (bench/speed_reference.py), a plain implementation of
+      docs/method.md sections 3-4: fp32, one batch of one image per class at a time, the teacher's
+      parameters left requiring grad (so the backward also computes weight gradients nobody
+      uses), BN statistics with `mean`/`var` in forward hooks, the default glibc allocator.
   (b) engine: `fadrm_ray.recover` with all IPC batches packed into one forward/backward, bf16
       autocast where the CPU has it (fp16 + GradScaler on CUDA), frozen teacher, channels-last,
       glibc allocator settings, and torch.compile with --compile.
 
 Fairness: same teacher file, patches, config, thread count and OpenMP settings on both sides.
-Each side runs in its own long-lived worker process and the runs alternate (a, b, a, b, ...),
-so a change of load on this shared machine hits both; the speed-up is the median of the
-per-round ratios. glibc reads MALLOC_* only when a process starts, which is why the sides are
-separate processes: the reference worker gets the environment without any MALLOC_* variable
-and with FADRM_DEFAULT_MALLOC=1 (so the library's `tune_allocator` leaves glibc's defaults), the
-engine worker gets `ALLOCATOR_ENV` of fadrm_ray/runtime.py added. Both get
-OMP_WAIT_POLICY=PASSIVE (--omp-wait default leaves OpenMP alone): with two OpenMP threads
-spinning on a 2-core machine that other jobs share, a step can take 20x longer at random,
-which would swamp both measurements.
+Each side runs in its own long-lived worker process (bench/speed_worker.py) and the runs
+alternate (a, b, a, b, ...), so a change of load on this shared machine hits both; the speed-up
+is the median of the per-round ratios. glibc reads MALLOC_* only when a process starts, which
+is why the sides are separate processes: the reference worker gets the environment without any
+MALLOC_* variable and with FADRM_DEFAULT_MALLOC=1 (so the library's `tune_allocator` leaves
+glibc's defaults), the engine worker gets `ALLOCATOR_ENV` of fadrm_ray/runtime.py added. Both
+get OMP_WAIT_POLICY=PASSIVE (--omp-wait default leaves OpenMP alone): with two OpenMP threads
+spinning on a 2-core machine that other jobs share, a step can take many times longer at
+random, which would swamp both measurements.
 
 Reported per side: ms per image-update (one optimizer step of one image), seconds per generated
 image at T, peak memory (the worker's peak RSS during the run, VmHWM; on GPU the peak of
 torch.cuda.max_memory_allocated), and the speed-up (b)/(a) in images per second. Quality:
 both sides' final images (the last timed round with --quick, else a run at the full T) are
-measured by `image_losses` below, the same code for both: the teacher's CE and BN loss; with
---evaluate, students are trained on both image sets by fadrm_ray.evaluate.evaluate_images.
+measured by `image_losses` (bench/speed_reference.py), the same code for both: the teacher's
+CE and BN loss; with --evaluate, students are trained on both image sets by
+fadrm_ray.evaluate.evaluate_images.
 
 --ladder takes the speed-up apart, one change at a time; --table gives the engine's seconds per
 image against pack size (1, 2, 5, 10) and precision (fp32, bf16 on CPU; fp32, fp16 on CUDA).
 --quick finishes in about two minutes once the teachers are cached (training them the first
 time takes one to three minutes more). --imagenet times the engine at the ImageNet-1K setting
-instead (see `imagenet_timing`; bench/gpu_check.sh runs it on a GPU).
+instead (bench/speed_imagenet.py; bench/gpu_check.sh runs it on a GPU).
+
+This file is the parent: it prepares each dataset's setup, starts the two worker processes,
+alternates their runs, and writes the report.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+from bench.speed_imagenet import imagenet_timing
+from bench.speed_reference import image_losses
+from bench.speed_worker import Side
 
 TEACHER = ("convnet-bn", {"width": 64, "depth": 3})  # t1 of bench/accuracy.py
 BUDGET_T = {"mnist-sample": 500, "digits": 1000}      # the FADRM budget of bench/accuracy.py
@@ -70,368 +73,10 @@ IPC = 10
 PACKS = (1, 2, 5, 10)
 
 
-# --------------------------------------------------------------------------- (a) the reference
-def reference_recover(model: nn.Module, patches: torch.Tensor, labels: torch.Tensor, cfg, mean, std,
-                      seed: int, device: str = "cpu") -> torch.Tensor:
-    """docs/method.md sections 3-4 written plainly, for one batch (one image per class).
-
-    `patches`: uint8 (B, C, D, D); `cfg`: a resolved DistillConfig. Returns the final images,
-    normalized, float32 (B, C, D, D). The random crop/flip/roll come from torch's global
-    generator seeded with `seed`, so the draws differ from the engine's (same distribution).
-    """
-    torch.manual_seed(seed)
-    mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(std, device=device).view(1, -1, 1, 1)
-    lo, hi = (0 - mean) / std, (1 - mean) / std
-    labels = labels.to(device)
-    patch = (patches.to(device).float() / 255 - mean) / std
-    budgets, resolutions = list(cfg.stage_iterations), list(cfg.stage_resolutions)
-    total = sum(budgets)
-
-    bn_inputs = []
-    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    hooks = [bn.register_forward_hook(lambda m, inp, out: bn_inputs.append((m, inp[0]))) for bn in bns]
-
-    def resize(img, size):
-        return img if img.shape[-1] == size else F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)
-
-    x = resize(patch, resolutions[0])
-    t = 0
-    try:
-        for s, (budget, res) in enumerate(zip(budgets, resolutions)):
-            x = x.detach().clone().requires_grad_(True)
-            opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9))
-            for _ in range(budget):
-                opt.param_groups[0]["lr"] = 0.5 * cfg.lr * (1 + math.cos(math.pi * t / total))
-                top, left, h, w = _random_resized_crop_box(x.shape[-1], cfg.crop_scale_min)
-                view = F.interpolate(x[:, :, top:top + h, left:left + w], size=(res, res), mode="bilinear",
-                                     align_corners=False)
-                if cfg.flip and torch.rand(1).item() < 0.5:
-                    view = torch.flip(view, dims=[3])
-                dy, dx = torch.randint(0, cfg.jitter + 1, (2,)).tolist()
-                view = torch.roll(view, shifts=(dy, dx), dims=(2, 3))
-                bn_inputs.clear()
-                logits = model(view)
-                ce = F.cross_entropy(logits, labels)
-                bn_loss = 0.0
-                for i, (m, a) in enumerate(bn_inputs):
-                    weight = cfg.first_bn_weight if i == 0 else 1.0
-                    bn_loss = bn_loss + weight * (torch.norm(a.mean(dim=(0, 2, 3)) - m.running_mean)
-                                                  + torch.norm(a.var(dim=(0, 2, 3), unbiased=False) - m.running_var))
-                loss = ce + cfg.r_bn * bn_loss
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                with torch.no_grad():
-                    x.copy_(torch.max(torch.min(x, hi), lo))
-                t += 1
-            if s < len(budgets) - 1:  # resample to the next stage's size; ARC merge with the patch
-                nxt = resolutions[s + 1]
-                x = resize(x.detach(), nxt)
-                if cfg.k > 0 and cfg.alpha < 1:
-                    x = cfg.alpha * x + (1 - cfg.alpha) * resize(patch, nxt)
-    finally:
-        for h in hooks:
-            h.remove()
-    return x.detach()
-
-
-def _random_resized_crop_box(size: int, scale_min: float) -> tuple[int, int, int, int]:
-    """RandomResizedCrop's box on a square image: area fraction in [scale_min, 1], aspect ratio
-    log-uniform in [3/4, 4/3]; the whole image after 10 misses."""
-    area = size * size
-    for _ in range(10):
-        target = area * (scale_min + (1 - scale_min) * torch.rand(1).item())
-        aspect = math.exp(math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * torch.rand(1).item())
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= size and 0 < h <= size:
-            return torch.randint(0, size - h + 1, (1,)).item(), torch.randint(0, size - w + 1, (1,)).item(), h, w
-    return 0, 0, size, size
-
-
-# --------------------------------------------------------------------------- measuring images
-@torch.no_grad()
-def image_losses(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std, batch: int,
-                 first_bn_weight: float = 10.0) -> dict:
-    """The teacher's CE per image and the BN-statistics loss per batch of `batch` images (one
-    image per class), fp32, on uint8 images: the same measure for both sides."""
-    mean_t = torch.tensor(mean).view(1, -1, 1, 1)
-    std_t = torch.tensor(std).view(1, -1, 1, 1)
-    x = (images.float() / 255 - mean_t) / std_t
-    device = next(model.parameters()).device
-    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    seen = []
-    hooks = [bn.register_forward_hook(lambda m, inp, out: seen.append((m, inp[0]))) for bn in bns]
-    ce, bn = [], []
-    try:
-        for chunk, y in zip(x.split(batch), labels.split(batch)):
-            seen.clear()
-            ce.append(F.cross_entropy(model(chunk.to(device)), y.to(device), reduction="none").cpu())
-            bn.append(sum((first_bn_weight if i == 0 else 1.0)
-                          * (torch.norm(a.mean(dim=(0, 2, 3)) - m.running_mean)
-                             + torch.norm(a.var(dim=(0, 2, 3), unbiased=False) - m.running_var))
-                          for i, (m, a) in enumerate(seen)).item())
-    finally:
-        for h in hooks:
-            h.remove()
-    ce = torch.cat(ce)
-    return {"ce_mean": ce.mean().item(), "ce_median": ce.median().item(), "bn_mean": statistics.fmean(bn)}
-
-
-def _to_uint8(x: torch.Tensor, mean, std) -> torch.Tensor:
-    mean_t = torch.tensor(mean).view(1, -1, 1, 1)
-    std_t = torch.tensor(std).view(1, -1, 1, 1)
-    return ((x.cpu() * std_t + mean_t).clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-# --------------------------------------------------------------------------- the worker process
-def _status_mb(key: str) -> float | None:
-    """VmRSS (now) or VmHWM (peak) of this process from /proc, in MB; None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> None:
-    """Restart the VmHWM high-water mark (Linux >= 4.0), so a run's peak is its own. getrusage's
-    ru_maxrss cannot be used: it carries the parent's peak across fork + exec."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss_mb() -> float:
-    peak = _status_mb("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-class _Worker:
-    """Holds the teacher, patches and config of one dataset; runs either side on request."""
-
-    def __init__(self, setup: dict, device: str, threads: int):
-        from fadrm_ray.config import DistillConfig
-        from fadrm_ray.models import load_teacher
-        from fadrm_ray.recover import FrozenTeacher
-
-        torch.set_num_threads(threads)
-        self.device = device
-        self.setup = setup
-        self.base_cfg = DistillConfig.from_dict(setup["cfg"])
-        # Two copies of the weights: the reference's keep requires_grad=True, as a plain loop would.
-        self.ref_model, _ = load_teacher(setup["teacher"], device=device)
-        self.ref_model.eval()
-        engine_model, info = load_teacher(setup["teacher"], device=device)
-        self.teacher = FrozenTeacher(engine_model, in_chans=info.in_chans, first_bn_weight=self.base_cfg.first_bn_weight)
-
-    def cfg(self, iterations: int, overrides: dict):
-        from fadrm_ray.config import DistillConfig
-        d = dict(self.setup["cfg"], **overrides)
-        k = d["k"]
-        d["iterations"] = iterations
-        d["stage_iterations"] = [iterations // (k + 1) + (1 if s < iterations % (k + 1) else 0) for s in range(k + 1)]
-        return DistillConfig.from_dict(d)
-
-    def run(self, side: str, iterations: int, overrides: dict, save: str | None) -> dict:
-        cfg = self.cfg(iterations, overrides)
-        warm_iterations = 2 * (cfg.k + 1)  # two steps per stage: kernels, caches, compiling every stage shape
-        warm = self._run(side, self.cfg(warm_iterations, overrides), keep=False)[0]
-        rss_before = _status_mb("VmRSS")
-        _reset_peak_rss()
-        if self.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        seconds, images = self._run(side, cfg, keep=save is not None)
-        per_iteration = IPC * len(self.setup["classes"])  # image-updates of one iteration of every batch
-        out = {"side": side, "seconds": seconds, "iterations": iterations,
-               "ms_per_image_update": 1000.0 * seconds / (iterations * per_iteration), "warmup_seconds": warm,
-               "warmup_image_updates": warm_iterations * per_iteration,
-               "rss_peak_mb": _peak_rss_mb(), "rss_before_mb": rss_before, "precision": cfg.precision if side == "engine" else "fp32",
-               "pack": cfg.pack if side == "engine" else 1, "channels_last": cfg.channels_last if side == "engine" else False,
-               "compile": cfg.compile if side == "engine" else False}
-        if self.device.startswith("cuda"):
-            out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        if save is not None:
-            torch.save(images, save)
-        return out
-
-    def _run(self, side: str, cfg, keep: bool):
-        from fadrm_ray.recover import final_images, init_state, recover
-
-        s = self.setup
-        classes, patches = s["classes"], s["patches"]
-        labels = torch.tensor(classes)
-        outs = []
-        _sync(self.device)
-        started = time.perf_counter()
-        if side == "reference":
-            for g in range(IPC):
-                x = reference_recover(self.ref_model, patches[g], labels, cfg, s["mean"], s["std"], seed=1000 + g,
-                                      device=self.device)
-                outs.append(x)
-            _sync(self.device)
-            seconds = time.perf_counter() - started
-            images = torch.cat([_to_uint8(x, s["mean"], s["std"]) for x in outs]) if keep else None
-        else:
-            states = []
-            for p in range(0, IPC, cfg.pack):
-                idx = list(range(p, min(IPC, p + cfg.pack)))
-                state = init_state(cfg, classes, idx, patches[idx], s["image_size"], s["channels"], s["mean"], s["std"])
-                states.append(recover(state, [self.teacher], cfg, self.device))
-            _sync(self.device)
-            seconds = time.perf_counter() - started
-            images = torch.cat([final_images(st, [self.teacher], self.device)[0] for st in states]) if keep else None
-        return seconds, images
-
-
-def worker_main(setup_path: str, device: str, threads: int) -> None:
-    """Answer one JSON command per stdin line with one JSON line on stdout."""
-    setup = torch.load(setup_path, weights_only=False)
-    worker = _Worker(setup, device, threads)
-    print(json.dumps({"ready": True, "pid": os.getpid(), "rss_mb": _status_mb("VmRSS"),
-                      "env": {k: os.environ.get(k) for k in _ENV_KEYS}}), flush=True)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd.get("quit"):
-            break
-        try:
-            reply = worker.run(cmd["side"], cmd["iterations"], cmd.get("overrides", {}), cmd.get("save"))
-        except Exception as exc:  # report and go on: the parent decides
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), flush=True)
-
-
-# --------------------------------------------------------------------------- ImageNet-1K setting
-def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: list[str],
-                    channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print) -> dict:
-    """Seconds per image of the engine at the ImageNet-1K setting of docs/method.md section 4.
-
-    ResNet-18 (torchvision, random init: the cost of a step does not depend on the weights),
-    224 px, MRO stages 200/224/200/224, k = 3, alpha 0.5, jitter 32, 100 classes per batch (one
-    image per class) and `pack` batches per forward/backward. The published T = 2000 is timed
-    on `iterations` (split over the same four stages) after a warm-up of two steps per stage,
-    and extrapolated linearly: time / iterations * 2000 / images. `tiny` is a CPU-sized
-    stand-in (32 px, stages 28/32/28/32, 10 classes) to test this code without a GPU.
-    """
-    import torchvision
-
-    from fadrm_ray.config import make_config
-    from fadrm_ray.recover import FrozenTeacher, init_state, recover
-
-    size, low, classes, num_classes, T = (32, 28, 10, 10, 2000) if tiny else (224, 200, 100, 1000, 2000)
-    if device.startswith("cuda"):
-        torch.backends.cudnn.benchmark = True  # fixed shapes per stage: let cuDNN pick its kernels once
-    model = torchvision.models.resnet18(weights=None, num_classes=num_classes).to(device)
-    teacher = FrozenTeacher(model)
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    runs = []
-    for precision in precisions:
-        for pack in packs:
-            overrides = {"ipc": pack, "pack": pack, "iterations": iterations, "precision": precision,
-                         "channels_last": channels_last, "compile": compile, "downsample_size": low,
-                         "classes": list(range(classes))}
-            cfg = make_config("fadrm", overrides=overrides).resolve(size, num_classes, True, torch.device(device).type)
-            gen = torch.Generator().manual_seed(pack)
-            patches = torch.randint(0, 256, (pack, classes, 3, size, size), dtype=torch.uint8, generator=gen)
-
-            def once(c):
-                state = init_state(c, list(range(classes)), list(range(pack)), patches, size, 3, mean, std)
-                _sync(device)
-                started = time.perf_counter()
-                recover(state, [teacher], c, device)
-                _sync(device)
-                return time.perf_counter() - started, state
-
-            warm_cfg = make_config("fadrm", overrides=dict(overrides, iterations=2 * (cfg.k + 1))).resolve(
-                size, num_classes, True, torch.device(device).type)
-            warm_seconds, _ = once(warm_cfg)
-            if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            seconds, state = once(cfg)
-            images = pack * classes
-            finite = bool(torch.isfinite(state.x).all())
-            last = state.history[-1]
-            run = {"precision": cfg.precision, "pack": pack, "images_per_step": images, "iterations": iterations,
-                   "resolutions": cfg.stage_resolutions, "seconds": seconds, "warmup_seconds": warm_seconds,
-                   "ms_per_step": 1000.0 * seconds / iterations,
-                   "ms_per_image_update": 1000.0 * seconds / (iterations * images),
-                   "seconds_per_image_at_T2000": seconds / iterations * T / images,
-                   "images_per_hour": 3600.0 / (seconds / iterations * T / images),
-                   "final_ce": last["ce"][-1] if last["ce"] else None, "final_bn": last["bn"][-1] if last["bn"] else None,
-                   "finite": finite, "channels_last": channels_last, "compile": compile}
-            if device.startswith("cuda"):
-                run["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            else:
-                run["rss_peak_mb"] = _peak_rss_mb()
-            runs.append(run)
-            log(f"  {cfg.precision:>5} pack {pack}: {run['ms_per_step']:.1f} ms/step ({images} images), "
-                f"{run['seconds_per_image_at_T2000']:.3f} s/image at T=2000"
-                + (f", peak {run['gpu_peak_gb']:.2f} GB" if "gpu_peak_gb" in run else "")
-                + ("" if finite else "  NOT FINITE"))
-    teacher.remove_hooks()
-    info = {"device": device, "tiny": tiny, "model": "torchvision resnet18 (random init)", "image_size": size,
-            "classes_per_batch": classes, "T": T, "cudnn_benchmark": device.startswith("cuda"),
-            "torch": torch.__version__, "runs": runs}
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
-# --------------------------------------------------------------------------- the parent
-_ENV_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")
-
-
 def allocator_env() -> dict:
     from fadrm_ray.runtime import ALLOCATOR_ENV
 
     return dict(ALLOCATOR_ENV)
-
-
-class Side:
-    """A worker process for one side, with its own environment."""
-
-    def __init__(self, name: str, setup_path: Path, device: str, threads: int, env: dict, log):
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.recover_speed", "--worker", str(setup_path), "--device", device,
-             "--threads", str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True, env=env,
-            cwd=str(Path(__file__).resolve().parent.parent))
-        self.hello = self._read()
-        log(f"  worker {name}: pid {self.hello['pid']}, env {self.hello['env']}")
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.name} worker exited (status {self.proc.wait()})")
-        return json.loads(line)
-
-    def run(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        reply = self._read()
-        if "error" in reply:
-            raise RuntimeError(f"{self.name} worker: {reply['error']}")
-        return reply
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
 
 
 def bench_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
@@ -468,7 +113,7 @@ def prepare(name: str, out: Path, mode: str, device: str, log) -> tuple[Path, di
     teacher.remove_hooks()
     setup = {"dataset": name, "teacher": str(teacher_path), "teacher_top1": acc, "cfg": cfg.to_dict(),
              "classes": classes, "patches": patches, "mean": list(dataset.mean), "std": list(dataset.std),
-             "image_size": dataset.image_size, "channels": dataset.channels}
+             "image_size": dataset.image_size, "channels": dataset.channels, "ipc": IPC}
     path = out / f"setup-{name}.pt"
     torch.save(setup, path)
     return path, setup
@@ -691,11 +336,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tiny", action="store_true", help="with --imagenet: a CPU-sized stand-in, to test the code")
     p.add_argument("--packs", default="1,2,4", help="with --imagenet: pack sizes")
     p.add_argument("--json-out", default=None, help="with --imagenet: also write the JSON here")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        worker_main(args.worker, args.device, args.threads)
-        return {}
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
     if args.imagenet:

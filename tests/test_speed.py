@@ -6,7 +6,7 @@
   resolutions, give each group the images of its own separate run;
 - channels-last and contiguous runs agree; the teacher stays frozen; no per-step host sync is
   needed for the loss curves;
-- the speed benchmark's reference loop is a working FADRM loop (bench/recover_speed.py).
+- the speed benchmark's reference loop is a working FADRM loop (bench/speed_reference.py).
 """
 import math
 
@@ -209,7 +209,7 @@ def test_compiled_loss_matches_eager(teacher_model):
 
 # --------------------------------------------------------------------------- the benchmark's reference
 def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
-    from bench.recover_speed import image_losses, reference_recover
+    from bench.speed_reference import image_losses, reference_recover
 
     cfg = cfg_for(iterations=40)
     p = patches(1)
@@ -235,7 +235,7 @@ def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
 
 def test_bench_imagenet_timing_runs_in_its_tiny_cpu_form():
     """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages, packing."""
-    from bench.recover_speed import imagenet_timing
+    from bench.speed_imagenet import imagenet_timing
 
     info = imagenet_timing("cpu", packs=[1, 2], iterations=4, precisions=["fp32"], tiny=True, log=lambda m: None)
     assert [r["pack"] for r in info["runs"]] == [1, 2]

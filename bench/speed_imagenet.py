@@ -1,0 +1,85 @@
+"""The `--imagenet` mode of bench/recover_speed.py: the engine alone at the ImageNet-1K setting,
+timed against pack size and precision (bench/gpu_check.sh runs it on a GPU).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bench.speed_worker import peak_rss_mb, sync
+
+
+def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: list[str],
+                    channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print) -> dict:
+    """Seconds per image of the engine at the ImageNet-1K setting of docs/method.md section 4.
+
+    ResNet-18 (torchvision, random init: the cost of a step does not depend on the weights),
+    224 px, MRO stages 200/224/200/224, k = 3, alpha 0.5, jitter 32, 100 classes per batch (one
+    image per class) and `pack` batches per forward/backward. The published T = 2000 is timed
+    on `iterations` (split over the same four stages) after a warm-up of two steps per stage,
+    and extrapolated linearly: time / iterations * 2000 / images. `tiny` is a CPU-sized
+    stand-in (32 px, stages 28/32/28/32, 10 classes) to test this code without a GPU.
+    """
+    import torchvision
+
+    from fadrm_ray.config import make_config
+    from fadrm_ray.recover import FrozenTeacher, init_state, recover
+
+    size, low, classes, num_classes, T = (32, 28, 10, 10, 2000) if tiny else (224, 200, 100, 1000, 2000)
+    if device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True  # fixed shapes per stage: let cuDNN pick its kernels once
+    model = torchvision.models.resnet18(weights=None, num_classes=num_classes).to(device)
+    teacher = FrozenTeacher(model)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    runs = []
+    for precision in precisions:
+        for pack in packs:
+            overrides = {"ipc": pack, "pack": pack, "iterations": iterations, "precision": precision,
+                         "channels_last": channels_last, "compile": compile, "downsample_size": low,
+                         "classes": list(range(classes))}
+            cfg = make_config("fadrm", overrides=overrides).resolve(size, num_classes, True, torch.device(device).type)
+            gen = torch.Generator().manual_seed(pack)
+            patches = torch.randint(0, 256, (pack, classes, 3, size, size), dtype=torch.uint8, generator=gen)
+
+            def once(c):
+                state = init_state(c, list(range(classes)), list(range(pack)), patches, size, 3, mean, std)
+                sync(device)
+                started = time.perf_counter()
+                recover(state, [teacher], c, device)
+                sync(device)
+                return time.perf_counter() - started, state
+
+            warm_cfg = make_config("fadrm", overrides=dict(overrides, iterations=2 * (cfg.k + 1))).resolve(
+                size, num_classes, True, torch.device(device).type)
+            warm_seconds, _ = once(warm_cfg)
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            seconds, state = once(cfg)
+            images = pack * classes
+            finite = bool(torch.isfinite(state.x).all())
+            last = state.history[-1]
+            run = {"precision": cfg.precision, "pack": pack, "images_per_step": images, "iterations": iterations,
+                   "resolutions": cfg.stage_resolutions, "seconds": seconds, "warmup_seconds": warm_seconds,
+                   "ms_per_step": 1000.0 * seconds / iterations,
+                   "ms_per_image_update": 1000.0 * seconds / (iterations * images),
+                   "seconds_per_image_at_T2000": seconds / iterations * T / images,
+                   "images_per_hour": 3600.0 / (seconds / iterations * T / images),
+                   "final_ce": last["ce"][-1] if last["ce"] else None, "final_bn": last["bn"][-1] if last["bn"] else None,
+                   "finite": finite, "channels_last": channels_last, "compile": compile}
+            if device.startswith("cuda"):
+                run["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            else:
+                run["rss_peak_mb"] = peak_rss_mb()
+            runs.append(run)
+            log(f"  {cfg.precision:>5} pack {pack}: {run['ms_per_step']:.1f} ms/step ({images} images), "
+                f"{run['seconds_per_image_at_T2000']:.3f} s/image at T=2000"
+                + (f", peak {run['gpu_peak_gb']:.2f} GB" if "gpu_peak_gb" in run else "")
+                + ("" if finite else "  NOT FINITE"))
+    teacher.remove_hooks()
+    info = {"device": device, "tiny": tiny, "model": "torchvision resnet18 (random init)", "image_size": size,
+            "classes_per_batch": classes, "T": T, "cudnn_benchmark": device.startswith("cuda"),
+            "torch": torch.__version__, "runs": runs}
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
