@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from fadrm_ray import cli
+from fadrm_ray.runtime import ensure_process_env
 
 
 def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec):
@@ -17,6 +18,10 @@ def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec):
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] and sys.argv[1] in cli.HEAVY_COMMANDS:
+        # The command line itself: give the process its OpenMP and allocator settings before
+        # anything loads torch (this may re-execute the command once).
+        ensure_process_env()
     return cli.main(argv, ray_distill=_distill_on_ray)
 
 

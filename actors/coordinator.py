@@ -23,8 +23,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import DistillResult, Unit, plan_units, prepare_run, provenance
-from fadrm_ray.runtime import ALLOCATOR_ENV, ExecutionSpec
+from fadrm_ray.distill import (DistillResult, Unit, checkpointed_units, load_selections, needed_classes, plan_units,
+                               prepare_run, provenance, request_images)
+from fadrm_ray.runtime import ALLOCATOR_ENV, ExecutionSpec, heavy_process_env
 
 
 @contextlib.contextmanager
@@ -52,9 +53,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
 
 @dataclass
 class _Task:
-    unit: Unit
-    stage: int
+    unit: Unit | None            # a stage of a unit, or
+    stage: int = 0
+    label: int | None = None     # the patch scoring of one class (unit None)
     attempts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"patches of class {self.label}" if self.unit is None else f"unit {self.unit.unit_id} stage {self.stage}"
 
 
 class Coordinator:
@@ -68,7 +74,7 @@ class Coordinator:
     def __init__(self, cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
                  out_root: str | Path, workers: int | None = None, cpus_per_worker: float = 1.0,
                  gpus_per_worker: float | None = None, data_root: str | None = None,
-                 max_attempts: int = 3, progress: bool = True):
+                 max_attempts: int = 3, progress: bool = True, share_patches: bool = True):
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.dataset_spec, self.data_root = dataset_spec, data_root
@@ -77,6 +83,7 @@ class Coordinator:
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts
         self.progress = progress
+        self.share_patches = share_patches  # False: every worker scores the classes it needs (bench.scaling)
         if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
             self.gpus_per_worker = gpus_per_worker = 1.0  # one worker per GPU by default
         self.device = "cuda" if gpus_per_worker else "cpu"
@@ -90,7 +97,10 @@ class Coordinator:
             self.close()
             raise
         self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
-        self.units = plan_units(self.cfg, self.dataset.num_classes)
+        # Around the units the run already has: a request for more IPC adds units for the rest only.
+        self.units = plan_units(self.cfg, self.dataset.num_classes, image_size=self.dataset.image_size,
+                                workers=len(self.workers), finished=list(self.store.finished_units()),
+                                partial=checkpointed_units(self.store.layout), device_type=self.device)
         self.stages = self.cfg.k + 1
         self.ledger_path = self.store.layout.ledger
 
@@ -128,10 +138,14 @@ class Coordinator:
         return max(1, int(resources.get("CPU", 1) // self.cpus_per_worker))
 
     def _start_workers(self, count: int) -> list:
+        threads = max(1, int(self.cpus_per_worker))
+        # Each worker process starts with the passive OpenMP policy, OpenMP threads for its CPUs and
+        # the allocator settings (runtime.heavy_process_env): they must be set before torch loads.
         actor = ray.remote(DistillWorker).options(
             num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or 0,
-            max_restarts=3, max_task_retries=0, scheduling_strategy="SPREAD")
-        workers = [actor.remote(self.device, max(1, int(self.cpus_per_worker))) for _ in range(count)]
+            max_restarts=3, max_task_retries=0, scheduling_strategy="SPREAD",
+            runtime_env={"env_vars": heavy_process_env(threads)})
+        workers = [actor.remote(self.device, threads, min(1.0, self.gpus_per_worker or 1.0)) for _ in range(count)]
         self.starting = {w.ping.remote(): w for w in workers}  # answered once the process is up
         return workers
 
@@ -141,9 +155,10 @@ class Coordinator:
 
         started = time.perf_counter()
         tasks, done_stages = self.pending()
-        result = DistillResult(self.store.run_id, self.store.run_dir, 0)
+        result = DistillResult(self.store.run_id, self.store.run_dir, request_images(self.cfg, self.dataset.num_classes),
+                               ipc=self.cfg.ipc)
         result.units_skipped = [u.unit_id for u in self.units if u.unit_id not in {t.unit.unit_id for t in tasks}]
-        self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages,
+        self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
                  resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0})
         workers = self.workers[:len(tasks)]
         try:
@@ -154,6 +169,8 @@ class Coordinator:
                 # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
                 self.context = [ray.put(run_context(self.cfg, self.dataset, self.teacher_paths, self.store,
                                                     self.provenance))]
+                if self.share_patches:
+                    self._share_patches([t.unit for t in tasks if t.stage == 0], workers, result)
                 bar = tqdm(total=len(self.units) * self.stages, initial=done_stages, unit="stage",
                            desc=f"distill {self.store.run_id} ({len(workers)} workers)", disable=not self.progress)
                 try:
@@ -163,13 +180,30 @@ class Coordinator:
         finally:
             self.close()
         seconds = time.perf_counter() - started
-        manifest = self.store.finalize({"seconds": seconds, "executor": "ray", "device": self.device,
-                                        "workers": len(workers), "cpus_per_worker": self.cpus_per_worker,
-                                        "gpus_per_worker": self.gpus_per_worker})
+        if result.units_run or not self.store.is_complete():
+            self.store.finalize({"seconds": seconds, "executor": "ray", "device": self.device, "ipc": self.cfg.ipc,
+                                 "workers": len(workers), "cpus_per_worker": self.cpus_per_worker,
+                                 "gpus_per_worker": self.gpus_per_worker})
         self.log("run_finished", seconds=seconds)
-        result.images = int(manifest["rows"])
         result.seconds = seconds
         return result
+
+    def _share_patches(self, units: list[Unit], workers: list, result: DistillResult) -> None:
+        """Score each class the units need once, one task per class on the workers (the run keeps
+        what it scored before), and add the rankings to the context every stage receives."""
+        labels = needed_classes(units, self.cfg)
+        if not labels:
+            return
+        self.selections = load_selections(self.store.layout, labels)
+        todo = [_Task(None, label=label) for label in labels if label not in self.selections]
+        if todo:
+            self._schedule(deque(todo), workers, None, result)
+        self.context = [self.context[0], ray.put(self.selections)]
+
+    def _submit(self, worker, task: _Task):
+        if task.unit is None:
+            return worker.score_class.remote(task.label, self.context)
+        return worker.run_stage.remote(task.unit, task.stage, self.context)
 
     def _schedule(self, queue: deque, workers: list, bar, result: DistillResult) -> None:
         idle = deque(workers)
@@ -179,13 +213,14 @@ class Coordinator:
         while queue or inflight:
             while queue and idle:
                 worker, task = idle.popleft(), queue.popleft()
-                inflight[worker.run_stage.remote(task.unit, task.stage, self.context)] = (worker, task)
+                inflight[self._submit(worker, task)] = (worker, task)
             if not inflight and not probes:
                 raise RuntimeError(f"no distill worker is left alive; see {self.ledger_path}")
             ready, _ = ray.wait(list(starting) + list(inflight) + list(probes), num_returns=1, timeout=60)
             for ref in ready:
                 if ref in starting:  # a worker's first answer: record where it runs
                     worker = starting.pop(ref)
+                    self.starting.pop(ref, None)
                     try:
                         self.log("worker_started", worker=worker._actor_id.hex(), **ray.get(ref))
                     except RayActorError as exc:
@@ -204,27 +239,34 @@ class Coordinator:
                     reply = ray.get(ref)
                 except (RayActorError, RayTaskError) as exc:
                     task.attempts += 1
-                    self.log("stage_failed", unit=task.unit.unit_id, stage=task.stage, attempt=task.attempts,
-                             worker=worker._actor_id.hex(), error=type(exc).__name__, message=str(exc)[:500])
+                    where = {"label": task.label} if task.unit is None else {"unit": task.unit.unit_id, "stage": task.stage}
+                    self.log("stage_failed" if task.unit is not None else "patches_failed", **where,
+                             attempt=task.attempts, worker=worker._actor_id.hex(), error=type(exc).__name__,
+                             message=str(exc)[:500])
                     if task.attempts >= self.max_attempts:
-                        raise RuntimeError(f"unit {task.unit.unit_id} stage {task.stage} failed "
-                                           f"{task.attempts} times; last error: {str(exc).splitlines()[0]}") from exc
+                        raise RuntimeError(f"{task.name} failed {task.attempts} times; "
+                                           f"last error: {str(exc).splitlines()[0]}") from exc
                     queue.appendleft(task)  # from its last checkpoint, on whichever worker is free
                     if isinstance(exc, RayActorError):
                         probes[worker.ping.remote()] = worker
                     else:
                         idle.append(worker)
                     continue
+                if task.unit is None:
+                    self.selections[reply["label"]] = reply["selection"]
+                    self.log("patches_scored", label=reply["label"], pid=reply["pid"], seconds=reply["seconds"])
+                    idle.append(worker)
+                    continue
                 bar.update(1)
                 self.log("stage_done", unit=task.unit.unit_id, stage=task.stage, pid=reply["pid"],
-                         seconds=reply["seconds"])
+                         seconds=reply["seconds"], patches_scored=reply["patches_scored"])
                 if reply["done"]:
                     self.log("unit_done", unit=task.unit.unit_id, rows=reply["rows"], pid=reply["pid"])
                     result.units_run.append(task.unit.unit_id)
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
                     following = _Task(task.unit, task.stage + 1)
-                    inflight[worker.run_stage.remote(following.unit, following.stage, self.context)] = (worker, following)
+                    inflight[self._submit(worker, following)] = (worker, following)
 
 
 def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],

@@ -11,8 +11,10 @@ import os
 import sys
 
 from actors.cli import main
+from fadrm_ray.runtime import ensure_process_env
 
 if __name__ == "__main__":
+    ensure_process_env()  # before torch loads (may re-execute the job's command once)
     argv = sys.argv[1:]
     address = os.environ.get("RAY_ADDRESS")
     if address and argv and argv[0] in ("distill", "demo") and "--address" not in argv and "--local" not in argv:

@@ -9,6 +9,10 @@ restarted actor simply unpacks it again on its next call. Then it runs stages of
 selects the unit's patches and builds its recover states, every stage ends with a checkpoint of
 the unit's states on the store (so a lost worker costs at most one stage), and the last stage
 writes the unit's part files itself; only small manifests travel back.
+
+Before any stage, the coordinator has each class's real patches scored once (`score_class`,
+one task per class, spread over the workers) and sends the rankings to every worker in a second
+object-store reference beside the run context, so no worker scores a class another one did.
 """
 from __future__ import annotations
 
@@ -23,10 +27,12 @@ import ray
 import torch
 
 from fadrm_ray.config import DistillConfig
-from fadrm_ray.distill import Unit, load_teachers, run_unit_stage, unit_records, unit_states, unit_stats
-from fadrm_ray.recover import RecoverState
+from fadrm_ray.distill import (Unit, load_teachers, run_unit_stage, save_selection, unit_records, unit_states,
+                               unit_stats)
 from fadrm_ray.fileio import atomic_write_bytes
-from fadrm_ray.runtime import tune_allocator
+from fadrm_ray.patches import score_class
+from fadrm_ray.recover import RecoverState
+from fadrm_ray.runtime import process_info, tune_allocator
 from fadrm_ray.store import RunStore
 
 
@@ -64,20 +70,29 @@ def run_context(cfg: DistillConfig, dataset, teacher_paths, store: RunStore, pro
 
 
 class DistillWorker:
-    def __init__(self, device: str = "cpu", num_threads: int = 1):
+    def __init__(self, device: str = "cpu", num_threads: int = 1, gpu_share: float = 1.0):
         tune_allocator()
         self.device = device
         self.num_threads = max(1, int(num_threads))
+        self.gpu_share = gpu_share  # of one GPU, for the memory budget of automatic packing
         torch.set_num_threads(self.num_threads)
         self.context_key: str | None = None
+        self.selections_key: str | None = None
         self.live: dict[str, list[RecoverState]] = {}  # states of units this worker is carrying
 
     def _enter(self, context: list) -> None:
-        """Unpack the run context once per actor life (`context` is [ObjectRef], kept unresolved)."""
-        key = context[0].hex()
+        """Unpack the run context once per actor life (`context` is [ObjectRef] or, once the
+        patches are scored, [ObjectRef, ObjectRef of the selections], kept unresolved)."""
+        self._enter_run(context[0])
+        if len(context) > 1 and context[1].hex() != self.selections_key:
+            self.patch_cache.update(ray.get(context[1]))
+            self.selections_key = context[1].hex()
+
+    def _enter_run(self, ref) -> None:
+        key = ref.hex()
         if key == self.context_key:
             return
-        ctx = ray.get(context[0])
+        ctx = ray.get(ref)
         self.cfg = DistillConfig.from_dict(ctx["cfg"])
         self.dataset = ctx["dataset"]
         self.store = RunStore(ctx["store_root"], ctx["run_id"])
@@ -90,10 +105,22 @@ class DistillWorker:
             self.teachers, _ = load_teachers(paths, self.dataset, self.cfg, self.device)
         self.patch_cache: dict = {}
         self.live = {}
-        self.context_key = key
+        self.context_key, self.selections_key = key, None
 
     def ping(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "device": self.device, "threads": self.num_threads}
+        """Where this worker runs and with what (threads and OpenMP settings it started with)."""
+        return {**process_info(), "host": socket.gethostname(), "device": self.device, "threads": self.num_threads}
+
+    def score_class(self, label: int, context: list) -> dict:
+        """Score the real patches of class `label` for the run, keep the ranking in the run, and
+        return it (small: ranked indices and crop boxes) for the coordinator to share."""
+        torch.set_num_threads(self.num_threads)
+        self._enter(context)
+        started = time.perf_counter()
+        selection = score_class(self.dataset, label, self.cfg, self.teachers, self.device)
+        save_selection(self.store.layout, selection)
+        self.patch_cache[label] = selection
+        return {"label": label, "selection": selection, "pid": os.getpid(), "seconds": time.perf_counter() - started}
 
     def run_stage(self, unit: Unit, stage: int, context: list) -> dict:
         """Run stage `stage` of `unit` (from the checkpoint of stage - 1 unless this worker holds it)."""
@@ -101,14 +128,18 @@ class DistillWorker:
         self._enter(context)
         started = time.perf_counter()
         states = self.live.pop(unit.unit_id, None)
+        known = len(self.patch_cache)
         if states is None or states[0].stage != stage:
             if stage == 0:
-                states = unit_states(unit, self.cfg, self.dataset, self.teachers, self.device, self.patch_cache)
+                states = unit_states(unit, self.cfg, self.dataset, self.teachers, self.device, self.patch_cache,
+                                     self.gpu_share)
             else:
                 states = load_checkpoint(self.store.layout.checkpoint(unit.unit_id, stage))
         run_unit_stage(states, self.teachers, self.cfg, self.device)
         seconds = time.perf_counter() - started
-        reply = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds}
+        # patches_scored: classes this call had to score itself (0 when the coordinator shared them)
+        reply = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds,
+                 "patches_scored": len(self.patch_cache) - known}
         if states[0].done:
             records, packs = unit_records(unit, states, self.teachers, self.device)
             stats = unit_stats(unit, packs, self.device, seconds, worker_pid=os.getpid())

@@ -29,11 +29,12 @@ BASELINES = {"random_real": "random real images", "starting_patches": "its start
 _PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates")
 
 
-def baseline_configs(run_config: dict) -> dict[str, DistillConfig]:
-    """The distill configs of the baselines of a run, from the run's saved config. A run that
-    starts from noise has no starting patches to compare with."""
+def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, DistillConfig]:
+    """The distill configs of the baselines of a run read at `ipc` (default: the largest IPC the
+    run was asked for), from the run's saved config. A run that starts from noise has no
+    starting patches to compare with."""
     cfg = DistillConfig.from_dict(run_config)
-    common = {"ipc": cfg.ipc, "classes": cfg.classes, "seed": cfg.seed}
+    common = {"ipc": ipc or cfg.ipc, "classes": cfg.classes, "seed": cfg.seed}
     out = {"random_real": make_config("random-real", overrides=common)}
     if cfg.init == "real":
         patch = {k: getattr(cfg, k) for k in _PATCH_KEYS}
@@ -48,27 +49,28 @@ def _summary(ev: dict) -> dict:
 
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
-                            device: str = "cpu", progress: bool = True) -> dict:
+                            device: str = "cpu", progress: bool = True, ipc: int | None = None) -> dict:
     """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
     and soft labels) and `gains` (the run's top-1 minus each baseline's, in points).
 
     The baselines are distilled with the run's own teachers (patch scores depend on them); the
     students of all three learn from `teachers` (default: the run's). A baseline that cannot be
-    built (a teacher file gone) is reported with its error instead of a number.
+    built (a teacher file gone) is reported with its error instead of a number. `ipc` reads the
+    run, and builds the baselines, at that IPC (as `evaluate_run` does).
     """
-    reader = open_run(run_dir)
+    reader = open_run(run_dir, ipc=ipc)
     dataset = run_dataset(reader, dataset)
     result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
-                          device=device, progress=progress)
+                          device=device, progress=progress, ipc=ipc)
     baselines, gains = {}, {}
-    for name, bcfg in baseline_configs(reader.config).items():
+    for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:
             with torch_threads(num_threads):
                 run = distill_local(bcfg, dataset, run_teachers(reader), Path(reader.run_dir).parent,
                                     device=device, progress=False)
             ev = result if run.run_id == reader.run_id else evaluate_run(
                 run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
-                progress=progress)
+                progress=progress, ipc=run.ipc)
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = {"error": str(exc)}
             continue

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from fadrm_ray.runtime import ExecutionSpec
+from fadrm_ray.runtime import ExecutionSpec, ensure_process_env, torch_threads
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
 
 EXIT_BAD_INPUT = 2
+# Subcommands that train or distill: their process starts with runtime.heavy_process_env.
+HEAVY_COMMANDS = ("squeeze", "distill", "evaluate", "demo")
 
 
 class CLIError(Exception):
@@ -77,6 +79,7 @@ def _emit(args, payload: dict, human: str) -> None:
 def cmd_squeeze(args) -> None:
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.data import get_dataset
+    from fadrm_ray.runtime import process_info
     from fadrm_ray.settings import SqueezeConfig, layered
     from fadrm_ray.squeeze import squeeze
 
@@ -86,7 +89,7 @@ def cmd_squeeze(args) -> None:
     result = squeeze(dataset, cfg, out_dir=args.out, num_threads=args.threads, progress=not args.quiet)
     payload = {"teacher": str(result.path), "model": cfg.model, "dataset": dataset.name,
                "test_accuracy": result.test_accuracy, "train_seconds": result.train_seconds,
-               "epochs": result.epochs, "config": cfg.model_dump(mode="json")}
+               "epochs": result.epochs, "config": cfg.model_dump(mode="json"), "process": process_info()}
     _emit(args, payload, f"teacher {cfg.model} on {dataset.name}: test top-1 {result.test_accuracy:.2f}% "
                          f"after {result.epochs} epochs ({result.train_seconds:.1f} s)\nwritten to {result.path}")
 
@@ -116,10 +119,12 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
         result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress)
     else:
         result = _needs_ray(ray_distill)(cfg, args.dataset, args.teacher, args.out, spec)
-    payload = result.to_dict()
+    from fadrm_ray.runtime import process_info
+
+    payload = {**result.to_dict(), "process": process_info()}
     _emit(args, payload, f"distilled {result.images} images ({len(result.units_run)} units run, "
                          f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s\n"
-                         f"run: {result.run_dir}")
+                         f"run: {result.run_dir} (read it at this IPC with --ipc {result.ipc})")
 
 
 def cmd_export(args) -> None:
@@ -127,9 +132,9 @@ def cmd_export(args) -> None:
 
     classes = _parse_classes(args.classes)
     if args.format == "imagefolder":
-        count = export_imagefolder(args.run, args.out, classes=classes)
+        count = export_imagefolder(args.run, args.out, classes=classes, ipc=args.ipc)
     else:
-        count = export_tensors(args.run, args.out, classes=classes)
+        count = export_tensors(args.run, args.out, classes=classes, ipc=args.ipc)
     _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count},
           f"exported {count} images as {args.format} to {args.out}")
 
@@ -139,16 +144,18 @@ def cmd_evaluate(args) -> None:
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
+    from fadrm_ray.runtime import process_info
     from fadrm_ray.settings import EvalConfig, layered
 
     cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),
                   flags={"student": args.student, "epochs": args.epochs, "seeds": args.seeds,
                          "soft_labels": args.soft_labels, "protocol": args.protocol})
     if args.baselines:
-        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
+        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet, ipc=args.ipc)
     else:
-        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet)
+        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet, ipc=args.ipc)
     result["report"] = write_report(args.run, evaluation=result)
+    result["process"] = process_info()
     per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
     lines = [f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
              f"± {result['top1_std']:.2f}% over {len(result['top1_per_seed'])} seeds ({per_seed})"]
@@ -166,7 +173,7 @@ def cmd_info(args) -> None:
     from fadrm_ray.report import report_files
     from fadrm_ray.store import open_run
 
-    info = open_run(args.run).info()
+    info = open_run(args.run, ipc=args.ipc).info()
     info["report"] = report_files(args.run)
     if args.json:
         print(json.dumps(info, default=str))
@@ -216,6 +223,7 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     parser = argparse.ArgumentParser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     data_help = "digits, mnist-sample, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+    ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
     p.add_argument("--dataset", required=True, help=data_help)
@@ -247,11 +255,13 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
     p.add_argument("--format", choices=["imagefolder", "pt"], default="imagefolder")
     p.add_argument("--classes", default=None)
+    p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.add_argument("--student", default=None, help="student model name (default convnet-bn)")
     p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the protocol)")
     p.add_argument("--seeds", type=int, default=None, help="students trained, seeds 0..N-1 (default 3)")
@@ -269,6 +279,7 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
 
     p = sub.add_parser("info", parents=[common], help="describe a run: config, classes, rows, timings")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("demo", parents=[common, execution], help="the whole pipeline on an offline dataset (main job)")
@@ -287,7 +298,9 @@ def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = No
     parser = build_parser(ray_distill)
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        # --threads is the torch thread count of the whole command (every phase it runs).
+        with torch_threads(getattr(args, "threads", None) if args.command in HEAVY_COMMANDS else None):
+            args.func(args)
     except _user_errors() as exc:
         if os.environ.get("FADRM_DEBUG"):
             raise
@@ -300,4 +313,6 @@ def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = No
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] and sys.argv[1] in HEAVY_COMMANDS:
+        ensure_process_env()  # before torch loads (may re-execute this command once)
     sys.exit(main())

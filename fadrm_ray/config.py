@@ -34,6 +34,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 NonNegative = Annotated[float, Field(strict=True, ge=0)]
 
+# Fields that change how fast a run goes but not its images (beyond float rounding).
+SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile")
+# Left out of the run id: the speed fields, and the IPC (a run grows or is read at any IPC).
+NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc")
+
 
 class DistillConfig(Settings):
     """Every knob of a distillation run; `resolve` fills in what depends on the dataset."""
@@ -79,12 +84,15 @@ class DistillConfig(Settings):
     # auto = bf16 on a CPU that has it, fp16 + GradScaler on CUDA.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
 
-    # Scheduling: how a run is cut into units of work.
+    # Scheduling: which classes share a batch (this one changes the images: BatchNorm statistics
+    # and the augmentation seed are per batch).
     classes_per_batch: Index = 100       # classes in one batch (one image per class; 100 as published); 0 = all
-    ipc_per_unit: Count = 1              # IPC indices in one unit of work
-    pack: Count = 1                      # IPC batches optimized together in one forward/backward
 
-    # Speed only: how fast the loop runs, not what it computes (beyond float rounding).
+    # Speed only: how fast the loop runs, not what it computes (beyond float rounding). These
+    # are left out of the run id (`identity`), so changing one resumes the same run.
+    # auto = from the device, the workers, the image size and the IPC (fadrm_ray/packing.py).
+    ipc_per_unit: Count | Literal["auto"] = "auto"  # IPC indices in one unit of work
+    pack: Count | Literal["auto"] = "auto"          # IPC batches optimized together in one forward/backward
     channels_last: Flag = True           # channels-last activations (faster convs and pooling on CPU)
     compile: Flag = False                # torch.compile the teacher's loss (compiled once per input shape)
 
@@ -105,6 +113,13 @@ class DistillConfig(Settings):
     @property
     def uses_arc(self) -> bool:
         return self.k > 0 and self.alpha < 1
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide the pixels of an image: every field but the speed-only ones
+        and `ipc`. An image depends on its class set, its IPC index, the seed and these settings,
+        not on how many images were asked for (docs/method.md section 2), so one run holds every
+        IPC of the same settings: a larger IPC adds images to it, a smaller one reads a prefix."""
+        return {k: v for k, v in self.to_dict().items() if k not in NOT_IN_IDENTITY}
 
     # ------------------------------------------------------------------ resolution
     def stage_budgets(self) -> list[int]:

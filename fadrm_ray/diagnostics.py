@@ -67,7 +67,8 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
                 run = distill_local(cfg, dataset, [teacher_path], store_root, progress=False)
-                ev = evaluate_run(run.run_dir, evaluation, dataset=dataset, teachers=[teacher_path], progress=False)
+                ev = evaluate_run(run.run_dir, evaluation, dataset=dataset, teachers=[teacher_path], progress=False,
+                                  ipc=run.ipc)
                 rows[key].append({"budget": int(budget), "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
                                   "top1_per_seed": ev["top1_per_seed"], "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})

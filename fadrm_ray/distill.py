@@ -5,12 +5,19 @@
 one image per class) times a range of IPC indices; its result depends only on the config,
 the dataset, the teachers and the seed, so units can run anywhere, in any order, and a
 finished unit found in the store is never recomputed.
+
+A run is identified by what decides its pixels (`DistillConfig.identity`: not the IPC, not the
+speed settings), so asking the same run for a larger IPC adds units for the missing IPC indices
+only, and a smaller IPC is read from the units already there (`open_run(run_dir, ipc=...)`).
+`plan_units` plans around the units a run already has, finished or checkpointed, so a unit
+never overlaps another whatever block sizes earlier requests used.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +29,15 @@ from fadrm_ray import __version__
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
-from fadrm_ray.patches import select_patches
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.packing import block_size, pack_limit, split_evenly
+from fadrm_ray.patches import ClassSelection, score_class, scored, select_patches
 from fadrm_ray.recover import FrozenTeacher, RecoverState, final_images, init_state, run_stage
 from fadrm_ray.runtime import tune_allocator
 from fadrm_ray.store import ImageRecord, RunStore
+
+
+_UNIT_ID = re.compile(r"^shard(\d+)-ipc(\d+)-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -47,18 +59,72 @@ class Unit:
     def images(self) -> int:
         return len(self.classes) * (self.ipc_end - self.ipc_start)
 
+    @staticmethod
+    def parse_id(unit_id: str) -> tuple[int, int, int] | None:
+        """(shard, ipc_start, ipc_end) of a unit id; None for any other name."""
+        m = _UNIT_ID.match(unit_id)
+        return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
-def plan_units(cfg: DistillConfig, num_classes: int) -> list[Unit]:
+
+def shards_of(cfg: DistillConfig, num_classes: int) -> list[tuple[int, ...]]:
+    """The class shards of a run: `classes_per_batch` classes each, in class order."""
     classes = list(cfg.classes) if cfg.classes is not None else list(range(num_classes))
     per_batch = cfg.classes_per_batch or len(classes)
-    shards = [tuple(classes[i:i + per_batch]) for i in range(0, len(classes), per_batch)]
-    return [Unit(s, shard, start, min(start + cfg.ipc_per_unit, cfg.ipc))
-            for s, shard in enumerate(shards) for start in range(0, cfg.ipc, cfg.ipc_per_unit)]
+    return [tuple(classes[i:i + per_batch]) for i in range(0, len(classes), per_batch)]
+
+
+def plan_units(cfg: DistillConfig, num_classes: int, *, image_size: int | None = None, workers: int = 1,
+               finished: Sequence[str] = (), partial: Sequence[str] = (), device_type: str = "cpu") -> list[Unit]:
+    """The units that cover IPC indices [0, cfg.ipc) of every shard, sorted.
+
+    Units the run already has are kept as they are: `finished` ones (skipped by the executor)
+    and `partial` ones (checkpointed, resumed) that overlap no finished unit. The IPC indices
+    none of them covers are cut into new units of `ipc_per_unit` (packing.block_size for auto,
+    from the number of `workers`), so a run asked for IPC 10 and then 20 adds units for 10-19.
+    """
+    shards = shards_of(cfg, num_classes)
+    kept: dict[int, list[tuple[int, int]]] = {s: [] for s in range(len(shards))}
+    for ids in (finished, partial):
+        for unit_id in ids:
+            parsed = Unit.parse_id(unit_id)
+            if parsed is None or parsed[0] not in kept:
+                continue
+            s, start, end = parsed
+            if start < cfg.ipc and all(end <= a or b <= start for a, b in kept[s]):
+                kept[s].append((start, end))
+    missing = {s: [i for i in range(cfg.ipc) if not any(a <= i < b for a, b in kept[s])] for s in kept}
+    size = block_size(cfg, max((len(m) for m in missing.values()), default=0), len(shards), workers,
+                      max(len(shard) for shard in shards), image_size or max(cfg.stage_resolutions or [1]),
+                      device_type)
+    units = [Unit(s, shards[s], a, b) for s in kept for a, b in kept[s]]
+    for s, todo in missing.items():
+        runs: list[list[int]] = []
+        for i in todo:  # consecutive runs of missing indices
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        units += [Unit(s, shards[s], piece[0], piece[-1] + 1)
+                  for run in runs for piece in chunks(run, size, cfg.ipc_per_unit == "auto")]
+    return sorted(units, key=lambda u: (u.shard, u.ipc_start))
+
+
+def checkpointed_units(layout: RunLayout) -> list[str]:
+    """Ids of the units with a stage checkpoint in the run (begun on Ray, not yet written)."""
+    return sorted({parsed[0] for path in layout.checkpoints() if (parsed := layout.checkpoint_stage(path))})
+
+
+def chunks(items: list, size: int, even: bool) -> list[list]:
+    """Consecutive pieces of at most `size`: of equal lengths (an automatic size), or of exactly
+    `size` but the last (a size the user set)."""
+    return split_evenly(items, size) if even else [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def make_run_id(cfg: DistillConfig, dataset_fingerprint: str, teacher_hashes: Sequence[str]) -> str:
-    """Same resolved config, data and teachers -> same run id, so a rerun resumes."""
-    payload = json.dumps({"config": cfg.to_dict(), "dataset": dataset_fingerprint,
+    """Same pixel-deciding settings (`DistillConfig.identity`), data and teachers -> same run id,
+    so a rerun resumes, and a rerun at another IPC or with other speed settings grows or reads
+    the same run."""
+    payload = json.dumps({"config": cfg.identity(), "dataset": dataset_fingerprint,
                           "teachers": list(teacher_hashes)}, sort_keys=True)
     return f"{cfg.preset.replace('+', 'plus')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
 
@@ -96,25 +162,34 @@ def provenance(cfg: DistillConfig, dataset: ImageDataset, infos: Sequence[Teache
 
 
 def unit_states(unit: Unit, cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[FrozenTeacher],
-                device: str = "cpu", patch_cache: dict | None = None) -> list[RecoverState]:
-    """Select the unit's patches and build one recover state per pack of `cfg.pack` IPC indices."""
+                device: str = "cpu", patch_cache: dict | None = None, gpu_share: float = 1.0) -> list[RecoverState]:
+    """Select the unit's patches and build one recover state per pack of IPC indices (at most
+    `packing.pack_limit` of them; with `downsample_size: auto` only groups of the same stage
+    resolutions share a pack, since each group's resolutions come from its own patches)."""
     patches = None
     if cfg.init == "real":
         patches = select_patches(dataset, unit.classes, unit.ipc_indices, cfg, teachers, device, patch_cache)
-    states = []
-    for p in range(0, len(unit.ipc_indices), cfg.pack):
-        states.append(init_state(cfg, unit.classes, unit.ipc_indices[p:p + cfg.pack],
-                                 None if patches is None else patches[p:p + cfg.pack],
-                                 dataset.image_size, dataset.channels, dataset.mean, dataset.std))
-    return states
+
+    def state(members: list[int]) -> RecoverState:
+        return init_state(cfg, unit.classes, [unit.ipc_indices[g] for g in members],
+                          None if patches is None else patches[members],
+                          dataset.image_size, dataset.channels, dataset.mean, dataset.std)
+
+    by_schedule: dict[tuple, list[int]] = {}
+    for g in range(len(unit.ipc_indices)):
+        schedule = tuple(cfg.stage_resolutions) if cfg.stage_resolutions is not None else tuple(state([g]).resolutions)
+        by_schedule.setdefault(schedule, []).append(g)
+    limit = pack_limit(cfg, len(unit.classes), dataset.image_size, dataset.channels, teachers, device, gpu_share)
+    return [state(members) for group in by_schedule.values() for members in chunks(group, limit, cfg.pack == "auto")]
 
 
 def run_unit_stage(states: Sequence[RecoverState], teachers: Sequence[FrozenTeacher], cfg: DistillConfig,
                    device: str = "cpu", on_step: Callable[[int], None] | None = None) -> int:
-    """Run the next stage of every pack of a unit; returns the stage that ran."""
+    """Run the next stage of every pack of a unit; returns the stage that ran. `on_step` counts
+    batch-iterations (one IPC batch through one iteration), whatever the packing."""
     stage = states[0].stage
     for state in states:
-        run_stage(state, teachers, cfg, device, on_step)
+        run_stage(state, teachers, cfg, device, None if on_step is None else (lambda n, g=state.groups: on_step(n * g)))
     return stage
 
 
@@ -152,22 +227,68 @@ def distill_unit(unit: Unit, cfg: DistillConfig, dataset: ImageDataset, teachers
 
 
 def steps_of(units: Sequence[Unit], cfg: DistillConfig) -> int:
-    """Optimizer steps a list of units takes (for progress bars)."""
-    return cfg.iterations * sum(-(-len(u.ipc_indices) // cfg.pack) for u in units)
+    """Batch-iterations a list of units takes (for progress bars; the same for any packing)."""
+    return cfg.iterations * sum(len(u.ipc_indices) for u in units)
+
+
+# --------------------------------------------------------------------------- patch selections
+def needed_classes(units: Sequence[Unit], cfg: DistillConfig) -> list[int]:
+    """Classes whose scored patches the units need (none unless the config scores patches)."""
+    return sorted({c for u in units for c in u.classes}) if scored(cfg) else []
+
+
+def load_selections(layout: RunLayout, labels: Sequence[int]) -> dict[int, ClassSelection]:
+    """The selections of `labels` the run has kept (a run scores each class once, whatever the
+    requests, workers and restarts); unreadable files count as missing."""
+    out = {}
+    for label in labels:
+        try:
+            selection = ClassSelection.from_dict(json.loads(layout.patch_selection(label).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if selection.label == label:
+            out[label] = selection
+    return out
+
+
+def save_selection(layout: RunLayout, selection: ClassSelection) -> None:
+    from fadrm_ray.fileio import atomic_write_text
+
+    atomic_write_text(layout.patch_selection(selection.label), json.dumps(selection.to_dict()))
+
+
+def prepare_patches(store: RunStore, units: Sequence[Unit], cfg: DistillConfig, dataset: ImageDataset,
+                    teachers: Sequence[FrozenTeacher], device: str = "cpu") -> tuple[dict, list[int], float]:
+    """The selections `units` need, read from the run or scored here (and kept in the run):
+    (label -> ClassSelection, the labels scored now, seconds spent scoring)."""
+    labels = needed_classes(units, cfg)
+    cache = load_selections(store.layout, labels)
+    started, fresh = time.perf_counter(), []
+    for label in labels:
+        if label not in cache:
+            cache[label] = score_class(dataset, label, cfg, teachers, device)
+            save_selection(store.layout, cache[label])
+            fresh.append(label)
+    return cache, fresh, time.perf_counter() - started
 
 
 @dataclass
 class DistillResult:
     run_id: str
     run_dir: Path
-    images: int
+    images: int                  # images of this request: every class at IPC indices [0, ipc)
     units_run: list[str] = field(default_factory=list)
     units_skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    ipc: int | None = None       # the IPC asked for; read the run at it with open_run(run_dir, ipc=ipc)
 
     def to_dict(self) -> dict:
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "images": self.images,
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "images": self.images, "ipc": self.ipc,
                 "units_run": self.units_run, "units_skipped": self.units_skipped, "seconds": self.seconds}
+
+
+def request_images(cfg: DistillConfig, num_classes: int) -> int:
+    return len(cfg.classes if cfg.classes is not None else range(num_classes)) * cfg.ipc
 
 
 def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
@@ -181,8 +302,24 @@ def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequen
     teachers, infos = load_teachers(teacher_paths, dataset, cfg, device)
     run_id = make_run_id(cfg, dataset.fingerprint(), [i.sha256 for i in infos])
     store = RunStore(out_root, run_id)
-    store.write_config(cfg.to_dict())
+    store.write_config(run_config(cfg, store.layout))
     return cfg, teachers, infos, store
+
+
+def run_config(cfg: DistillConfig, layout: RunLayout) -> dict:
+    """What config.yaml records: this request's resolved config, with `ipc` the largest IPC the
+    run has been asked for (the images present are what the manifests list)."""
+    import yaml
+
+    saved = {}
+    if layout.config.is_file():
+        try:
+            saved = yaml.safe_load(layout.config.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            saved = {}
+    before = saved.get("ipc") if isinstance(saved, dict) else None
+    ipc = max(cfg.ipc, before) if isinstance(before, int) and not isinstance(before, bool) else cfg.ipc
+    return {**cfg.to_dict(), "ipc": ipc}
 
 
 def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
@@ -195,20 +332,23 @@ def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequ
     device = device or default_device()
     cfg, teachers, infos, store = prepare_run(cfg, dataset, teacher_paths, out_root, device)
     prov = provenance(cfg, dataset, infos, store.run_id)
-    units = plan_units(cfg, dataset.num_classes)
     done = store.finished_units()
+    units = plan_units(cfg, dataset.num_classes, image_size=dataset.image_size, finished=list(done),
+                       partial=checkpointed_units(store.layout), device_type=torch.device(device).type)
     todo = [u for u in units if u.unit_id not in done]
+    result = DistillResult(store.run_id, store.run_dir, request_images(cfg, dataset.num_classes),
+                           units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc)
+    # Every class's patches are scored once, before any unit, and kept in the run.
+    cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, device)
     steps = steps_of(todo, cfg)
-    result = DistillResult(store.run_id, store.run_dir, 0, units_skipped=[u.unit_id for u in units if u.unit_id in done])
-    cache: dict = {}
-    with tqdm(total=steps, desc=f"distill {store.run_id}", unit="it", disable=not progress or steps == 0) as bar:
+    with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it", disable=not progress or steps == 0) as bar:
         for unit in todo:
             records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
             store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
             result.units_run.append(unit.unit_id)
     result.seconds = time.perf_counter() - started
-    summary = {"seconds": result.seconds, "executor": "local", "device": device,
-               "threads": torch.get_num_threads(), "pid": os.getpid()}
-    manifest = store.finalize(summary)
-    result.images = int(manifest["rows"])
+    if result.units_run or not store.is_complete():
+        store.finalize({"seconds": result.seconds, "executor": "local", "device": device, "ipc": cfg.ipc,
+                        "threads": torch.get_num_threads(), "pid": os.getpid(),
+                        "patch_seconds": patch_seconds, "patches_scored": len(scored_now)})
     return result

@@ -313,15 +313,18 @@ def run_teachers(reader) -> list[str]:
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
-                 progress: bool = True, cache: bool = True) -> dict:
+                 progress: bool = True, cache: bool = True, ipc: int | None = None) -> dict:
     """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
+
+    `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
+    that IPC asked for); None takes every image the run holds.
 
     Teachers default to the run's provenance (their sha256 is checked); the dataset defaults to
     the one the run was distilled from (its fingerprint is checked, since a different test split
     would make the number meaningless). Stored soft labels go to the run's soft-label folder.
     The result is cached in the run (module docstring); `cache=False` neither reads nor writes it.
     """
-    reader = open_run(run_dir)
+    reader = open_run(run_dir, ipc=ipc)
     dataset = run_dataset(reader, dataset)
     teachers = run_teachers(reader) if teachers is None else teachers
     images, labels, _ = reader.read()
@@ -343,7 +346,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
                              progress=progress, soft_label_dir=reader.layout.soft_labels)
     result.update(run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
-                  ipc=reader.config.get("ipc"), content_hash=reader.content_hash())
+                  ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash())
     if cache:
         atomic_write_text(cached, json.dumps(to_plain(result)))
     return result

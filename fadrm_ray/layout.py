@@ -7,6 +7,7 @@ Layout of one run::
     units/<unit_id>.json                          one manifest per finished unit (files + sha256)
     manifest.json                                 the run manifest, written when the run completes
     checkpoints/<unit_id>.after<stage>.pt         recover states of a unit after `stage` stages (Ray runs)
+    patches/label=<c>.json                        the scored ranking of class c's real patches (scored once per run)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
     soft_labels/                                  teacher soft labels kept by `evaluate --soft-labels stored`
     evaluations/<key>.json                        every evaluation of the run, by what decides its result
@@ -27,6 +28,7 @@ _CONFIG = "config.yaml"
 _MANIFEST = "manifest.json"
 _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
+_PATCHES = "patches"
 _LEDGER = "ledger.jsonl"
 _SOFT_LABELS = "soft_labels"
 _REPORT = "report"
@@ -165,6 +167,11 @@ class RunLayout:
             return unit_id, int(rest.removesuffix(".pt"))
         except ValueError:
             return None
+
+    # -- patch selections
+    def patch_selection(self, label: int) -> Path:
+        """The scored patch ranking of one class (patches.ClassSelection as JSON)."""
+        return self.run_dir / _PATCHES / f"label={int(label)}.json"
 
     # -- evaluations
     @property

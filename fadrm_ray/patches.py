@@ -3,16 +3,26 @@
 RDED-style: for class c, cut a few random square crops from each candidate image, score every
 crop by the teacher's cross-entropy for c, keep each image's best crop, rank the images by that
 score and take them in rank order ("easy": lowest CE first; "medium": from the middle of the
-ranking). "random" takes one random crop of a random image, "whole" a random whole image (the
-random-real baseline).
+ranking outwards). "random" takes one random crop of a random image, "whole" a random whole
+image (the random-real baseline).
 
 The patch of (class c, IPC index i) is a function of the dataset, the teacher(s), the config and
-the seed only, so every worker that needs it computes the same one.
+the seed only: not of the IPC asked for, nor of the worker that computes it. So a run can grow
+from IPC 10 to 20 without touching indices 0-9, and any worker that needs a patch computes the
+same one.
+
+Scoring is the expensive part (every crop of every candidate through the teacher), and its
+result is small: the ranked candidates and the box of each one's best crop. `score_class`
+returns that as a `ClassSelection`, which a run computes once per class and shares (the Ray
+coordinator sends it to every worker; the run directory keeps it for later requests);
+`class_patch_images` then cuts the patches of any IPC indices from it without the teacher.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,15 +32,37 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 
+Box = tuple[int, int, int]  # (top, left, side) of a square crop
 
-def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
-                  teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu",
-                  batch_size: int = 256) -> torch.Tensor:
-    """uint8 (cfg.ipc, C, D, D): the patches of every IPC index of class `label`, in order.
+# Crops per scoring forward: enough pixels to keep the device busy, few enough to stay in cache
+# on a CPU (larger batches of 32-px crops were slower there, not faster).
+_SCORE_PIXELS = {"cpu": 1 << 17, "cuda": 1 << 22}
 
-    When the class has fewer candidate images than IPC, the ranking is reused from the top
-    (a 10-image class at IPC 20 yields each image's best crop twice).
-    """
+
+def scored(cfg: DistillConfig) -> bool:
+    """Whether the config's patches come from teacher scores (easy, medium), the costly kind."""
+    return cfg.init == "real" and cfg.patch_selection in ("easy", "medium")
+
+
+@dataclass(frozen=True)
+class ClassSelection:
+    """The ranking of one class: train-split indices, lowest teacher CE first, and the box of
+    each one's best crop. What scoring produces; every patch of a scored selection is cut from it."""
+
+    label: int
+    ranked: tuple[int, ...]
+    boxes: tuple[Box, ...]
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "ranked": list(self.ranked), "boxes": [list(b) for b in self.boxes]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ClassSelection":
+        return cls(int(d["label"]), tuple(int(i) for i in d["ranked"]), tuple(tuple(int(v) for v in b) for b in d["boxes"]))
+
+
+def _candidates(dataset: ImageDataset, label: int, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Generator]:
+    """The class's shuffled candidate images, and the generator that goes on to draw their crops."""
     gen = seeded_generator("patches", cfg.seed, label)  # a function of (seed, class) only
     candidates = dataset.train.indices_of_class(label)
     if candidates.numel() == 0:
@@ -38,26 +70,97 @@ def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
     candidates = candidates[torch.randperm(candidates.numel(), generator=gen)]
     if cfg.patch_candidates:
         candidates = candidates[: cfg.patch_candidates]
-    n, size = candidates.numel(), dataset.image_size
-    picks = [i % n for i in range(cfg.ipc)]
+    return candidates, gen
 
-    if cfg.patch_selection == "whole":
-        return dataset.train.load(candidates[picks])
-    if cfg.patch_selection == "random":
-        images = dataset.train.load(candidates[picks])
-        return random_crops(images, 1, cfg.patch_crop_scale, size, gen)
+
+def draw_boxes(gen: torch.Generator, count: int, scale: tuple[float, float], h: int, w: int) -> list[Box]:
+    """`count` random square crop boxes, drawn one after the other (three uniforms each): area a
+    uniform fraction of the image in `scale`, position uniform."""
+    boxes = []
+    for _ in range(count):
+        u = torch.rand(3, generator=gen).tolist()
+        frac = scale[0] + (scale[1] - scale[0]) * u[0]
+        side = max(1, min(h, w, int(round(math.sqrt(frac * h * w)))))
+        boxes.append((int(u[1] * (h - side + 1)), int(u[2] * (w - side + 1)), side))
+    return boxes
+
+
+def cut(images: torch.Tensor, boxes: Sequence[Box], size: int) -> torch.Tensor:
+    """uint8 crops (len(boxes), C, size, size): box j cut from images[j] and resized (bilinear,
+    antialiased), rounded to uint8. Crops of one side are resized in one call; the resize treats
+    every image on its own, so a crop is the same whether it is cut alone or with others."""
+    out = torch.empty((len(boxes), images.shape[1], size, size), dtype=torch.uint8)
+    by_side: dict[int, list[int]] = {}
+    for j, (_, _, side) in enumerate(boxes):
+        by_side.setdefault(side, []).append(j)
+    for side, rows in by_side.items():
+        batch = torch.stack([images[j, :, boxes[j][0]:boxes[j][0] + side, boxes[j][1]:boxes[j][1] + side]
+                             for j in rows]).float()
+        if side != size:
+            batch = F.interpolate(batch, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        out[rows] = batch.round().clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers: Sequence[FrozenTeacher],
+                device: str | torch.device = "cpu") -> ClassSelection:
+    """Score `patch_crops` crops of every candidate of class `label` and rank the candidates by
+    their best crop (a stable sort). `cfg` must be resolved (its precision is the scoring's)."""
     if not teachers:
         raise ValueError(f"patch_selection {cfg.patch_selection!r} scores crops with the teacher; none was given")
-
+    candidates, gen = _candidates(dataset, label, cfg)
+    n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
     images = dataset.train.load(candidates)
-    crops = random_crops(images, cfg.patch_crops, cfg.patch_crop_scale, size, gen)  # (n * m, C, D, D)
-    scores = crop_scores(crops, label, dataset, teachers, device, batch_size)
-    best = scores.view(n, cfg.patch_crops).argmin(dim=1)
-    best_crops = crops.view(n, cfg.patch_crops, *crops.shape[1:])[torch.arange(n), best]
-    ranking = scores.view(n, cfg.patch_crops).min(dim=1).values.argsort(stable=True)
-    start = 0 if cfg.patch_selection == "easy" else max(0, (n - cfg.ipc) // 2)
-    order = ranking[[(start + p) % n for p in picks]]
-    return best_crops[order]
+    boxes = draw_boxes(gen, n * m, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])  # image by image
+    crops = cut(images.repeat_interleave(m, dim=0), boxes, size)
+    scores = crop_scores(crops, label, dataset, teachers, device, cfg.precision, cfg.channels_last).view(n, m)
+    best = scores.argmin(dim=1)
+    ranking = scores.min(dim=1).values.argsort(stable=True).tolist()
+    return ClassSelection(label, tuple(int(candidates[r]) for r in ranking),
+                          tuple(boxes[r * m + int(best[r])] for r in ranking))
+
+
+def rank_position(selection: str, i: int, n: int) -> int:
+    """The rank IPC index `i` takes among `n` ranked images. easy: i itself. medium: the middle
+    rank, then alternately the ranks just below and above it, so that any IPC takes a window
+    centred in the ranking and a larger IPC only adds ranks at its two ends. Past n the order
+    starts over (a class with fewer images than the IPC reuses them)."""
+    i %= n
+    if selection == "easy":
+        return i
+    return n // 2 + (i // 2 if i % 2 == 0 else -(i + 1) // 2)
+
+
+def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[int], cfg: DistillConfig,
+                       selection: ClassSelection | None = None) -> torch.Tensor:
+    """uint8 (len(ipc_indices), C, D, D): the patches of these IPC indices of class `label`.
+
+    Scored modes need the class's `selection`; "random" and "whole" need nothing but the data.
+    """
+    indices = [int(i) for i in ipc_indices]
+    size = dataset.image_size
+    if cfg.patch_selection in ("easy", "medium"):
+        if selection is None:
+            raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")
+        n = len(selection.ranked)
+        positions = [rank_position(cfg.patch_selection, i, n) for i in indices]
+        images = dataset.train.load(torch.tensor([selection.ranked[p] for p in positions], dtype=torch.long))
+        return cut(images, [selection.boxes[p] for p in positions], size)
+    candidates, gen = _candidates(dataset, label, cfg)
+    n = candidates.numel()
+    images = dataset.train.load(candidates[[i % n for i in indices]])
+    if cfg.patch_selection == "whole":
+        return images
+    # random: IPC index i gets the i-th box drawn after the shuffle, whatever else is asked for.
+    boxes = draw_boxes(gen, max(indices) + 1 if indices else 0, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])
+    return cut(images, [boxes[i] for i in indices], size)
+
+
+def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
+                  teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu") -> torch.Tensor:
+    """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, in order."""
+    selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in ("easy", "medium") else None
+    return class_patch_images(dataset, label, range(cfg.ipc), cfg, selection)
 
 
 def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: Sequence[int],
@@ -65,46 +168,53 @@ def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: S
                    device: str | torch.device = "cpu", cache: dict | None = None) -> torch.Tensor:
     """uint8 (G, B, C, D, D): the patch of each (IPC index, class) of a unit.
 
-    `cache` (a dict the caller keeps) saves re-scoring a class for every unit that needs it.
+    `cache` (label -> ClassSelection, a dict the caller keeps) saves re-scoring a class for every
+    unit that needs it; classes scored here are added to it.
     """
     per_class = []
     for label in classes:
-        if cache is not None and label in cache:
-            patches = cache[label]
-        else:
-            patches = class_patches(dataset, label, cfg, teachers, device)
-            if cache is not None:
-                cache[label] = patches
-        per_class.append(patches[list(ipc_indices)])
+        selection = None
+        if cfg.patch_selection in ("easy", "medium"):
+            selection = None if cache is None else cache.get(label)
+            if selection is None:
+                selection = score_class(dataset, label, cfg, teachers, device)
+                if cache is not None:
+                    cache[label] = selection
+        per_class.append(class_patch_images(dataset, label, ipc_indices, cfg, selection))
     return torch.stack(per_class, dim=1)
 
 
-def random_crops(images: torch.Tensor, per_image: int, scale: tuple[float, float], size: int,
-                 gen: torch.Generator) -> torch.Tensor:
-    """`per_image` random square crops of each uint8 image, resized to `size` x `size`."""
-    out = []
-    _, _, h, w = images.shape
-    for image in images:
-        for _ in range(per_image):
-            u = torch.rand(3, generator=gen).tolist()
-            frac = scale[0] + (scale[1] - scale[0]) * u[0]
-            side = max(1, min(h, w, int(round(math.sqrt(frac * h * w)))))
-            top, left = int(u[1] * (h - side + 1)), int(u[2] * (w - side + 1))
-            crop = image[:, top:top + side, left:left + side].float().unsqueeze(0)
-            if side != size:
-                crop = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-            out.append(crop.round().clamp(0, 255).to(torch.uint8))
-    return torch.cat(out)
+def _score_batch(image_size: int, device: torch.device) -> int:
+    budget = _SCORE_PIXELS["cuda" if device.type == "cuda" else "cpu"]
+    return max(16, min(4096, budget // (image_size * image_size)))
 
 
-@torch.no_grad()
+def _autocast(precision: str, device: torch.device):
+    """The recover loop's mixed precision (MPT) for the scoring forward: no gradients here, so
+    fp16 needs no scaler."""
+    if precision == "fp16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.float16)
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()  # not inference_mode: relaying the weights out here must leave them usable by recover
 def crop_scores(crops: torch.Tensor, label: int, dataset: ImageDataset, teachers: Sequence[FrozenTeacher],
-                device: str | torch.device, batch_size: int) -> torch.Tensor:
-    """The teachers' mean cross-entropy for `label` on each crop (lower = more typical of the class)."""
+                device: str | torch.device = "cpu", precision: str = "fp32", channels_last: bool = False,
+                batch_size: int | None = None) -> torch.Tensor:
+    """The teachers' mean cross-entropy for `label` on each uint8 crop (lower = more typical of
+    the class), in batches, under the run's precision and memory format; the BatchNorm-statistics
+    hooks of recover stay idle (`FrozenTeacher.logits`)."""
+    device = torch.device(device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    for t in teachers:
+        t.set_memory_format(memory_format)
     scores = []
-    for chunk in crops.split(batch_size):
-        x = dataset.normalize(chunk).to(device)
+    for chunk in crops.split(batch_size or _score_batch(crops.shape[-1], device)):
+        x = dataset.normalize(chunk).to(device).contiguous(memory_format=memory_format)
         target = torch.full((x.shape[0],), label, dtype=torch.long, device=device)
-        ce = sum(F.cross_entropy(t(x)[0].float(), target, reduction="none") for t in teachers) / len(teachers)
-        scores.append(ce.cpu())
+        with _autocast(precision, device):
+            ce = sum(F.cross_entropy(t.logits(x).float(), target, reduction="none") for t in teachers) / len(teachers)
+        scores.append(ce.float().cpu())
     return torch.cat(scores)

@@ -41,13 +41,13 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
     evaluation = evaluate_run(result.run_dir, EvalConfig(seeds=seeds), teachers=[teacher], dataset=dataset,
-                              progress=progress)
+                              progress=progress, ipc=result.ipc)
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export
         shutil.rmtree(export_dir)
-    exported = export_imagefolder(result.run_dir, export_dir)
-    info = open_run(result.run_dir).info()
+    exported = export_imagefolder(result.run_dir, export_dir, ipc=result.ipc)
+    info = open_run(result.run_dir, ipc=result.ipc).info()
     summary = {
         "dataset": dataset_name,
         "teacher": str(teacher),

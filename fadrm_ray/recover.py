@@ -81,6 +81,12 @@ class FrozenTeacher:
         bn_loss, self._bn_loss = self._bn_loss, None
         return logits, bn_loss
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Plain logits, with the BN-statistics hooks idle (patch scoring needs no BN loss)."""
+        if self.in_chans is not None:
+            x = match_channels(x, self.in_chans)
+        return self.model(x)
+
     def set_memory_format(self, memory_format: torch.memory_format) -> None:
         """Lay the weights out in `memory_format`. Channels-last convolutions need channels-last
         weights as well as inputs: a 1-channel input cannot carry the layout."""
@@ -201,9 +207,13 @@ def init_state(cfg: DistillConfig, classes: Sequence[int], ipc_indices: Sequence
         full = torch.cat([torch.randn(b, channels, image_size, image_size, generator=gen) for gen in gens])
 
     resolutions = cfg.stage_resolutions
-    if resolutions is None:  # downsample_size == "auto": from the total variation of the patches
+    if resolutions is None:  # downsample_size == "auto": from the total variation of each group's patches
         x01 = patches.float() / 255.0 if patches is not None else (full * std_t + mean_t).clamp(0, 1)
-        resolutions = mro_resolutions(cfg.k, image_size, tv_downsample_size(x01, image_size))
+        found = {tuple(mro_resolutions(cfg.k, image_size, tv_downsample_size(x01[j * b:(j + 1) * b], image_size)))
+                 for j in range(g)}
+        if len(found) > 1:  # a group's schedule must not depend on what it is packed with
+            raise ValueError(f"groups packed together must share their stage resolutions, got {sorted(found)}")
+        resolutions = list(found.pop())
     x = resize(full, resolutions[0])
     return RecoverState(
         x=x, patches=patches, labels=torch.tensor(list(classes), dtype=torch.long).repeat(g),
@@ -236,8 +246,8 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     std = torch.tensor(state.std, device=device).view(1, -1, 1, 1)
     lo, hi = (0 - mean) / std, (1 - mean) / std  # keep de-normalized pixels in [0, 1]
     jitter, flip = int(cfg.jitter), bool(cfg.flip)
-    autocast, scaler = _mixed_precision(cfg.precision, device)
-    losses = [_teacher_loss(t, cfg) for t in teachers]
+    autocast, scaler = mixed_precision(cfg.precision, device)
+    losses = [teacher_loss(t, cfg) for t in teachers]
     converge = cfg.arc_timing == "converged" and s < last
 
     x = state.x.to(device).clone().requires_grad_(True)
@@ -301,7 +311,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     return state
 
 
-def _teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
+def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
     """`fn(view, labels, groups) -> (ce, bn)`: the per-group CE and BN losses of one teacher.
 
     With `cfg.compile` the function is compiled once per input shape and kept on the teacher,
@@ -418,7 +428,7 @@ def resize(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
 
 
-def _mixed_precision(precision: str, device: torch.device):
+def mixed_precision(precision: str, device: torch.device):
     """MPT (docs/method.md section 4): autocast for forward/backward; images and Adam stay fp32."""
     if precision == "fp32":
         return nullcontext, None

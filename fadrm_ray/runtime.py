@@ -1,6 +1,6 @@
 """How and where work runs, as opposed to what it computes (settings.py): the execution spec of
-a run, the torch thread count of a phase, and the process-wide glibc allocator settings that
-make CPU work fast.
+a run, the torch thread count of a phase, and the process-wide OpenMP and glibc allocator
+settings that make CPU work fast.
 
 `ExecutionSpec` gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
 or on Ray, workers and their resources, device, threads, data location, progress bars). It is
@@ -14,14 +14,28 @@ them from `ALLOCATOR_ENV` when a process starts, which is how Ray workers get th
 (`runtime_env.env_vars`); a process that is already running gets the same values through
 `mallopt`, which `tune_allocator` calls. Every heavy entry point (squeeze, distill, evaluate,
 the Ray worker) calls it, so a user importing the library gets the fast path too.
+
+OpenMP's threads (torch's intra-op pool, libgomp) spin after every parallel region, waiting for
+the next one. On a machine whose cores are shared, by another job or by the other Ray workers, a
+spinning thread holds the core that the working thread needs, and a step can take a hundred
+times longer (`bench.scaling` shows it). `OPENMP_ENV` makes them sleep at once instead. libgomp
+reads it once, when torch loads it, so it must be in the environment before that: every heavy
+process gets it where it is created (`heavy_process_env`: Ray workers through their
+`runtime_env`, benchmark subprocesses through their env; Tune trials and the REST service's jobs
+must do the same), and the `fadrm` command re-executes itself with it before importing torch
+(`ensure_process_env`). The same environment sets the OpenMP thread count to the CPUs the
+process was given (`available_cpus`). FADRM_DEFAULT_OMP=1 keeps OpenMP's defaults.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import platform
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -93,3 +107,71 @@ def tune_allocator() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _tuned = all(mallopt(_MALLOPT[name], min(int(value), _INT_MAX)) == 1 for name, value in ALLOCATOR_ENV.items())
     return _tuned
+
+
+# --------------------------------------------------------------------------- OpenMP and heavy processes
+OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def _opted_out(name: str, environ) -> bool:
+    return environ.get(name, "").strip() not in ("", "0")
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def heavy_process_env(threads: int | None = None, environ=None) -> dict[str, str]:
+    """The variables a heavy process (squeeze, distill, evaluate, a Ray worker, a Tune trial, a
+    service job) must start with, less those `environ` (default: none) already sets: the passive
+    OpenMP wait policy, `threads` OpenMP threads (default: the CPUs available here) and
+    `ALLOCATOR_ENV`. FADRM_DEFAULT_OMP=1 and FADRM_DEFAULT_MALLOC=1 in this process's
+    environment leave OpenMP's and glibc's defaults."""
+    environ = {} if environ is None else environ
+    wanted: dict[str, str] = {}
+    if not _opted_out("FADRM_DEFAULT_OMP", os.environ):
+        wanted.update(OPENMP_ENV)
+        wanted["OMP_NUM_THREADS"] = str(max(1, int(threads or available_cpus())))
+    if not _opted_out("FADRM_DEFAULT_MALLOC", os.environ) and not any(k in environ for k in ALLOCATOR_ENV):
+        wanted.update(ALLOCATOR_ENV)
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def ensure_process_env() -> None:
+    """Re-execute this program with `heavy_process_env` added to its environment, if anything is
+    missing and torch (with libgomp) is not loaded yet; the `fadrm` command calls it first.
+    Variables the user set are kept, so after the re-execution nothing is missing."""
+    missing = heavy_process_env(environ=os.environ)
+    if not missing or "torch" in sys.modules or not getattr(sys, "orig_argv", None):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
+
+
+def process_info() -> dict:
+    """What this process runs with: pid, torch threads, CPUs available, and the OpenMP settings
+    it started with (read from /proc/self/environ: what libgomp saw, not later changes)."""
+    import torch
+
+    started = {}
+    try:
+        for item in Path("/proc/self/environ").read_bytes().split(b"\0"):
+            key, _, value = item.decode(errors="replace").partition("=")
+            if key in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS"):
+                started[key] = value
+    except OSError:
+        started = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    return {"pid": os.getpid(), "torch_threads": torch.get_num_threads(), "cpus": available_cpus(),
+            "omp_wait_policy": started.get("OMP_WAIT_POLICY"), "omp_num_threads": started.get("OMP_NUM_THREADS")}

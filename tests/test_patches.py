@@ -1,11 +1,13 @@
 """Real-patch selection (docs/method.md section 2)."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.models import load_teacher
-from fadrm_ray.patches import class_patches, select_patches
+from fadrm_ray.patches import ClassSelection, class_patches, cut, rank_position, score_class, select_patches
 from fadrm_ray.recover import FrozenTeacher
 
 
@@ -70,5 +72,36 @@ def test_cache_is_used(digits, teacher):
     cache = {}
     cfg = DistillConfig(ipc=2)
     select_patches(digits, [5], [0], cfg, [teacher], cache=cache)
-    cache[5] = torch.zeros_like(cache[5])
-    assert select_patches(digits, [5], [1], cfg, [teacher], cache=cache).sum() == 0
+    assert isinstance(cache[5], ClassSelection)
+    whole = (0, 0, 8)  # a cached ranking is used as it is: here one image, uncropped
+    cache[5] = ClassSelection(5, (17,), (whole,))
+    assert torch.equal(select_patches(digits, [5], [1], cfg, [teacher], cache=cache)[0, 0], digits.train.load([17])[0])
+
+
+@pytest.mark.parametrize("selection", ["easy", "medium", "random", "whole"])
+def test_the_patch_of_an_ipc_index_does_not_depend_on_the_ipc(digits, teacher, selection):
+    small = class_patches(digits, 3, DistillConfig(ipc=4, patch_selection=selection), [teacher])
+    large = class_patches(digits, 3, DistillConfig(ipc=9, patch_selection=selection), [teacher])
+    assert torch.equal(small, large[:4])
+
+
+def test_medium_grows_a_window_centred_in_the_ranking():
+    for n in (7, 8):
+        order = [rank_position("medium", i, n) for i in range(n)]
+        assert sorted(order) == list(range(n))  # every rank once, then the order starts over
+        for ipc in range(1, n + 1):
+            window = sorted(order[:ipc])
+            assert window == list(range(window[0], window[0] + ipc))        # consecutive ranks
+            assert abs((window[0] + window[-1]) / 2 - (n - 1) / 2) <= 1    # centred
+    assert [rank_position("medium", i, 8) for i in range(8, 11)] == [rank_position("medium", i, 8) for i in range(3)]
+    assert [rank_position("easy", i, 4) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+
+
+def test_a_selection_travels_as_plain_data_and_cuts_like_one_crop_at_a_time(digits, teacher):
+    cfg = DistillConfig(ipc=3)
+    selection = score_class(digits, 6, cfg, [teacher])
+    assert ClassSelection.from_dict(json.loads(json.dumps(selection.to_dict()))) == selection
+    images = digits.train.load(torch.tensor(selection.ranked[:20]))
+    boxes = list(selection.boxes[:20])
+    one_by_one = torch.cat([cut(images[j:j + 1], boxes[j:j + 1], 8) for j in range(20)])
+    assert torch.equal(cut(images, boxes, 8), one_by_one)

@@ -13,6 +13,7 @@ ray = pytest.importorskip("ray")
 
 from actors.coordinator import distill_on_ray  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
+from fadrm_ray.data import get_dataset  # noqa: E402
 from fadrm_ray.runtime import ExecutionSpec  # noqa: E402
 from fadrm_ray.distill import distill_local  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
@@ -54,7 +55,7 @@ def test_same_seed_same_images_on_1_and_2_workers_and_local(local_ray, digits, d
 
 
 def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digits_teacher, tmp_path):
-    cfg = make_config("fadrm", overrides={**CFG, "ipc": 4, "iterations": 240})
+    cfg = make_config("fadrm", overrides={**CFG, "ipc": 4, "iterations": 240, "ipc_per_unit": 1})
     result = {}
     thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
         cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
@@ -80,7 +81,8 @@ def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digit
 def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path):
     """Ctrl-C the `fadrm distill` driver mid-run, run the same command again: it resumes."""
     command = [sys.executable, "-m", "actors.cli", "distill", "--dataset", "digits", "--teacher", digits_teacher[0],
-               "--ipc", "3", "--set", "iterations=200", "--set", "precision=fp32", "--workers", "1",
+               "--ipc", "3", "--set", "iterations=200", "--set", "precision=fp32", "--set", "ipc_per_unit=1",
+               "--workers", "1",
                "--out", str(tmp_path), "--quiet", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -106,3 +108,43 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
         assert min(s for u, s in runs_after if u == unit) == stage
     _, labels, ipc = read(run_dir)
     assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(3)]
+
+
+def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, digits_teacher, tmp_path):
+    teacher = digits_teacher[0]
+    cfg = make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 4})  # one shard of 10 classes
+    result = distill_on_ray(cfg, "digits", [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
+    run_dir = result.run_dir
+    scored = events(run_dir, "patches_scored")
+    assert sorted(e["label"] for e in scored) == list(range(10))     # each class once, not once per worker
+    assert len({e["pid"] for e in scored}) == 2                      # the scoring is spread over the workers
+    stages = events(run_dir, "stage_done")
+    assert len({e["pid"] for e in stages}) == 2 and sum(e["patches_scored"] for e in stages) == 0
+    assert sorted(events(run_dir, "unit_done")[i]["unit"] for i in range(2)) == [
+        "shard0000-ipc00000-00002", "shard0000-ipc00002-00004"]     # IPC 4 on 2 workers: two units of 2
+
+    grown = distill_on_ray(make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}), "digits",
+                           [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
+    assert grown.run_id == result.run_id and len(events(run_dir, "patches_scored")) == 10  # kept in the run
+    assert sum(e["patches_scored"] for e in events(run_dir, "stage_done")) == 0
+    assert sorted(grown.units_run) == ["shard0000-ipc00004-00005", "shard0000-ipc00005-00006"]
+    local = distill_local(make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}), get_dataset(
+        "digits"), [teacher], tmp_path / "local", device="cpu", progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(read(local.run_dir), read(run_dir)))
+
+
+def test_every_worker_starts_with_passive_openmp_and_its_thread_count(local_ray, digits_teacher, tmp_path):
+    from actors.coordinator import Coordinator
+
+    coordinator = Coordinator(make_config("fadrm", overrides=CFG), "digits", [digits_teacher[0]], tmp_path,
+                              workers=2, cpus_per_worker=1, progress=False)
+    try:
+        infos = ray.get([w.ping.remote() for w in coordinator.workers])
+        environs = [dict(item.split("=", 1) for item in open(f"/proc/{i['pid']}/environ").read().split("\0") if "=" in item)
+                    for i in infos]
+    finally:
+        coordinator.close()
+    assert len({i["pid"] for i in infos}) == 2
+    for info, environ in zip(infos, environs):
+        assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and environ["OMP_NUM_THREADS"] == "1"
+        assert info["torch_threads"] == 1 and info["omp_wait_policy"] == "PASSIVE"

@@ -20,7 +20,7 @@ def test_losing_a_node_mid_run_still_completes(digits_teacher, tmp_path):
     node = cluster.add_node(num_cpus=1)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
-        cfg = make_config("fadrm", overrides={"ipc": 4, "iterations": 160, "precision": "fp32"})
+        cfg = make_config("fadrm", overrides={"ipc": 4, "iterations": 160, "precision": "fp32", "ipc_per_unit": 1})
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
             cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))

@@ -32,7 +32,7 @@ def png_size(path) -> tuple[int, int]:
 def runs(digits, digits_teacher, tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("reportstore")
-    fadrm = make_config("fadrm", overrides={"ipc": 3, "iterations": 12})
+    fadrm = make_config("fadrm", overrides={"ipc": 3, "iterations": 12, "ipc_per_unit": 1, "pack": 1})
     rded = make_config("rded", overrides={"ipc": 2})
     return {"fadrm": distill_local(fadrm, digits, [digits_teacher[0]], root, progress=False),
             "rded": distill_local(rded, digits, [digits_teacher[0]], root, progress=False)}

@@ -38,15 +38,17 @@ def imagefolder_names(class_names: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def export_imagefolder(
-    run_dir: str | os.PathLike, out_dir: str | os.PathLike, classes: Iterable[int] | None = None
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike, classes: Iterable[int] | None = None,
+    ipc: int | None = None,
 ) -> int:
     """Write ``out_dir/<class folder>/ipc<k>.png`` plus ``classes.json``; returns the image count.
 
     The export is built in a sibling temporary directory and renamed into place, so ``out_dir``
     is either absent or complete. ``out_dir`` must not exist or be empty. With ``classes`` given,
     ImageFolder numbers only the exported folders; ``classes.json`` maps them to global indices.
+    With ``ipc``, only IPC indices 0..ipc-1 (the run read at that IPC, `open_run`).
     """
-    reader = open_run(run_dir)
+    reader = open_run(run_dir, ipc=ipc)
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise StoreError(f"export target {out_dir} exists and is not an empty directory")
@@ -91,10 +93,12 @@ def export_imagefolder(
 
 
 def export_tensors(
-    run_dir: str | os.PathLike, out_file: str | os.PathLike, classes: Iterable[int] | None = None
+    run_dir: str | os.PathLike, out_file: str | os.PathLike, classes: Iterable[int] | None = None,
+    ipc: int | None = None,
 ) -> int:
-    """``torch.save`` of {images uint8, labels int64, ipc_index int64, class_names}; returns N."""
-    reader = open_run(run_dir)
+    """``torch.save`` of {images uint8, labels int64, ipc_index int64, class_names}; returns N.
+    With ``ipc``, only IPC indices 0..ipc-1."""
+    reader = open_run(run_dir, ipc=ipc)
     images, labels, ipcs = reader.read(classes)
     buf = io.BytesIO()
     torch.save(

@@ -5,6 +5,10 @@ being written contributes the units whose manifests and files are all there, and
 copy of part files with no manifest at all falls back to listing the label folders. Leftovers
 of crashed attempts are therefore never read. Row counts come from the manifests too, so
 describing a run (`info`) does not read its images.
+
+A run holds every IPC it was asked for (the IPC is not part of its identity), so a request's
+images are read as a view: `open_run(run_dir, ipc=5)` serves IPC indices 0-4 of every class,
+reading only those rows of a part that holds more; `ipc=None` serves everything in the run.
 """
 from __future__ import annotations
 
@@ -37,6 +41,10 @@ class _Part:
     label: int | None  # from the manifest, else from the label=<c> folder
     rows: int | None   # from the manifest; None for a part no manifest describes
 
+    @property
+    def ipc_range(self) -> tuple[int, int] | None:
+        return RunLayout.ipc_range_of(self.path)
+
 
 class _StoreDataset(torch.utils.data.Dataset):
     """Keeps the PNG bytes and decodes on access, so large runs fit in memory compressed."""
@@ -56,25 +64,29 @@ class _StoreDataset(torch.utils.data.Dataset):
         return image, self.labels[i]
 
 
-def open_run(run_dir: str | os.PathLike) -> "RunReader":
-    """Open a run directory for reading; StoreError if it holds neither a config nor part files."""
+def open_run(run_dir: str | os.PathLike, ipc: int | None = None) -> "RunReader":
+    """Open a run directory for reading, all of it or (`ipc`) IPC indices 0..ipc-1 of every class;
+    StoreError if it holds neither a config nor part files."""
+    if ipc is not None and (isinstance(ipc, bool) or not isinstance(ipc, int) or ipc < 1):
+        raise StoreError(f"ipc must be an integer >= 1 or None, got {ipc!r}")
     layout = RunLayout(run_dir)
     if not layout.run_dir.is_dir():
         raise StoreError(f"not a FADRM run directory: {layout.run_dir} does not exist or is not a directory")
     if not layout.config.is_file() and not layout.parts_on_disk():
         raise StoreError(f"not a FADRM run directory: {layout.run_dir} has no {layout.config.name} and no part files")
-    return RunReader(layout, manifests.read_config(layout), manifests.run_manifest(layout))
+    return RunReader(layout, manifests.read_config(layout), manifests.run_manifest(layout), ipc)
 
 
 class RunReader:
     """What `open_run` returns: the config, manifest, class names and images of one run."""
 
-    def __init__(self, layout: RunLayout, config: dict, manifest: dict | None):
+    def __init__(self, layout: RunLayout, config: dict, manifest: dict | None, ipc: int | None = None):
         self.layout = layout
         self.run_dir = layout.run_dir
         self.config = config
         self.manifest = manifest  # only a manifest that marks the run complete
-        self._parts = self._discover_parts()
+        self.ipc = ipc            # the view: IPC indices below it; None = every image of the run
+        self._parts = [p for p in self._discover_parts() if self._in_view(p.ipc_range)]
         self.class_names: list[str] = self._find_class_names()
         self.provenance: dict = part_provenance(self._parts[0].path) if self._parts else {}
 
@@ -113,6 +125,9 @@ class RunReader:
                                 int(rows) if isinstance(rows, int) else None)
         return [parts[p] for p in sorted(parts, key=RunLayout.part_sort_key)]
 
+    def _in_view(self, ipc_range: tuple[int, int] | None) -> bool:
+        return self.ipc is None or ipc_range is None or ipc_range[0] < self.ipc
+
     def _find_class_names(self) -> list[str]:
         if self._parts:
             names = part_class_names(self._parts[0].path)
@@ -132,8 +147,10 @@ class RunReader:
         part: it changes when a unit is rewritten, so results computed from the images (an
         evaluation) can be keyed by it."""
         entries = sorted((str(f.get("path")), str(f.get("sha256")))
-                         for m in self.unit_manifests().values() for f in m.get("files", []) if isinstance(f, dict))
-        return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+                         for m in self.unit_manifests().values() for f in m.get("files", [])
+                         if isinstance(f, dict) and self._in_view(RunLayout.ipc_range_of(Path(str(f.get("path"))))))
+        view = [] if self.ipc is None else [["ipc", self.ipc]]  # a view's images are a subset of its parts'
+        return hashlib.sha256(json.dumps(entries + view).encode()).hexdigest()
 
     def part_files(self, classes: Iterable[int] | None = None) -> list[Path]:
         if classes is None:
@@ -150,6 +167,8 @@ class RunReader:
             rel = self.layout.relative(path)
             for row in table.to_pylist():
                 if wanted is not None and int(row["label"]) not in wanted:
+                    continue
+                if self.ipc is not None and int(row["ipc_index"]) >= self.ipc:
                     continue
                 row["file"] = rel
                 rows.append(row)
@@ -202,11 +221,15 @@ class RunReader:
     def _images_per_class(self) -> dict[int, int]:
         counts: dict[int, int] = defaultdict(int)
         for part in self._parts:
-            if part.rows is not None and part.label is not None:
+            rng = part.ipc_range
+            whole = self.ipc is None or (rng is not None and rng[1] <= self.ipc)
+            if part.rows is not None and part.label is not None and whole:
                 counts[part.label] += part.rows
-            else:  # a bare copy without manifests: only the file itself knows
-                for label in read_part(part.path, ["label"]).column("label").to_pylist():
-                    counts[int(label)] += 1
+            else:  # a bare copy without manifests, or a part the view cuts: only the file itself knows
+                table = read_part(part.path, ["label", "ipc_index"])
+                for label, index in zip(table.column("label").to_pylist(), table.column("ipc_index").to_pylist()):
+                    if self.ipc is None or int(index) < self.ipc:
+                        counts[int(label)] += 1
         return {c: counts[c] for c in sorted(counts)}
 
     def info(self) -> dict:
@@ -219,6 +242,7 @@ class RunReader:
         return {
             "run_id": self.run_id,
             "run_dir": str(self.run_dir),
+            "ipc": self.ipc,
             "complete": self.complete,
             "rows": sum(per_class.values()),
             "classes": sorted(per_class),
