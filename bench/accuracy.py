@@ -22,8 +22,9 @@ Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++
 Distillation uses seed 0; the 3 seeds are the students' (initial weights and augmentation
 stream).
 
-Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
-single-threaded process per CPU); every cell is deterministic, so the table does not depend on
+Cells (one per dataset and method, its IPCs largest first: they share one run, and the
+smaller IPC is read from the larger) run in parallel, `--jobs` processes of `--threads` torch
+threads each (default: one single-threaded process per CPU); every cell is deterministic, so the table does not depend on
 the job count. `--set KEY=VALUE` overrides the recover config of every distilled method (for
 example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in the
 README); such runs get their own run ids and cache entries.
@@ -108,31 +109,33 @@ def _teacher_job(out: Path, dataset_name: str, tname: str, epochs: int) -> tuple
 
 
 def _cell_job(cell: dict) -> list[dict]:
-    """Distill one (dataset, IPC, method) and evaluate it; FADRM+ also gets its control row here,
-    so that the one run it shares is never distilled by two processes at once."""
+    """Distill one (dataset, method) at each of its IPCs and evaluate it; FADRM+ also gets its
+    control row here. The IPCs of one method share one run (the IPC is not part of a run's
+    identity), so they run in one process, largest first: the smaller ones are read from it."""
     dataset, paths = _dataset(cell["dataset"]), cell["teachers"]
-    preset, ipc = cell["method"], cell["ipc"]
+    preset = cell["method"]
     teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if preset == "fadrm+" else [])
-    overrides = {"ipc": ipc, "iterations": budget_of(preset, cell["t"]), "ipc_per_unit": ipc, "pack": ipc,
-                 **cell["recover_overrides"]}
-    cfg = make_config(preset, overrides=overrides)
-    started = time.perf_counter()
-    run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
-    distill_s = time.perf_counter() - started
     rows = []
-    for method in [preset] + ([CONTROL] if cell["control"] else []):
-        eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
-        # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
-        ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False)
-        rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
-                     "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
-                     "distill_skipped": bool(run.units_skipped and not run.units_run),
-                     "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
-                     "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
-                     "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
-                     "teachers": [Path(p).parent.name for p in eval_teachers]})
-        log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
-            f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
+    for ipc in sorted(cell["ipcs"], reverse=True):
+        cfg = make_config(preset, overrides={"ipc": ipc, "iterations": budget_of(preset, cell["t"]),
+                                             **cell["recover_overrides"]})
+        started = time.perf_counter()
+        run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
+        distill_s = time.perf_counter() - started
+        for method in [preset] + ([CONTROL] if cell["control"] else []):
+            eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
+            # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
+            ev = evaluate_run(run.run_dir, cell["evaluations"][ipc], teachers=eval_teachers, dataset=dataset,
+                              progress=False, ipc=run.ipc)
+            rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
+                         "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
+                         "distill_skipped": bool(run.units_skipped and not run.units_run),
+                         "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
+                         "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
+                         "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
+                         "teachers": [Path(p).parent.name for p in eval_teachers]})
+            log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
+                f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
     return rows
 
 
@@ -155,14 +158,15 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
         cells = []
         for d in datasets:
             num_classes = _dataset(d).num_classes
+            evaluations = {}
             for ipc in ipcs:
                 epochs = epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode]) if STUDENT_STEPS[mode] else None
-                for method in methods:
-                    cells.append({"dataset": d, "ipc": ipc, "method": method, "t": BUDGETS[mode][d],
-                                  "teachers": paths[d], "store": store, "out": out,
-                                  "evaluation": EvalConfig(epochs=epochs, seeds=seeds, cosine_stretch=cosine_stretch),
-                                  "control": control and method == "fadrm+",
-                                  "recover_overrides": dict(recover_overrides or {})})
+                evaluations[ipc] = EvalConfig(epochs=epochs, seeds=seeds, cosine_stretch=cosine_stretch)
+            for method in methods:
+                cells.append({"dataset": d, "ipcs": list(ipcs), "method": method, "t": BUDGETS[mode][d],
+                              "teachers": paths[d], "store": store, "out": out, "evaluations": evaluations,
+                              "control": control and method == "fadrm+",
+                              "recover_overrides": dict(recover_overrides or {})})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
         order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
         futures = {i: pool.submit(_cell_job, cells[i]) for i in order}
@@ -174,8 +178,9 @@ def _cost(cell: dict) -> float:
     """A rough relative cost of a cell: recover image-updates times teachers, plus evaluation."""
     pixels = _dataset(cell["dataset"]).image_size ** 2
     teachers = 3 if cell["method"] == "fadrm+" else 1
-    recover = budget_of(cell["method"], cell["t"]) * cell["ipc"] * teachers * pixels
-    return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
+    recover = budget_of(cell["method"], cell["t"]) * max(cell["ipcs"]) * teachers * pixels
+    seeds = sum(len(e.seed_list) for e in cell["evaluations"].values())
+    return recover + 2e4 * pixels * seeds * (2 if cell["control"] else 1)
 
 
 def markdown(results: list[dict], methods: list[str]) -> str:

@@ -5,19 +5,22 @@
     python -m bench.recover_speed --imagenet [--device cuda] [--packs 1,2,4] [--precision fp16,bf16]
                                   [--iterations 200] [--tiny] [--json-out FILE]
 
-The setting is the small-image FADRM setting of bench/accuracy.py: a convnet-bn teacher
-(width 64, depth 3) trained by `squeeze` on the real data (cached in DIR/teachers), the
-`fadrm` preset resolved for the dataset (k = 3, alpha 0.5, lr 0.25, r_bn 0.01, no MRO below
-128 px), IPC 10 = ten batches of one image per class, real-patch init with the same patches
-for both sides. "Seconds per image" is quoted at the accuracy benchmark's budget T (500 on
-mnist-sample, 1000 on digits); the timed runs use fewer iterations, over the same four stages
-and ARC merges, because the cost of an iteration does not depend on T.
+Settings (--datasets): `mnist-sample` and `digits` are the small-image FADRM setting of
+bench/accuracy.py, a convnet-bn teacher (width 64, depth 3); `mnist32-r18` is mnist-sample
+resized to 32 px with a `resnet18-cifar` teacher, the paper's CIFAR teacher (--r18-teacher PATH
+uses a trained one; otherwise `squeeze` trains it, which takes long on a CPU). Teachers are
+trained by `squeeze` on the real data and cached in DIR/teachers. The `fadrm` preset is resolved
+for the dataset (k = 3, alpha 0.5, lr 0.25, r_bn 0.01, no MRO below 128 px), IPC 10 = ten
+batches of one image per class, real-patch init with the same patches for both sides.
+"Seconds per image" is quoted at the setting's budget T (500 on mnist-sample, 1000 on digits,
+as bench/accuracy.py; 200 on mnist32-r18); the timed runs use fewer iterations, over the same
+four stages and ARC merges, because the cost of an iteration does not depend on T.
 
 Two paths:
-  (a) reference: `reference_recover` (bench/speed_reference.py), a plain implementation of
-      docs/method.md sections 3-4: fp32, one batch of one image per class at a time, the teacher's
-      parameters left requiring grad (so the backward also computes weight gradients nobody
-      uses), BN statistics with `mean`/`var` in forward hooks, the default glibc allocator.
+  (a) reference: `reference_recover` (bench/speed_reference.py), the published recover loop's
+      per-iteration work (docs/method.md sections 3-4): fp32, one batch of one image per class
+      at a time, the teacher frozen (`requires_grad = False`, as the published script sets it),
+      BN statistics in forward hooks as the published hook takes them, the default glibc allocator.
   (b) engine: `fadrm_ray.recover` with all IPC batches packed into one forward/backward, bf16
       autocast where the CPU has it (fp16 + GradScaler on CUDA), frozen teacher, channels-last,
       glibc allocator settings, and torch.compile with --compile.
@@ -67,8 +70,14 @@ from bench.speed_reference import image_losses
 from bench.speed_worker import Side
 
 TEACHER = ("convnet-bn", {"width": 64, "depth": 3})  # t1 of bench/accuracy.py
-BUDGET_T = {"mnist-sample": 500, "digits": 1000}      # the FADRM budget of bench/accuracy.py
-TEACHER_EPOCHS = {"full": {"mnist-sample": 8, "digits": 15}, "quick": {"mnist-sample": 3, "digits": 10}}
+R18 = ("resnet18-cifar", {})
+# setting -> (dataset, image size (None: native), teacher, budget T)
+SETTINGS = {"mnist-sample": ("mnist-sample", None, TEACHER, 500),   # the FADRM budgets of bench/accuracy.py
+            "digits": ("digits", None, TEACHER, 1000),
+            "mnist32-r18": ("mnist-sample", 32, R18, 200)}
+BUDGET_T = {name: setting[3] for name, setting in SETTINGS.items()}
+TEACHER_EPOCHS = {"full": {"mnist-sample": 8, "digits": 15, "mnist32-r18": 15},
+                  "quick": {"mnist-sample": 3, "digits": 10, "mnist32-r18": 1}}
 IPC = 10
 PACKS = (1, 2, 5, 10)
 
@@ -79,41 +88,46 @@ def allocator_env() -> dict:
     return dict(ALLOCATOR_ENV)
 
 
-def bench_teacher(dataset, out: Path, epochs: int, log) -> tuple[Path, float]:
+def bench_teacher(dataset, out: Path, epochs: int, log, teacher=TEACHER) -> tuple[Path, float]:
     """The benchmark's teacher, trained once per epoch count into DIR/teachers/<dataset>-<model>-e<epochs>/."""
     from fadrm_ray.settings import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
 
-    model, kwargs = TEACHER
+    model, kwargs = teacher
     started = time.perf_counter()
+    folder = f"{dataset.name}{'' if dataset.info.get('native_size') == dataset.image_size else dataset.image_size}"
     teacher = ensure_teacher(dataset, SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0),
-                             out / "teachers" / f"{dataset.name}-{model}-e{epochs}", progress=False)
+                             out / "teachers" / f"{folder}-{model}-e{epochs}", progress=False)
     if not teacher.reused:
         log(f"  trained the {dataset.name} teacher: {epochs} epochs, test top-1 {teacher.info.test_accuracy:.2f}% "
             f"({time.perf_counter() - started:.0f} s, cached)")
     return teacher.path, teacher.info.test_accuracy
 
 
-def prepare(name: str, out: Path, mode: str, device: str, log) -> tuple[Path, dict]:
-    """Teacher, resolved config and real patches of one dataset, saved for the workers."""
+def prepare(name: str, out: Path, mode: str, device: str, log, teacher_path: str | None = None) -> tuple[Path, dict]:
+    """Teacher, resolved config and real patches of one setting, saved for the workers."""
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.models import load_teacher
+    from fadrm_ray.models import check_teacher_fits, load_teacher
     from fadrm_ray.patches import select_patches
     from fadrm_ray.recover import FrozenTeacher
 
-    dataset = get_dataset(name)
-    teacher_path, acc = bench_teacher(dataset, out, TEACHER_EPOCHS[mode][name], log)
-    cfg = make_config("fadrm", overrides={"ipc": IPC, "iterations": BUDGET_T[name]}).resolve(
+    spec, size, teacher_kind, T = SETTINGS[name]
+    dataset = get_dataset(spec, image_size=size)
+    if teacher_path is None:
+        teacher_path, _ = bench_teacher(dataset, out, TEACHER_EPOCHS[mode][name], log, teacher_kind)
+    cfg = make_config("fadrm", overrides={"ipc": IPC, "iterations": T}).resolve(
         dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type)
     model, info = load_teacher(teacher_path)
+    check_teacher_fits(info, dataset)
+    acc = info.test_accuracy
     teacher = FrozenTeacher(model, in_chans=info.in_chans)
     classes = list(range(dataset.num_classes))
     patches = select_patches(dataset, classes, list(range(IPC)), cfg, [teacher])  # (IPC, B, C, D, D)
     teacher.remove_hooks()
-    setup = {"dataset": name, "teacher": str(teacher_path), "teacher_top1": acc, "cfg": cfg.to_dict(),
-             "classes": classes, "patches": patches, "mean": list(dataset.mean), "std": list(dataset.std),
-             "image_size": dataset.image_size, "channels": dataset.channels, "ipc": IPC}
+    setup = {"dataset": name, "teacher": str(teacher_path), "teacher_top1": acc, "teacher_model": info.model_name,
+             "cfg": cfg.to_dict(), "classes": classes, "patches": patches, "mean": list(dataset.mean),
+             "std": list(dataset.std), "image_size": dataset.image_size, "channels": dataset.channels, "ipc": IPC}
     path = out / f"setup-{name}.pt"
     torch.save(setup, path)
     return path, setup
@@ -160,7 +174,7 @@ def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> d
         fast.pop("precision")  # the config's own auto: bf16 on a CPU that has it, fp16 on CUDA
     T = BUDGET_T[name]
     result = {"dataset": name, "image_size": setup["image_size"], "classes": len(setup["classes"]), "ipc": IPC,
-              "teacher": {"model": TEACHER[0], **TEACHER[1], "test_top1": setup["teacher_top1"]},
+              "teacher": {"model": setup["teacher_model"], "path": setup["teacher"], "test_top1": setup["teacher_top1"]},
               "T": T, "timed_iterations": args.iterations, "rounds": args.rounds, "load_before": _load(),
               "engine_overrides": fast}
     log(f"{name}: {setup['image_size']} px, {len(setup['classes'])} classes, IPC {IPC}, teacher top-1 "
@@ -170,19 +184,24 @@ def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> d
     eng = Side("engine", setup_path, args.device, args.threads, eng_env, log)
     try:
         q_iters = args.quality_iterations if args.quality_iterations is not None else (args.iterations if args.quick else T)
-        rounds = []
+        rounds, defaults = [], []
         for r in range(args.rounds):
             keep = r == args.rounds - 1 and q_iters == args.iterations  # the quality images come from this round
             a = ref.run(side="reference", iterations=args.iterations,
                         save=str(out / f"images-{name}-reference.pt") if keep else None)
             b = eng.run(side="engine", iterations=args.iterations, overrides=fast,
                         save=str(out / f"images-{name}-engine.pt") if keep else None)
+            c = eng.run(side="engine", iterations=args.iterations, overrides={})  # what a default run does
             rounds.append((a, b))
+            defaults.append(c)
             log(f"  round {r + 1}: reference {a['ms_per_image_update']:.3f} ms/img-update, engine "
-                f"{b['ms_per_image_update']:.3f} -> {a['ms_per_image_update'] / b['ms_per_image_update']:.2f}x "
-                f"(load {_load()})")
+                f"{b['ms_per_image_update']:.3f} -> {a['ms_per_image_update'] / b['ms_per_image_update']:.2f}x, "
+                f"engine defaults {c['ms_per_image_update']:.3f} (load {_load()})")
         result["reference"] = _summary([a for a, _ in rounds], T)
         result["engine"] = _summary([b for _, b in rounds], T)
+        result["engine_defaults"] = _summary(defaults, T)
+        result["defaults_vs_hand_set"] = statistics.median(
+            b["ms_per_image_update"] / c["ms_per_image_update"] for (_, b), c in zip(rounds, defaults))
         if args.compile:
             # The first warm-up call compiled every stage shape; without compiling, its steps cost `steady`.
             first, steady = rounds[0][1], result["engine"]["ms_per_image_update"]
@@ -272,19 +291,20 @@ def report(results: list[dict], args) -> str:
     head = f"    {'':<34} {'ms/upd':>9} {'s/img @T':>11} {'peak MB':>9}" + ("" if gpu else f" {'start MB':>8}")
     lines = []
     for r in results:
-        lines.append(f"\n{r['dataset']}: {r['image_size']} px, {r['classes']} classes, IPC {r['ipc']}, convnet-bn teacher "
+        lines.append(f"\n{r['dataset']}: {r['image_size']} px, {r['classes']} classes, IPC {r['ipc']}, {r['teacher']['model']} teacher "
                      f"({r['teacher']['test_top1']:.1f}% top-1), T = {r['T']}; {r['rounds']} alternating rounds of "
                      f"{r['timed_iterations']} iterations; load {r['load_before']} -> {r['load_after']}")
         lines.append("  ms/upd = ms per image-update (one optimizer step of one image); s/img @T = seconds per "
                      f"generated image at T; peak MB = peak {'GPU memory allocated' if gpu else 'RSS of the worker during the run'}")
         lines.append(head)
-        for side in ("reference", "engine"):
+        for side in ("reference", "engine", "engine_defaults"):
             s = r[side]
             settings = (f"{s['precision']}, pack {s['pack']}, channels_last {s['channels_last']}, compile {s['compile']}"
                         + (f", compile took {s['compile_seconds']:.0f} s once" if "compile_seconds" in s else ""))
-            lines.append(row(side, s) + f"   {settings}")
+            lines.append(row("engine, default settings" if side == "engine_defaults" else side, s) + f"   {settings}")
         lines.append(f"  SPEED-UP (images/s, engine / reference): {r['speedup']:.2f}x   per round: "
-                     + ", ".join(f"{v:.2f}" for v in r["speedup_rounds"]))
+                     + ", ".join(f"{v:.2f}" for v in r["speedup_rounds"])
+                     + f"; default settings at {r['defaults_vs_hand_set']:.2f}x the engine's hand-set speed")
         q = r["quality"]
         lines.append(f"  quality at {q['iterations']} iterations (teacher on the final images, same measure; "
                      f"this run {q['speedup']:.2f}x):")
@@ -312,7 +332,10 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="about two minutes: fewer iterations and rounds")
     p.add_argument("--json", action="store_true", help="print one JSON object (with a `speedup` key)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--datasets", default="mnist-sample,digits", help="the first one gives the headline speed-up")
+    p.add_argument("--datasets", default="mnist-sample,digits",
+                   help=f"settings, of {', '.join(SETTINGS)}; the first one gives the headline speed-up")
+    p.add_argument("--r18-teacher", default=None,
+                   help="a resnet18-cifar checkpoint trained on mnist-sample at 32 px, for mnist32-r18")
     p.add_argument("--out", default="bench-results/recover_speed", help="teachers, patches, images and results")
     p.add_argument("--iterations", type=int, default=None, help="timed iterations per run (default 100; quick 40)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 2)")
@@ -358,15 +381,16 @@ def main(argv=None) -> dict:
     args.table_rounds = args.table_rounds or (1 if args.quick else 2)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     for name in datasets:
-        if name not in BUDGET_T:
-            p.error(f"unknown dataset {name!r}; choose from {', '.join(BUDGET_T)}")
+        if name not in SETTINGS:
+            p.error(f"unknown setting {name!r}; choose from {', '.join(SETTINGS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
     started = time.perf_counter()
     results = []
     for name in datasets:
-        setup_path, setup = prepare(name, out, mode, args.device, log)
+        setup_path, setup = prepare(name, out, mode, args.device, log,
+                                    args.r18_teacher if name == "mnist32-r18" else None)
         results.append(compare(name, setup_path, setup, args, out, log))
     summary = {"speedup": results[0]["speedup"], "dataset": results[0]["dataset"], "device": args.device,
                "threads": args.threads, "omp_wait": args.omp_wait, "allocator_env": allocator_env(),

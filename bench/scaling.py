@@ -1,13 +1,33 @@
-"""Scaling of the Ray path: images per second with 1 and 2 workers, and the Ray overhead
-against `--local` on the same work.
+"""Speed of the path users run: the `fadrm distill` command as typed, against the old defaults,
+across workers, and the time a run spends outside its recover stages.
 
-    python -m bench.scaling [--quick] [--iterations T] [--repeats N] [--json] [--out DIR]
+    python -m bench.scaling [--quick] [--datasets digits,mnist-sample] [--ipc 10] [--iterations T]
+                            [--sections defaults,workers,patches,omp] [--r18 [--teacher PATH]]
+                            [--json] [--out DIR]
 
-Every run distills the same config into a fresh store (nothing is skipped) and starts from the
-dataset spec, as `fadrm distill` does. The local run uses one torch thread, like one Ray worker
-with one CPU, and the same allocator settings (`fadrm_ray.runtime`), so the difference between
-them is the cost of the Ray layer: actor start, the run context's transfer, stage checkpoints
-and scheduling. The embedded Ray is started once and its start-up time is reported separately.
+Sections (each prints a table; all of them by default):
+
+- defaults: `fadrm distill` with no speed flag (Ray, one worker per CPU, `pack`/`ipc_per_unit`
+  auto) against the old defaults (`--set pack=1 --set ipc_per_unit=1`, OpenMP's own wait policy:
+  FADRM_DEFAULT_OMP=1), the same two with `--local`, and `--local` with the hand-set flags that
+  bench.recover_speed found fastest (every IPC batch in one unit and one step). Each is a fresh
+  process on a fresh store, timed from start to exit, so images/s includes what a user waits for
+  (Ray start, data, patch scoring, writes); "recover" is the time inside recover stages, from
+  the run's unit manifests.
+- workers: images/s with `--local` (1 thread), 1 and 2 Ray workers (1 CPU each) on an embedded
+  Ray started once in this process (its start is not counted), so that the Ray overhead and the
+  2-worker speed-up are those of the coordinator and workers alone.
+- patches: 2 workers, the real patches scored once per class and shared (the default) against
+  every worker scoring the classes it needs (Coordinator(share_patches=False)): the time saved.
+- omp: recover iterations/s of `fadrm distill --dataset digits --preset fadrm --ipc 2 --local`,
+  idle and beside one busy single-threaded process, before (FADRM_DEFAULT_OMP=1: OpenMP's
+  spinning threads) and after (the passive policy every heavy process now starts with).
+- --r18: the 32-px ResNet-18 setting: `fadrm distill --local --threads 2` on an ImageFolder of
+  mnist-sample resized to 32 px (4,000 training and 1,000 test PNGs, written once under DIR), a
+  `resnet18-cifar` teacher (--teacher PATH, else trained by ensure_teacher: long on a CPU), IPC
+  10, 200 iterations (quick: 40): the share of the run spent outside recover stages, and where.
+
+Writes DIR/scaling.json.
 """
 from __future__ import annotations
 
@@ -15,122 +35,276 @@ import argparse
 import json
 import os
 import shutil
-import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parent.parent
+OLD_DEFAULTS = ["--set", "pack=1", "--set", "ipc_per_unit=1"]
 
-from fadrm_ray.config import make_config
-from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import distill_local
-from fadrm_ray.layout import RunLayout
-from fadrm_ray.settings import SqueezeConfig
-from fadrm_ray.squeeze import ensure_teacher
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def recover_time(run_dir) -> tuple[float, int]:
+    """Seconds inside recover stages and optimizer steps, over every unit of a run."""
+    from fadrm_ray.store import open_run
+
+    seconds, steps = 0.0, 0
+    for manifest in open_run(run_dir).unit_manifests().values():
+        for pack in manifest.get("stats", {}).get("packs", []):
+            for stage in pack.get("stages", []):
+                seconds += stage["seconds"]
+                steps += stage["iterations"]
+    return seconds, steps
+
+
+def events(run_dir, name: str) -> list[dict]:
+    """The ledger events `name` of a Ray run."""
+    from fadrm_ray.layout import RunLayout
+
+    lines = RunLayout(run_dir).ledger.read_text().splitlines()
+    return [e for e in map(json.loads, filter(None, lines)) if e["event"] == name]
+
+
+def fadrm_distill(argv: list[str], store: Path, env: dict | None = None) -> dict:
+    """Run `fadrm distill ARGV` in a fresh process on a fresh store: wall seconds, its JSON, and
+    the recover seconds and steps of the run."""
+    shutil.rmtree(store, ignore_errors=True)
+    command = [sys.executable, "-m", "actors.cli", "distill", *argv, "--out", str(store), "--json", "--quiet"]
+    started = time.perf_counter()
+    proc = subprocess.run(command, env={**os.environ, **(env or {})}, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    inside, steps = recover_time(result["run_dir"])
+    manifest = json.loads((Path(result["run_dir"]) / "manifest.json").read_text())
+    return {"wall": wall, "recover": inside, "steps": steps, "images": result["images"],
+            "images_per_second": result["images"] / wall, "summary": manifest.get("summary", {}),
+            "units": len(result["units_run"])}
+
+
+def teacher_for(name: str, out: Path) -> str:
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.squeeze import ensure_teacher
+
+    return str(ensure_teacher(get_dataset(name), SqueezeConfig(), out / "teachers" / name, progress=False).path)
+
+
+# --------------------------------------------------------------------------- sections
+def section_defaults(datasets, ipc, iterations, out, work) -> dict:
+    rows = {}
+    for name in datasets:
+        common = ["--dataset", name, "--teacher", teacher_for(name, out), "--ipc", str(ipc),
+                  "--set", f"iterations={iterations}"]
+        hand = ["--set", f"pack={ipc}", "--set", f"ipc_per_unit={ipc}"]
+        runs = {"default": (common, {}), "old defaults": (common + OLD_DEFAULTS, {"FADRM_DEFAULT_OMP": "1"}),
+                "--local": (common + ["--local"], {}),
+                "--local, old defaults": (common + ["--local"] + OLD_DEFAULTS, {"FADRM_DEFAULT_OMP": "1"}),
+                "--local, hand-set best (recover_speed)": (common + ["--local"] + hand, {})}
+        rows[name] = {}
+        for label, (argv, env) in runs.items():
+            rows[name][label] = fadrm_distill(argv, work / "defaults", env)
+            log(f"  defaults {name} {label}: {rows[name][label]['images_per_second']:.2f} images/s")
+        r = rows[name]
+        r["ratios"] = {"default / old defaults": r["default"]["images_per_second"] / r["old defaults"]["images_per_second"],
+                       "--local / old defaults": r["--local"]["images_per_second"]
+                       / r["--local, old defaults"]["images_per_second"],
+                       "--local / hand-set best": r["--local"]["images_per_second"]
+                       / r["--local, hand-set best (recover_speed)"]["images_per_second"]}
+    return rows
+
+
+def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bool) -> dict:
+    import ray
+    import torch
+
+    from actors.coordinator import Coordinator
+    from fadrm_ray.config import make_config
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.distill import distill_local
+
+    teacher = teacher_for(name, out)
+    overrides = {"ipc": ipc, "iterations": iterations}
+    images = ipc * get_dataset(name).num_classes
+    result: dict = {"dataset": name}
+    started = time.perf_counter()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    result["ray_start_seconds"] = time.perf_counter() - started
+
+    def on_ray(count: int, share: bool = True) -> dict:
+        store = work / f"ray{count}"
+        shutil.rmtree(store, ignore_errors=True)
+        t0 = time.perf_counter()
+        run = Coordinator(make_config("fadrm", overrides=overrides), name, [teacher], store, workers=count,
+                          cpus_per_worker=1, progress=False, share_patches=share).run()
+        wall = time.perf_counter() - t0
+        inside = sum(e["seconds"] for e in events(run.run_dir, "stage_done"))
+        scoring = sum(e["seconds"] for e in events(run.run_dir, "patches_scored"))
+        return {"wall": wall, "in_stages": inside, "scoring_tasks": scoring, "images_per_second": images / wall}
+
+    try:
+        if workers:
+            torch.set_num_threads(1)
+            store = work / "local"
+            shutil.rmtree(store, ignore_errors=True)
+            t0 = time.perf_counter()
+            distill_local(make_config("fadrm", overrides=overrides), get_dataset(name), [teacher], store,
+                          device="cpu", progress=False)
+            local = time.perf_counter() - t0
+            result["local_1_thread"] = {"wall": local, "images_per_second": images / local}
+            result["ray_1_worker"], result["ray_2_workers"] = on_ray(1), on_ray(2)
+            result["ray_overhead"] = result["ray_1_worker"]["wall"] / local - 1
+            result["speedup_2_workers"] = result["ray_1_worker"]["wall"] / result["ray_2_workers"]["wall"]
+            log(f"  workers {name}: 2 workers {result['speedup_2_workers']:.2f}x one")
+        if patches:
+            shared = result.get("ray_2_workers") or on_ray(2)
+            each = on_ray(2, share=False)
+            result["patches"] = {"shared": shared, "every_worker": each, "saved_seconds": each["wall"] - shared["wall"]}
+            log(f"  patches {name}: shared scoring saves {result['patches']['saved_seconds']:.1f} s")
+    finally:
+        ray.shutdown()
+    return result
+
+
+def section_omp(iterations, out, work) -> dict:
+    """Recover iterations/s idle and beside a busy process, before and after the passive policy."""
+    common = ["--dataset", "digits", "--teacher", teacher_for("digits", out), "--preset", "fadrm", "--ipc", "2",
+              "--local", "--set", f"iterations={iterations}"]
+    rows = {}
+    for load in ("idle", "beside a busy process"):
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load != "idle" else None
+        try:
+            for label, env in (("before", {"FADRM_DEFAULT_OMP": "1"}), ("after", {})):
+                run = fadrm_distill(common, work / "omp", env)
+                rows[f"{load}, {label}"] = {**run, "iterations_per_second": run["steps"] / run["recover"]}
+                log(f"  omp {load} {label}: {rows[f'{load}, {label}']['iterations_per_second']:.1f} it/s")
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    return rows
+
+
+def mnist32_folder(out: Path) -> Path:
+    """mnist-sample resized to 32 px as an ImageFolder of PNGs (train/ and test/), written once."""
+    import torch
+
+    from fadrm_ray import codec
+    from fadrm_ray.data import get_dataset
+
+    folder = out / "mnist32-imagefolder"
+    if (folder / "done").is_file():
+        return folder
+    dataset = get_dataset("mnist-sample", image_size=32)
+    for split_name, split in (("train", dataset.train), ("test", dataset.test)):
+        images = split.load(torch.arange(len(split)))
+        for i, (image, label) in enumerate(zip(images, split.labels.tolist())):
+            path = folder / split_name / dataset.class_names[label] / f"{i:05d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(codec.encode_png(image))
+    (folder / "done").write_text("")
+    return folder
+
+
+def section_r18(iterations, out, work, teacher: str | None) -> dict:
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.squeeze import ensure_teacher
+
+    folder = mnist32_folder(out)
+    if teacher is None:
+        teacher = str(ensure_teacher(get_dataset("mnist-sample", image_size=32), SqueezeConfig(model="resnet18-cifar"),
+                                     out / "teachers" / "mnist32-resnet18-cifar", progress=False).path)
+    argv = ["--local", "--threads", "2", "--dataset", f"imagefolder:{folder}", "--teacher", teacher, "--ipc", "10",
+            "--set", f"iterations={iterations}"]
+    run = fadrm_distill(argv, work / "r18")
+    outside = run["wall"] - run["recover"]
+    result = {**run, "iterations": iterations, "outside_seconds": outside, "outside_share": outside / run["wall"],
+              "patch_seconds": run["summary"].get("patch_seconds")}
+    log(f"  r18: {run['wall']:.1f} s, recover {run['recover']:.1f} s, outside {100 * result['outside_share']:.1f}% "
+        f"(patch scoring {result['patch_seconds']:.1f} s)")
+    return result
+
+
+# --------------------------------------------------------------------------- report
+def report(result: dict) -> str:
+    lines = [f"{result['cpus']} CPUs, load {result['load_before']} -> {result['load_after']}; "
+             f"IPC {result['ipc']}, T = {result['iterations']}"]
+    for name, rows in result.get("defaults", {}).items():
+        lines += [f"\n{name}: `fadrm distill` as typed, fresh process and store each",
+                  "| command | wall s | recover s | images/s |", "|---|---|---|---|"]
+        lines += [f"| {label} | {r['wall']:.1f} | {r['recover']:.1f} | {r['images_per_second']:.2f} |"
+                  for label, r in rows.items() if label != "ratios"]
+        lines.append("ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in rows["ratios"].items()))
+    w = result.get("workers", {})
+    if "ray_2_workers" in w:
+        lines += [f"\n{w['dataset']}: embedded Ray started once ({w['ray_start_seconds']:.1f} s, not counted)",
+                  "| path | wall s | images/s |", "|---|---|---|"]
+        lines += [f"| {k} | {w[k]['wall']:.1f} | {w[k]['images_per_second']:.2f} |"
+                  for k in ("local_1_thread", "ray_1_worker", "ray_2_workers")]
+        lines.append(f"Ray overhead vs --local: {100 * w['ray_overhead']:+.1f}%; 2 workers vs 1: "
+                     f"{w['speedup_2_workers']:.2f}x")
+    if "patches" in w:
+        p = w["patches"]
+        lines.append(f"{w['dataset']}, 2 workers: patches scored once and shared {p['shared']['wall']:.1f} s "
+                     f"(scoring tasks {p['shared']['scoring_tasks']:.1f} s of worker time), every worker scoring "
+                     f"its classes {p['every_worker']['wall']:.1f} s: {p['saved_seconds']:.1f} s saved")
+    if "omp" in result:
+        lines += ["\n`fadrm distill --dataset digits --preset fadrm --ipc 2 --local`: recover iterations/s",
+                  "| load | before (OpenMP default) | after (passive) |", "|---|---|---|"]
+        for load in ("idle", "beside a busy process"):
+            lines.append(f"| {load} | {result['omp'][f'{load}, before']['iterations_per_second']:.1f} | "
+                         f"{result['omp'][f'{load}, after']['iterations_per_second']:.1f} |")
+    if "r18" in result:
+        r = result["r18"]
+        lines.append(f"\n32-px ResNet-18, `fadrm distill --local --threads 2`, IPC 10, T = {r['iterations']}: "
+                     f"{r['wall']:.1f} s, recover stages {r['recover']:.1f} s, outside {r['outside_seconds']:.1f} s "
+                     f"({100 * r['outside_share']:.1f}%; patch scoring {r['patch_seconds']:.1f} s)")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute per path)")
-    parser.add_argument("--dataset", default="mnist-sample")
-    parser.add_argument("--ipc", type=int, default=None)
-    parser.add_argument("--iterations", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="rounds of (local, Ray 1 worker), in alternating order (default 3; quick 2)")
+    parser.add_argument("--quick", action="store_true", help="short runs, to check the benchmark works")
+    parser.add_argument("--datasets", default="digits,mnist-sample")
+    parser.add_argument("--ipc", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=None, help="T of every run (default 500; quick 20)")
+    parser.add_argument("--sections", default="defaults,workers,patches,omp")
+    parser.add_argument("--r18", action="store_true", help="also: the 32-px ResNet-18 setting")
+    parser.add_argument("--teacher", default=None, help="with --r18: a resnet18-cifar teacher of mnist-sample at 32 px")
     parser.add_argument("--out", default="bench-results/scaling")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    import ray
-    from actors.coordinator import Coordinator
-    from fadrm_ray.runtime import ALLOCATOR_ENV
-
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    ipc = args.ipc or (4 if args.quick else 10)
-    iterations = args.iterations or (200 if args.quick else 500)
+    iterations = args.iterations or (20 if args.quick else 500)
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     out = Path(args.out)
-    dataset = get_dataset(args.dataset)
-    teacher, teacher_info, _ = ensure_teacher(dataset, SqueezeConfig(), out / "teacher", progress=False)
-    teacher_acc = teacher_info.test_accuracy
-    overrides = {"ipc": ipc, "iterations": iterations}
-    images = ipc * dataset.num_classes
-    work = Path(tempfile.mkdtemp(prefix="fadrm-scaling-"))
-
-    def fresh(name: str) -> Path:
-        path = work / name
-        shutil.rmtree(path, ignore_errors=True)
-        return path
-
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": ALLOCATOR_ENV})
-    ray_start = time.perf_counter() - started
-
-    def run_local() -> float:
-        t0 = time.perf_counter()
-        distill_local(make_config("fadrm", overrides=overrides), get_dataset(args.dataset), [teacher],
-                      fresh("local"), device="cpu", progress=False)
-        return time.perf_counter() - t0
-
-    def run_ray(workers: int) -> tuple[float, float]:
-        """Wall seconds, and the seconds the workers spent inside recover stages (from the ledger)."""
-        t0 = time.perf_counter()
-        result = Coordinator(make_config("fadrm", overrides=overrides), args.dataset, [teacher],
-                             fresh(f"ray{workers}"), workers=workers, cpus_per_worker=1, progress=False).run()
-        wall = time.perf_counter() - t0
-        ledger = [json.loads(line) for line in RunLayout(result.run_dir).ledger.read_text().splitlines()]
-        return wall, sum(e["seconds"] for e in ledger if e["event"] == "stage_done")
-
-    # Rounds of (local, Ray with 1 worker), in alternating order, so that a change of load on a
-    # shared machine hits both sides; the overhead is the median of the per-round ratios.
-    rounds = []
-    try:
-        for r in range(args.repeats):
-            if r % 2 == 0:
-                local, (ray1, inside) = run_local(), run_ray(1)
-            else:
-                (ray1, inside), local = run_ray(1), run_local()
-            rounds.append({"local": local, "ray_1_worker": ray1, "ray_1_worker_in_stages": inside,
-                           "overhead": ray1 / local - 1.0})
-        ray2, _ = run_ray(2)
-    finally:
-        ray.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
-
-    local = statistics.median(r["local"] for r in rounds)
-    ray1 = statistics.median(r["ray_1_worker"] for r in rounds)
-    outside = statistics.median(r["ray_1_worker"] - r["ray_1_worker_in_stages"] for r in rounds)
-    result = {
-        "dataset": args.dataset, "ipc": ipc, "iterations": iterations, "images": images,
-        "teacher_test_accuracy": teacher_acc, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-        "ray_start_seconds": ray_start, "rounds": rounds,
-        "seconds": {"local_1_thread": local, "ray_1_worker": ray1, "ray_2_workers": ray2},
-        "images_per_second": {"local_1_thread": images / local, "ray_1_worker": images / ray1,
-                              "ray_2_workers": images / ray2},
-        "ray_overhead": statistics.median(r["overhead"] for r in rounds),
-        # Time of a 1-worker run spent outside recover stages: actor start, the run context,
-        # scheduling, checkpoints and the final write. Machine noise barely touches it.
-        "ray_seconds_outside_stages": outside,
-        "speedup_2_workers": ray1 / ray2,
-    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.json").write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        ips = result["images_per_second"]
-        print(f"{args.dataset}, IPC {ipc}, T={iterations}: {images} images per run, {args.repeats} rounds "
-              f"(Ray start {ray_start:.1f} s, not counted)")
-        print("| path | seconds (median) | images/s |\n|---|---|---|")
-        print(f"| --local, 1 thread | {local:.1f} | {ips['local_1_thread']:.2f} |")
-        print(f"| Ray, 1 worker | {ray1:.1f} | {ips['ray_1_worker']:.2f} |")
-        print(f"| Ray, 2 workers | {ray2:.1f} | {ips['ray_2_workers']:.2f} |")
-        print("per-round overhead: " + ", ".join(f"{100 * r['overhead']:+.1f}%" for r in rounds))
-        print(f"Ray overhead vs --local: {100 * result['ray_overhead']:+.1f}% (median of rounds); "
-              f"time outside recover stages: {outside:.1f} s ({100 * outside / ray1:.1f}% of the run); "
-              f"2 workers vs 1: {result['speedup_2_workers']:.2f}x")
+    work = Path(tempfile.mkdtemp(prefix="fadrm-scaling-"))
+    result: dict = {"cpus": os.cpu_count(), "ipc": args.ipc, "iterations": iterations,
+                    "load_before": "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())}
+    try:
+        if "defaults" in sections:
+            result["defaults"] = section_defaults(datasets, args.ipc, iterations, out, work)
+        if sections & {"workers", "patches"}:
+            result["workers"] = section_workers("mnist-sample", args.ipc, iterations, out, work,
+                                                patches="patches" in sections, workers="workers" in sections)
+        if "omp" in sections:
+            result["omp"] = section_omp(40 if args.quick else 200, out, work)
+        if args.r18:
+            result["r18"] = section_r18(40 if args.quick else 200, out, work, args.teacher)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["load_after"] = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    (out / "scaling.json").write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, default=str) if args.json else report(result))
     return result
 
 

@@ -1,11 +1,14 @@
 """The reference side of bench/recover_speed.py, and the measure both sides' images get.
 
-`reference_recover` is docs/method.md sections 3-4 written the way a plain PyTorch loop would
-be: fp32, one batch of one image per class at a time, the teacher's parameters left requiring
-grad (so the backward also computes weight gradients nobody uses), BN statistics with
-`mean`/`var` in forward hooks, torch's global generator for the augmentation draws. It shares
-no code with `fadrm_ray.recover` on purpose: it is what the engine's speed-up is measured
-against, and what tests/test_speed.py checks lowers the loss like the engine.
+`reference_recover` is the published recover loop's per-iteration work (SRe2L's recover
+script, which FADRM's builds on; docs/method.md sections 3-4): fp32, one batch of one image per
+class at a time, the teacher in eval mode with every parameter frozen (`requires_grad = False`,
+so the backward computes the input gradient only), one random-resized crop, flip and roll of the
+batch, BN statistics taken in forward hooks the way the published `BNFeatureHook` takes them
+(channel mean, and the variance of the input permuted and reshaped to (C, N*H*W)), Adam and the
+clamp to the valid pixel range. Torch's global generator draws the augmentation. It shares no
+code with `fadrm_ray.recover` on purpose: it is what the engine's speed-up is measured against,
+and what tests/test_speed.py checks lowers the loss like the engine.
 
 `image_losses` scores finished uint8 images the same way for both sides (the teacher's CE and
 BN-statistics loss), so the speed comparison can say whether the faster images are as good.
@@ -22,12 +25,16 @@ import torch.nn.functional as F
 
 def reference_recover(model: nn.Module, patches: torch.Tensor, labels: torch.Tensor, cfg, mean, std,
                       seed: int, device: str = "cpu") -> torch.Tensor:
-    """docs/method.md sections 3-4 written plainly, for one batch (one image per class).
+    """The published loop for one batch (one image per class), as the module docstring says.
 
     `patches`: uint8 (B, C, D, D); `cfg`: a resolved DistillConfig. Returns the final images,
     normalized, float32 (B, C, D, D). The random crop/flip/roll come from torch's global
     generator seeded with `seed`, so the draws differ from the engine's (same distribution).
+    The teacher is frozen here, as the published script freezes it.
     """
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad = False
     torch.manual_seed(seed)
     mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=device).view(1, -1, 1, 1)
@@ -65,8 +72,11 @@ def reference_recover(model: nn.Module, patches: torch.Tensor, labels: torch.Ten
                 bn_loss = 0.0
                 for i, (m, a) in enumerate(bn_inputs):
                     weight = cfg.first_bn_weight if i == 0 else 1.0
-                    bn_loss = bn_loss + weight * (torch.norm(a.mean(dim=(0, 2, 3)) - m.running_mean)
-                                                  + torch.norm(a.var(dim=(0, 2, 3), unbiased=False) - m.running_var))
+                    channels = a.shape[1]
+                    mean = a.mean([0, 2, 3])
+                    var = a.permute(1, 0, 2, 3).contiguous().reshape([channels, -1]).var(1, unbiased=False)
+                    bn_loss = bn_loss + weight * (torch.norm(m.running_var.data - var, 2)
+                                                  + torch.norm(m.running_mean.data - mean, 2))
                 loss = ce + cfg.r_bn * bn_loss
                 opt.zero_grad()
                 loss.backward()

@@ -76,9 +76,10 @@ class _Worker:
         self.device = device
         self.setup = setup
         self.base_cfg = DistillConfig.from_dict(setup["cfg"])
-        # Two copies of the weights: the reference's keep requires_grad=True, as a plain loop would.
+        # Two copies of the weights, so that nothing the engine does to its teacher (hooks, memory
+        # format) reaches the reference; the reference freezes its own, as the published loop does.
         self.ref_model, _ = load_teacher(setup["teacher"], device=device)
-        self.ref_model.eval()
+        self.ref_model.eval().requires_grad_(False)
         engine_model, info = load_teacher(setup["teacher"], device=device)
         self.teacher = FrozenTeacher(engine_model, in_chans=info.in_chans, first_bn_weight=self.base_cfg.first_bn_weight)
 
@@ -104,13 +105,21 @@ class _Worker:
                "ms_per_image_update": 1000.0 * seconds / (iterations * per_iteration), "warmup_seconds": warm,
                "warmup_image_updates": warm_iterations * per_iteration,
                "rss_peak_mb": peak_rss_mb(), "rss_before_mb": rss_before, "precision": cfg.precision if side == "engine" else "fp32",
-               "pack": cfg.pack if side == "engine" else 1, "channels_last": cfg.channels_last if side == "engine" else False,
+               "pack": self._pack(cfg) if side == "engine" else 1,
+               "channels_last": cfg.channels_last if side == "engine" else False,
                "compile": cfg.compile if side == "engine" else False}
         if self.device.startswith("cuda"):
             out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
         if save is not None:
             torch.save(images, save)
         return out
+
+    def _pack(self, cfg) -> int:
+        """IPC batches per step: `pack`, or for auto what a default run packs on this device."""
+        from fadrm_ray.packing import pack_limit
+
+        s = self.setup
+        return pack_limit(cfg, len(s["classes"]), s["image_size"], s["channels"], [self.teacher], self.device)
 
     def _run(self, side: str, cfg, keep: bool):
         from fadrm_ray.recover import final_images, init_state, recover
@@ -131,8 +140,9 @@ class _Worker:
             images = torch.cat([to_uint8(x, s["mean"], s["std"]) for x in outs]) if keep else None
         else:
             states = []
-            for p in range(0, ipc, cfg.pack):
-                idx = list(range(p, min(ipc, p + cfg.pack)))
+            pack = self._pack(cfg)
+            for p in range(0, ipc, pack):
+                idx = list(range(p, min(ipc, p + pack)))
                 state = init_state(cfg, classes, idx, patches[idx], s["image_size"], s["channels"], s["mean"], s["std"])
                 states.append(recover(state, [self.teacher], cfg, self.device))
             sync(self.device)

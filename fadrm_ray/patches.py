@@ -34,9 +34,9 @@ from fadrm_ray.seeding import seeded_generator
 
 Box = tuple[int, int, int]  # (top, left, side) of a square crop
 
-# Crops per scoring forward: enough pixels to keep the device busy, few enough to stay in cache
-# on a CPU (larger batches of 32-px crops were slower there, not faster).
-_SCORE_PIXELS = {"cpu": 1 << 17, "cuda": 1 << 22}
+# Input pixels per scoring forward (512 crops of 32 px on a CPU): large batches keep the device
+# busy; the cap keeps the activations of large images within memory.
+_SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
 
 
 def scored(cfg: DistillConfig) -> bool:
@@ -85,16 +85,17 @@ def draw_boxes(gen: torch.Generator, count: int, scale: tuple[float, float], h: 
     return boxes
 
 
-def cut(images: torch.Tensor, boxes: Sequence[Box], size: int) -> torch.Tensor:
-    """uint8 crops (len(boxes), C, size, size): box j cut from images[j] and resized (bilinear,
-    antialiased), rounded to uint8. Crops of one side are resized in one call; the resize treats
-    every image on its own, so a crop is the same whether it is cut alone or with others."""
+def cut(images: torch.Tensor, boxes: Sequence[Box], size: int, per_image: int = 1) -> torch.Tensor:
+    """uint8 crops (len(boxes), C, size, size): box j cut from images[j // per_image] and resized
+    (bilinear, antialiased), rounded to uint8. Crops of one side are resized in one call; the
+    resize treats every image on its own, so a crop is the same whether it is cut alone or with
+    others."""
     out = torch.empty((len(boxes), images.shape[1], size, size), dtype=torch.uint8)
     by_side: dict[int, list[int]] = {}
     for j, (_, _, side) in enumerate(boxes):
         by_side.setdefault(side, []).append(j)
     for side, rows in by_side.items():
-        batch = torch.stack([images[j, :, boxes[j][0]:boxes[j][0] + side, boxes[j][1]:boxes[j][1] + side]
+        batch = torch.stack([images[j // per_image, :, boxes[j][0]:boxes[j][0] + side, boxes[j][1]:boxes[j][1] + side]
                              for j in rows]).float()
         if side != size:
             batch = F.interpolate(batch, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
@@ -112,7 +113,7 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
     images = dataset.train.load(candidates)
     boxes = draw_boxes(gen, n * m, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])  # image by image
-    crops = cut(images.repeat_interleave(m, dim=0), boxes, size)
+    crops = cut(images, boxes, size, per_image=m)
     scores = crop_scores(crops, label, dataset, teachers, device, cfg.precision, cfg.channels_last).view(n, m)
     best = scores.argmin(dim=1)
     ranking = scores.min(dim=1).values.argsort(stable=True).tolist()

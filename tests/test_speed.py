@@ -216,8 +216,9 @@ def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
     labels = torch.tensor(CLASSES)
     model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
     model.load_state_dict(teacher_model.state_dict())
-    model.eval()  # parameters left requiring grad, as the reference does
+    model.eval()
     x = reference_recover(model, p[0], labels, cfg, MEAN, STD, seed=0)
+    assert not any(q.requires_grad for q in model.parameters())  # frozen, as the published loop freezes it
     assert x.shape == (10, 1, 8, 8) and torch.isfinite(x).all()
     lo, hi = (0 - MEAN[0]) / STD[0], (1 - MEAN[0]) / STD[0]
     assert x.min() >= lo - 1e-6 and x.max() <= hi + 1e-6
