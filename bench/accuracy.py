@@ -166,7 +166,7 @@ def _cell_job(cell: dict) -> list[dict]:
 def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str], mode: str, control: bool,
              evaluation: EvalConfig, jobs: int = 1, threads: int = 1, recover_overrides: dict | None = None,
              variants: dict | None = None, image_size: int | None = None, teacher: str | None = None,
-             teacher_model: str | None = None) -> dict:
+             teacher_model: str | None = None, teacher_epochs: int | None = None) -> dict:
     """Teachers first, then every cell, `jobs` processes at a time (each with `threads` torch threads).
 
     `teacher` replaces t1 (a checkpoint trained on the same data); `teacher_model` trains t1 as
@@ -177,7 +177,7 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
     tnames = list(TEACHERS) if several else ["t1"]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
-        teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t, TEACHER_EPOCHS[mode][d],
+        teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t, teacher_epochs or TEACHER_EPOCHS[mode][d],
                                     teacher_model if t == "t1" else None)
                         for d in datasets for t in tnames if not (teacher and t == "t1")]
         paths: dict = {d: ({"t1": Path(teacher)} if teacher else {}) for d in datasets}
@@ -276,6 +276,7 @@ def main(argv=None) -> dict:
                         help="student optimizer steps per evaluation under the short protocol (default: 1000, quick: 300)")
     parser.add_argument("--teacher", default=None, help="a checkpoint to use as t1 instead of training one")
     parser.add_argument("--teacher-model", default=None, help="train t1 as this model (e.g. resnet18-cifar)")
+    parser.add_argument("--teacher-epochs", type=int, default=None, help="epochs of every teacher trained here")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per job (1 by default: on a shared 2-core machine more threads spin-wait)")
     parser.add_argument("--jobs", type=int, default=None,
@@ -313,7 +314,7 @@ def main(argv=None) -> dict:
         f"{jobs} job(s) x {args.threads} thread(s)" + (f", recover overrides {recover_overrides}" if recover_overrides else ""))
     grid = run_grid(out, datasets, ipcs, methods, mode, args.control, evaluation, jobs=jobs, threads=args.threads,
                     recover_overrides=recover_overrides, variants=variants, image_size=args.image_size,
-                    teacher=args.teacher, teacher_model=args.teacher_model)
+                    teacher=args.teacher, teacher_model=args.teacher_model, teacher_epochs=args.teacher_epochs)
     table = markdown(grid["results"], methods)
     report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
               "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
