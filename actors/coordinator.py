@@ -137,6 +137,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ run
     def run(self) -> DistillResult:
+        """Run every unfinished stage as the run's only writer (`RunStore.session`: a second
+        command for the same run waits here, then finds the units done) and finish the manifest."""
+        try:
+            with self.store.session(self.cfg.to_dict()):
+                return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> DistillResult:
         from tqdm.auto import tqdm
 
         started = time.perf_counter()
