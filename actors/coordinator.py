@@ -20,6 +20,7 @@ from typing import Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from actors.lifeline import Lifeline
 from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
@@ -32,22 +33,33 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
     """Use the Ray already initialized in this process, join `address`, or start an embedded one.
 
     Only a Ray this function started is shut down at the end; an address-less `ray.init` is never
-    used, since it would join any Ray instance already running on the machine.
+    used, since it would join any Ray instance already running on the machine. An embedded Ray
+    is bound to this process by a `Lifeline`: it ends with the driver, even a killed one.
     """
     if ray.is_initialized():
         yield
         return
     runtime_env = {"env_vars": dict(ALLOCATOR_ENV)}  # read by glibc when each worker process starts
+    lifeline = None
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
-                 include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                 object_store_memory=512 * 1024 * 1024)
+        lifeline = Lifeline() if Lifeline.supported() else None
+        try:
+            with lifeline.tagging() if lifeline else contextlib.nullcontext():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
+                         include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                         object_store_memory=512 * 1024 * 1024)
+        except BaseException:
+            if lifeline:
+                lifeline.close()
+            raise
     try:
         yield
     finally:
         ray.shutdown()
+        if lifeline:
+            lifeline.close()
 
 
 @dataclass
@@ -137,6 +149,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ run
     def run(self) -> DistillResult:
+        """Run every unfinished stage as the run's only writer (`RunStore.session`: a second
+        command for the same run waits here, then finds the units done) and finish the manifest."""
+        try:
+            with self.store.session(self.cfg.to_dict()):
+                return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> DistillResult:
         from tqdm.auto import tqdm
 
         started = time.perf_counter()

@@ -48,7 +48,7 @@ def _summary(ev: dict) -> dict:
 
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
-                            device: str = "cpu", progress: bool = True) -> dict:
+                            device: str = "cpu", progress: bool = True, incomplete: bool = False) -> dict:
     """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
     and soft labels) and `gains` (the run's top-1 minus each baseline's, in points).
 
@@ -56,10 +56,10 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
     students of all three learn from `teachers` (default: the run's). A baseline that cannot be
     built (a teacher file gone) is reported with its error instead of a number.
     """
-    reader = open_run(run_dir)
+    reader = open_run(run_dir, incomplete=incomplete)
     dataset = run_dataset(reader, dataset)
     result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
-                          device=device, progress=progress)
+                          device=device, progress=progress, incomplete=incomplete)
     baselines, gains = {}, {}
     for name, bcfg in baseline_configs(reader.config).items():
         try:

@@ -180,8 +180,7 @@ def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequen
                       torch.device(run_device or device).type)
     teachers, infos = load_teachers(teacher_paths, dataset, cfg, device)
     run_id = make_run_id(cfg, dataset.fingerprint(), [i.sha256 for i in infos])
-    store = RunStore(out_root, run_id)
-    store.write_config(cfg.to_dict())
+    store = RunStore(out_root, run_id)  # written in a `store.session`, which holds the run's lock
     return cfg, teachers, infos, store
 
 
@@ -196,19 +195,21 @@ def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequ
     cfg, teachers, infos, store = prepare_run(cfg, dataset, teacher_paths, out_root, device)
     prov = provenance(cfg, dataset, infos, store.run_id)
     units = plan_units(cfg, dataset.num_classes)
-    done = store.finished_units()
-    todo = [u for u in units if u.unit_id not in done]
-    steps = steps_of(todo, cfg)
-    result = DistillResult(store.run_id, store.run_dir, 0, units_skipped=[u.unit_id for u in units if u.unit_id in done])
-    cache: dict = {}
-    with tqdm(total=steps, desc=f"distill {store.run_id}", unit="it", disable=not progress or steps == 0) as bar:
-        for unit in todo:
-            records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
-            store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
-            result.units_run.append(unit.unit_id)
-    result.seconds = time.perf_counter() - started
-    summary = {"seconds": result.seconds, "executor": "local", "device": device,
-               "threads": torch.get_num_threads(), "pid": os.getpid()}
-    manifest = store.finalize(summary)
+    with store.session(cfg.to_dict()):
+        done = store.finished_units()  # after the lock: a writer we waited for may have done it all
+        todo = [u for u in units if u.unit_id not in done]
+        steps = steps_of(todo, cfg)
+        result = DistillResult(store.run_id, store.run_dir, 0,
+                               units_skipped=[u.unit_id for u in units if u.unit_id in done])
+        cache: dict = {}
+        with tqdm(total=steps, desc=f"distill {store.run_id}", unit="it", disable=not progress or steps == 0) as bar:
+            for unit in todo:
+                records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
+                store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
+                result.units_run.append(unit.unit_id)
+        result.seconds = time.perf_counter() - started
+        summary = {"seconds": result.seconds, "executor": "local", "device": device,
+                   "threads": torch.get_num_threads(), "pid": os.getpid()}
+        manifest = store.finalize(summary)
     result.images = int(manifest["rows"])
     return result

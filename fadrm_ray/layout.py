@@ -8,6 +8,7 @@ Layout of one run::
     manifest.json                                 the run manifest, written when the run completes
     checkpoints/<unit_id>.after<stage>.pt         recover states of a unit after `stage` stages (Ray runs)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
+    writer.lock                                   held by the one process writing the run (pid, host)
     soft_labels/                                  teacher soft labels kept by `evaluate --soft-labels stored`
     evaluations/<key>.json                        every evaluation of the run, by what decides its result
     report/                                       grid.png, losses.png, evaluation.json, evaluation.png
@@ -28,11 +29,13 @@ _MANIFEST = "manifest.json"
 _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
 _LEDGER = "ledger.jsonl"
+_LOCK = "writer.lock"
 _SOFT_LABELS = "soft_labels"
 _REPORT = "report"
 _EVALUATIONS = "evaluations"
 _REPORT_FILES = {"grid": "grid.png", "losses": "losses.png", "evaluation": "evaluation.json",
                  "evaluation_plot": "evaluation.png"}
+_REPORT_SOURCE = "source.json"
 
 _PART_GLOB = "label=*/part-ipc*-*.parquet"
 _PART_RE = re.compile(r"^part-ipc(\d+)-(\d+)\.parquet$")
@@ -66,6 +69,11 @@ class RunLayout:
     @property
     def ledger(self) -> Path:
         return self.run_dir / _LEDGER
+
+    @property
+    def lock(self) -> Path:
+        """The writer lock (`fadrm_ray.store.lock`); its temporary and broken copies sit beside it."""
+        return self.run_dir / _LOCK
 
     @property
     def soft_labels(self) -> Path:
@@ -185,3 +193,8 @@ class RunLayout:
     def report_files(self) -> dict[str, Path]:
         """Every report file by name (grid, losses, evaluation, evaluation_plot), present or not."""
         return {key: self.report_dir / name for key, name in _REPORT_FILES.items()}
+
+    @property
+    def report_source(self) -> Path:
+        """Which data the grid and loss figures describe (the run's content hash when written)."""
+        return self.report_dir / _REPORT_SOURCE
