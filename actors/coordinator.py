@@ -20,11 +20,12 @@ from typing import Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from actors.lifeline import Lifeline
 from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import (DistillResult, Unit, checkpointed_units, load_selections, needed_classes, plan_units,
-                               prepare_run, provenance, request_images)
+                               prepare_run, provenance, request_images, run_config)
 from fadrm_ray.runtime import ALLOCATOR_ENV, ExecutionSpec, heavy_process_env
 
 
@@ -33,22 +34,33 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
     """Use the Ray already initialized in this process, join `address`, or start an embedded one.
 
     Only a Ray this function started is shut down at the end; an address-less `ray.init` is never
-    used, since it would join any Ray instance already running on the machine.
+    used, since it would join any Ray instance already running on the machine. An embedded Ray
+    is bound to this process by a `Lifeline`: it ends with the driver, even a killed one.
     """
     if ray.is_initialized():
         yield
         return
     runtime_env = {"env_vars": dict(ALLOCATOR_ENV)}  # read by glibc when each worker process starts
+    lifeline = None
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
-                 include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                 object_store_memory=512 * 1024 * 1024)
+        lifeline = Lifeline() if Lifeline.supported() else None
+        try:
+            with lifeline.tagging() if lifeline else contextlib.nullcontext():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus,
+                         include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                         object_store_memory=512 * 1024 * 1024)
+        except BaseException:
+            if lifeline:
+                lifeline.close()
+            raise
     try:
         yield
     finally:
         ray.shutdown()
+        if lifeline:
+            lifeline.close()
 
 
 @dataclass
@@ -97,10 +109,7 @@ class Coordinator:
             self.close()
             raise
         self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
-        # Around the units the run already has: a request for more IPC adds units for the rest only.
-        self.units = plan_units(self.cfg, self.dataset.num_classes, image_size=self.dataset.image_size,
-                                workers=len(self.workers), finished=list(self.store.finished_units()),
-                                partial=checkpointed_units(self.store.layout), device_type=self.device)
+        self.units: list[Unit] = []  # planned by run(), once it holds the run's writer lock
         self.stages = self.cfg.k + 1
         self.ledger_path = self.store.layout.ledger
 
@@ -151,6 +160,23 @@ class Coordinator:
 
     # ------------------------------------------------------------------ run
     def run(self) -> DistillResult:
+        """Run every unfinished stage as the run's only writer (`RunStore.session`: a second
+        command for the same run waits here, then finds the units done) and finish the manifest."""
+        try:
+            with self.store.session(run_config(self.cfg, self.store.layout)):
+                self.units = self.plan()
+                return self._run()
+        finally:
+            self.close()
+
+    def plan(self) -> list[Unit]:
+        """The run's units, around those it already has (finished or checkpointed): a request for
+        a larger IPC adds units for the missing IPC indices only."""
+        return plan_units(self.cfg, self.dataset.num_classes, image_size=self.dataset.image_size,
+                          workers=len(self.workers), finished=list(self.store.finished_units()),
+                          partial=checkpointed_units(self.store.layout), device_type=self.device)
+
+    def _run(self) -> DistillResult:
         from tqdm.auto import tqdm
 
         started = time.perf_counter()

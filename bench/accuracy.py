@@ -22,9 +22,8 @@ Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++
 Distillation uses seed 0; the 3 seeds are the students' (initial weights and augmentation
 stream).
 
-Cells (one per dataset and method, its IPCs largest first: they share one run, and the
-smaller IPC is read from the larger) run in parallel, `--jobs` processes of `--threads` torch
-threads each (default: one single-threaded process per CPU); every cell is deterministic, so the table does not depend on
+Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
+single-threaded process per CPU); every cell is deterministic, so the table does not depend on
 the job count. `--set KEY=VALUE` overrides the recover config of every distilled method (for
 example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in the
 README); such runs get their own run ids and cache entries.
@@ -47,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.config import ConfigError, make_config, parse_overrides
+from fadrm_ray.baselines import baseline_configs
+from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
@@ -55,7 +55,9 @@ from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 
-METHODS = ["random-real", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+"]
+# Rows of the table. "patches" is the fadrm row's own starting patches (its config at zero
+# recover iterations, baselines.py); "fadrm-paper" is fadrm at the published settings.
+METHODS = ["random-real", "patches", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+", "fadrm-paper"]
 CONTROL = "fadrm+ (t1 labels)"
 TEACHERS = {  # name -> (model, kwargs)
     "t1": ("convnet-bn", {"width": 64, "depth": 3}),
@@ -75,15 +77,40 @@ STUDENT_STEPS = {"full": 1000, "quick": 300}
 
 
 def budget_of(method: str, t: int) -> int:
-    return {"sre2l++": 2 * t, "sre2l": t // 2, "rded": 0, "random-real": 0}.get(method, t)
+    return {"sre2l++": 2 * t, "sre2l": t // 2, "rded": 0, "random-real": 0, "patches": 0}.get(method, t)
 
 
-def bench_teacher(dataset, out: Path, name: str, epochs: int, log) -> tuple[Path, float]:
-    """Teacher `name` of TEACHERS on `dataset`, trained once into out/teachers/<dataset>/<name>/."""
-    model, kwargs = TEACHERS[name]
+def method_config(method: str, ipc: int, t: int, recover_overrides: dict, variants: dict) -> DistillConfig:
+    """The distill config of one row: a preset (or a --variant) at this IPC and budget."""
+    common = {"ipc": ipc, "ipc_per_unit": ipc, "pack": ipc}
+    if method == "patches":
+        fadrm = method_config("fadrm", ipc, t, recover_overrides, variants)
+        return baseline_configs(fadrm.to_dict())["starting_patches"].model_copy(update=common)
+    preset, overrides = variants.get(method, (method, {}))
+    values = {"iterations": budget_of(preset, t), **common, **recover_overrides, **overrides}
+    return make_config(preset, overrides=values)
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, dict]]:
+    """'NAME: PRESET key=value ...' -> (NAME, (PRESET, {key: value})); values are read as YAML."""
+    name, sep, rest = text.partition(":")
+    words = rest.split()
+    if not sep or not name.strip() or not words:
+        raise ConfigError(f"--variant must look like 'NAME: PRESET key=value ...', got {text!r}")
+    overrides = parse_overrides(words[1:])
+    make_config(words[0], overrides=overrides)  # a bad preset, key or value fails before any work
+    return name.strip(), (words[0], overrides)
+
+
+def bench_teacher(dataset, out: Path, name: str, epochs: int, log, model: str | None = None) -> tuple[Path, float]:
+    """Teacher `name` of TEACHERS on `dataset` (or a `model` by name with its default settings),
+    trained once into out/teachers/<dataset>-<size>px/<name>/."""
+    folder = out / "teachers" / (dataset.name if dataset.info.get("native_size") in (None, dataset.image_size)
+                                 else f"{dataset.name}-{dataset.image_size}px") / (f"{name}-{model}" if model else name)
+    model, kwargs = (model, {}) if model else TEACHERS[name]
     cfg = SqueezeConfig(model=model, model_kwargs=dict(kwargs), epochs=epochs, seed=0)
     started = time.perf_counter()
-    teacher = ensure_teacher(dataset, cfg, out / "teachers" / dataset.name / name, progress=False)
+    teacher = ensure_teacher(dataset, cfg, folder, progress=False)
     if not teacher.reused:
         log(f"  teacher {name} ({model} {kwargs}) on {dataset.name}: test top-1 {teacher.info.test_accuracy:.2f}% "
             f"in {time.perf_counter() - started:.0f} s")
@@ -95,78 +122,86 @@ def log(msg: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _dataset(name: str):
-    return get_dataset(name)
+def _dataset(name: str, image_size: int | None = None):
+    return get_dataset(name, image_size=image_size)
 
 
 def _start_job(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _teacher_job(out: Path, dataset_name: str, tname: str, epochs: int) -> tuple[str, str, Path, float]:
-    path, acc = bench_teacher(_dataset(dataset_name), out, tname, epochs, log)
+def _teacher_job(out: Path, dataset_name: str, image_size: int | None, tname: str, epochs: int,
+                 model: str | None = None) -> tuple[str, str, Path, float]:
+    path, acc = bench_teacher(_dataset(dataset_name, image_size), out, tname, epochs, log, model)
     return dataset_name, tname, path, acc
 
 
 def _cell_job(cell: dict) -> list[dict]:
-    """Distill one (dataset, method) at each of its IPCs and evaluate it; FADRM+ also gets its
-    control row here. The IPCs of one method share one run (the IPC is not part of a run's
-    identity), so they run in one process, largest first: the smaller ones are read from it."""
-    dataset, paths = _dataset(cell["dataset"]), cell["teachers"]
-    preset = cell["method"]
-    teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if preset == "fadrm+" else [])
+    """Distill one (dataset, IPC, method) and evaluate it; FADRM+ also gets its control row here,
+    so that the one run it shares is never distilled by two processes at once."""
+    dataset, paths = _dataset(cell["dataset"], cell["image_size"]), cell["teachers"]
+    ipc = cell["ipc"]
+    cfg = method_config(cell["method"], ipc, cell["t"], cell["recover_overrides"], cell["variants"])
+    teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if cfg.preset == "fadrm+" else [])
+    started = time.perf_counter()
+    run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
+    distill_s = time.perf_counter() - started
     rows = []
-    for ipc in sorted(cell["ipcs"], reverse=True):
-        cfg = make_config(preset, overrides={"ipc": ipc, "iterations": budget_of(preset, cell["t"]),
-                                             **cell["recover_overrides"]})
-        started = time.perf_counter()
-        run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
-        distill_s = time.perf_counter() - started
-        for method in [preset] + ([CONTROL] if cell["control"] else []):
-            eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
-            # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
-            ev = evaluate_run(run.run_dir, cell["evaluations"][ipc], teachers=eval_teachers, dataset=dataset,
-                              progress=False, ipc=run.ipc)
-            rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
-                         "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
-                         "distill_skipped": bool(run.units_skipped and not run.units_run),
-                         "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
-                         "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
-                         "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
-                         "teachers": [Path(p).parent.name for p in eval_teachers]})
-            log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
-                f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
+    for method in [cell["method"]] + ([CONTROL] if cell["control"] else []):
+        eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
+        # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
+        # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
+        ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False,
+                          ipc=run.ipc)
+        rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
+                     "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
+                     "distill_skipped": bool(run.units_skipped and not run.units_run),
+                     "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
+                     "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
+                     "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
+                     "teachers": [Path(p).parent.name for p in eval_teachers]})
+        log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
+            f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
     return rows
 
 
-def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str], seeds: int, mode: str,
-             control: bool, cosine_stretch: float, jobs: int = 1, threads: int = 1,
-             recover_overrides: dict | None = None) -> dict:
-    """Teachers first, then every cell, `jobs` processes at a time (each with `threads` torch threads)."""
+def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str], mode: str, control: bool,
+             evaluation: EvalConfig, jobs: int = 1, threads: int = 1, recover_overrides: dict | None = None,
+             variants: dict | None = None, image_size: int | None = None, teacher: str | None = None,
+             teacher_model: str | None = None, teacher_epochs: int | None = None) -> dict:
+    """Teachers first, then every cell, `jobs` processes at a time (each with `threads` torch threads).
+
+    `teacher` replaces t1 (a checkpoint trained on the same data); `teacher_model` trains t1 as
+    that model instead of TEACHERS' convnet-bn."""
     store = out / "store"
-    tnames = list(TEACHERS) if "fadrm+" in methods else ["t1"]
+    variants = dict(variants or {})
+    several = any((variants.get(m, (m, {}))[0] == "fadrm+") for m in methods)
+    tnames = list(TEACHERS) if several else ["t1"]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
-        teacher_jobs = [pool.submit(_teacher_job, out, d, t, TEACHER_EPOCHS[mode][d]) for d in datasets for t in tnames]
-        paths: dict = {d: {} for d in datasets}
-        teachers_info: dict = {d: {} for d in datasets}
+        teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t, teacher_epochs or TEACHER_EPOCHS[mode][d],
+                                    teacher_model if t == "t1" else None)
+                        for d in datasets for t in tnames if not (teacher and t == "t1")]
+        paths: dict = {d: ({"t1": Path(teacher)} if teacher else {}) for d in datasets}
+        teachers_info: dict = {d: ({"t1": {"path": teacher}} if teacher else {}) for d in datasets}
         for job in teacher_jobs:
             d, tname, path, acc = job.result()
             paths[d][tname] = path
-            teachers_info[d][tname] = {"path": str(path), "model": TEACHERS[tname][0], "kwargs": TEACHERS[tname][1],
-                                       "test_top1": round(acc, 2)}
+            model, kwargs = (teacher_model, {}) if (teacher_model and tname == "t1") else TEACHERS[tname]
+            teachers_info[d][tname] = {"path": str(path), "model": model, "kwargs": kwargs, "test_top1": round(acc, 2)}
         cells = []
         for d in datasets:
-            num_classes = _dataset(d).num_classes
-            evaluations = {}
+            num_classes = _dataset(d, image_size).num_classes
             for ipc in ipcs:
-                epochs = epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode]) if STUDENT_STEPS[mode] else None
-                evaluations[ipc] = EvalConfig(epochs=epochs, seeds=seeds, cosine_stretch=cosine_stretch)
-            for method in methods:
-                cells.append({"dataset": d, "ipcs": list(ipcs), "method": method, "t": BUDGETS[mode][d],
-                              "teachers": paths[d], "store": store, "out": out, "evaluations": evaluations,
-                              "control": control and method == "fadrm+",
-                              "recover_overrides": dict(recover_overrides or {})})
+                cell_eval = evaluation
+                if evaluation.protocol == "short" and evaluation.epochs is None:
+                    cell_eval = evaluation.model_copy(
+                        update={"epochs": epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode])})
+                for method in methods:
+                    cells.append({"dataset": d, "image_size": image_size, "ipc": ipc, "method": method,
+                                  "t": BUDGETS[mode][d], "teachers": paths[d], "store": store, "out": out,
+                                  "evaluation": cell_eval, "control": control and method == "fadrm+",
+                                  "recover_overrides": dict(recover_overrides or {}), "variants": variants})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
         order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
         futures = {i: pool.submit(_cell_job, cells[i]) for i in order}
@@ -176,11 +211,11 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
 
 def _cost(cell: dict) -> float:
     """A rough relative cost of a cell: recover image-updates times teachers, plus evaluation."""
-    pixels = _dataset(cell["dataset"]).image_size ** 2
+    pixels = _dataset(cell["dataset"], cell["image_size"]).image_size ** 2
     teachers = 3 if cell["method"] == "fadrm+" else 1
-    recover = budget_of(cell["method"], cell["t"]) * max(cell["ipcs"]) * teachers * pixels
-    seeds = sum(len(e.seed_list) for e in cell["evaluations"].values())
-    return recover + 2e4 * pixels * seeds * (2 if cell["control"] else 1)
+    preset, overrides = cell["variants"].get(cell["method"], (cell["method"], {}))
+    recover = overrides.get("iterations", budget_of(preset, cell["t"])) * cell["ipc"] * teachers * pixels
+    return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
 
 
 def markdown(results: list[dict], methods: list[str]) -> str:
@@ -225,15 +260,25 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="bench-results/accuracy")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--datasets", default=None, help="comma-separated (default: digits,mnist-sample; quick: digits)")
+    parser.add_argument("--image-size", type=int, default=None, help="resize the datasets to this size (default: native)")
     parser.add_argument("--ipc", default="1,10", help="comma-separated IPC values")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated rows among {', '.join(METHODS)} and the --variant names")
+    parser.add_argument("--variant", action="append", default=[], metavar="'NAME: PRESET key=value ...'",
+                        help="an extra row: a preset with its own overrides (repeatable)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--protocol", choices=["short", "published"], default="short",
+                        help="student schedule: short (--student-steps steps, full cosine) or published "
+                             "(300 epochs, 1000 at IPC 1, stretched cosine)")
     parser.add_argument("--control", action="store_true",
                         help=f"add the '{CONTROL}' row (FADRM+ images, single-teacher labels)")
-    parser.add_argument("--cosine-stretch", type=float, default=EvalConfig().cosine_stretch,
-                        help="student schedule stretch (evaluate.py; 2 = the published small-IPC setting)")
+    parser.add_argument("--cosine-stretch", type=float, default=None,
+                        help="student schedule stretch (default: the protocol's)")
     parser.add_argument("--student-steps", type=int, default=None,
-                        help="student optimizer steps per evaluation (default: 1000, quick: 300)")
+                        help="student optimizer steps per evaluation under the short protocol (default: 1000, quick: 300)")
+    parser.add_argument("--teacher", default=None, help="a checkpoint to use as t1 instead of training one")
+    parser.add_argument("--teacher-model", default=None, help="train t1 as this model (e.g. resnet18-cifar)")
+    parser.add_argument("--teacher-epochs", type=int, default=None, help="epochs of every teacher trained here")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per job (1 by default: on a shared 2-core machine more threads spin-wait)")
     parser.add_argument("--jobs", type=int, default=None,
@@ -249,33 +294,37 @@ def main(argv=None) -> dict:
             parser.error("--student-steps must be >= 1")
         STUDENT_STEPS[mode] = args.student_steps
     datasets = args.datasets.split(",") if args.datasets else (["digits"] if args.quick else ["digits", "mnist-sample"])
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(methods) - set(METHODS))
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+        recover_overrides = parse_overrides(args.overrides)
+        make_config("fadrm", overrides=recover_overrides)  # reject a bad key or value before any work
+        evaluation = EvalConfig(seeds=args.seeds, protocol=args.protocol, cosine_stretch=args.cosine_stretch)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    methods = [m for m in args.methods.split(",") if m] + [v for v in variants if v not in args.methods.split(",")]
+    unknown = sorted(set(methods) - set(METHODS) - set(variants))
     if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)} or define a --variant")
     ipcs = [int(v) for v in args.ipc.split(",") if v]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
-    try:
-        recover_overrides = parse_overrides(args.overrides)
-        make_config("fadrm", overrides=recover_overrides)  # reject a bad key or value before any work
-    except ConfigError as exc:
-        parser.error(str(exc))
 
     started = time.perf_counter()
-    log(f"bench.accuracy ({mode}): datasets {datasets}, IPC {ipcs}, {args.seeds} seeds, student {STUDENT_STEPS[mode]} "
-        f"steps, cosine stretch {args.cosine_stretch}, {jobs} job(s) x {args.threads} thread(s)"
-        + (f", recover overrides {recover_overrides}" if recover_overrides else ""))
-    grid = run_grid(out, datasets, ipcs, methods, args.seeds, mode, args.control, args.cosine_stretch,
-                    jobs=jobs, threads=args.threads, recover_overrides=recover_overrides)
+    schedule = f"{STUDENT_STEPS[mode]} student steps" if args.protocol == "short" else "the published student schedule"
+    log(f"bench.accuracy ({mode}): datasets {datasets}, IPC {ipcs}, {args.seeds} seeds, {schedule}, "
+        f"{jobs} job(s) x {args.threads} thread(s)" + (f", recover overrides {recover_overrides}" if recover_overrides else ""))
+    grid = run_grid(out, datasets, ipcs, methods, mode, args.control, evaluation, jobs=jobs, threads=args.threads,
+                    recover_overrides=recover_overrides, variants=variants, image_size=args.image_size,
+                    teacher=args.teacher, teacher_model=args.teacher_model, teacher_epochs=args.teacher_epochs)
     table = markdown(grid["results"], methods)
-    report = {"mode": mode, "datasets": datasets, "ipc": ipcs, "methods": methods, "seeds": args.seeds,
-              "threads": args.threads, "jobs": jobs, "recover_overrides": recover_overrides, "budgets": {d: BUDGETS[mode][d] for d in datasets},
-              "budget_rule": "fadrm/fadrm+ T, sre2l++ 2T, sre2l T/2, rded/random-real 0",
-              "student": "convnet-bn (width 64, depth 3)", "student_steps": STUDENT_STEPS[mode],
-              "cosine_stretch": args.cosine_stretch, **grid, "table": table,
-              "seconds": round(time.perf_counter() - started, 1)}
+    report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
+              "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
+              "recover_overrides": recover_overrides, "budgets": {d: BUDGETS[mode][d] for d in datasets},
+              "budget_rule": "fadrm/fadrm+ T, sre2l++ 2T, sre2l T/2, rded/random-real/patches 0",
+              "student": evaluation.student, "protocol": args.protocol,
+              "student_steps": STUDENT_STEPS[mode] if args.protocol == "short" else None,
+              **grid, "table": table, "seconds": round(time.perf_counter() - started, 1)}
     (out / "accuracy.json").write_text(json.dumps(report, indent=2))
     (out / "accuracy.md").write_text(table + "\n")
     bar_chart(grid["results"], out / "accuracy.png")

@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fadrm_ray.layout import RunLayout
+
 ROOT = Path(__file__).resolve().parent.parent
 OLD_DEFAULTS = ["--set", "pack=1", "--set", "ipc_per_unit=1"]
 
@@ -64,8 +66,6 @@ def recover_time(run_dir) -> tuple[float, int]:
 
 def events(run_dir, name: str) -> list[dict]:
     """The ledger events `name` of a Ray run."""
-    from fadrm_ray.layout import RunLayout
-
     lines = RunLayout(run_dir).ledger.read_text().splitlines()
     return [e for e in map(json.loads, filter(None, lines)) if e["event"] == name]
 
@@ -82,7 +82,7 @@ def fadrm_distill(argv: list[str], store: Path, env: dict | None = None) -> dict
         raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     inside, steps = recover_time(result["run_dir"])
-    manifest = json.loads((Path(result["run_dir"]) / "manifest.json").read_text())
+    manifest = json.loads(RunLayout(result["run_dir"]).manifest.read_text())
     return {"wall": wall, "recover": inside, "steps": steps, "images": result["images"],
             "images_per_second": result["images"] / wall, "summary": manifest.get("summary", {}),
             "units": len(result["units_run"])}

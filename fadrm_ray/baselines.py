@@ -49,7 +49,8 @@ def _summary(ev: dict) -> dict:
 
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
-                            device: str = "cpu", progress: bool = True, ipc: int | None = None) -> dict:
+                            device: str = "cpu", progress: bool = True, incomplete: bool = False,
+                            ipc: int | None = None) -> dict:
     """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
     and soft labels) and `gains` (the run's top-1 minus each baseline's, in points).
 
@@ -58,10 +59,10 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
     built (a teacher file gone) is reported with its error instead of a number. `ipc` reads the
     run, and builds the baselines, at that IPC (as `evaluate_run` does).
     """
-    reader = open_run(run_dir, ipc=ipc)
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
     result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
-                          device=device, progress=progress, ipc=ipc)
+                          device=device, progress=progress, incomplete=incomplete, ipc=ipc)
     baselines, gains = {}, {}
     for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:

@@ -1,7 +1,11 @@
 """The `fadrm` command: one subcommand per phase, each a thin wrapper over a library function.
 
 Every subcommand prints a short human summary, or with `--json` one JSON object on stdout
-(progress bars go to stderr). Bad input exits with status 2 and one line naming what is wrong.
+(progress bars go to stderr). Bad input, argparse's own complaints included, exits with status 2
+and one line naming what is wrong, before any work starts: output locations are checked first
+(a directory, or one that can be created, that this process can write to; an output never
+replaces anything). Storage that fails during the work (full, read-only) exits with status 1
+and one line; what was half-written is removed.
 
 Each phase's settings are built once from the command line (a flag left unset means the
 model's default), and the runtime options become one `ExecutionSpec`. Without `--local`,
@@ -28,12 +32,20 @@ if TYPE_CHECKING:
     RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
 
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
 # Subcommands that train or distill: their process starts with runtime.heavy_process_env.
-HEAVY_COMMANDS = ("squeeze", "distill", "evaluate", "demo")
+HEAVY_COMMANDS = ("squeeze", "distill", "evaluate", "demo", "verify")
 
 
 class CLIError(Exception):
     """A user error the CLI reports in one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the CLI's form: one line, status 2, no usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def execution_spec(args) -> ExecutionSpec:
@@ -62,10 +74,28 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _parse_classes(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    try:
-        return [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        raise CLIError(f"--classes must be comma-separated class indices like 0,3,7, got {text!r}") from None
+    items = [c.strip() for c in text.split(",")]
+    if not all(c.isdigit() for c in items):
+        raise CLIError(f"--classes must be comma-separated class indices like 0,3,7, got {text!r}")
+    classes = [int(c) for c in items]
+    repeated = sorted({c for c in classes if classes.count(c) > 1})
+    if repeated:
+        raise CLIError(f"--classes names class {repeated[0]} more than once: {text!r}")
+    return classes
+
+
+def _check_teachers(paths: Sequence[str]) -> None:
+    for path in paths:
+        if Path(path).is_dir():
+            raise CLIError(f"teacher checkpoint {path} is a directory, not a checkpoint file")
+        if not Path(path).is_file():
+            raise CLIError(f"teacher checkpoint {path} does not exist")
+
+
+def _warn_incomplete(args, reader_complete: bool) -> None:
+    if not reader_complete:
+        print(f"fadrm {args.command}: warning: {args.run} is incomplete (the run was not finished); "
+              f"using the units written so far", file=sys.stderr)
 
 
 def _emit(args, payload: dict, human: str) -> None:
@@ -83,6 +113,9 @@ def cmd_squeeze(args) -> None:
     from fadrm_ray.settings import SqueezeConfig, layered
     from fadrm_ray.squeeze import squeeze
 
+    from fadrm_ray.squeeze import check_out_dir
+
+    check_out_dir(args.out)
     cfg = layered(SqueezeConfig, parse_overrides(args.set or [], SqueezeConfig),
                   flags={"model": args.model, "epochs": args.epochs, "seed": args.seed})
     dataset = get_dataset(args.dataset, root=args.data_root)
@@ -104,10 +137,10 @@ def build_config(args) -> "DistillConfig":
 
 def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     from fadrm_ray.data import get_dataset
+    from fadrm_ray.fileio import check_output_dir
 
-    for path in args.teacher:
-        if not Path(path).is_file():
-            raise CLIError(f"teacher checkpoint {path} does not exist")
+    _check_teachers(args.teacher)
+    check_output_dir(args.out, "--out store")
     cfg = build_config(args)
     spec = execution_spec(args)
     if spec.local:
@@ -128,14 +161,18 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
 
 
 def cmd_export(args) -> None:
-    from fadrm_ray.store import export_imagefolder, export_tensors
+    from fadrm_ray.fileio import check_new_output
+    from fadrm_ray.store import export_imagefolder, export_tensors, open_run
 
     classes = _parse_classes(args.classes)
+    check_new_output(args.out, "--out", empty_dir_ok=args.format == "imagefolder")
+    complete = open_run(args.run, incomplete=args.incomplete).complete
+    _warn_incomplete(args, complete)
     if args.format == "imagefolder":
-        count = export_imagefolder(args.run, args.out, classes=classes, ipc=args.ipc)
+        count = export_imagefolder(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
     else:
-        count = export_tensors(args.run, args.out, classes=classes, ipc=args.ipc)
-    _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count},
+        count = export_tensors(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
+    _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count, "complete": complete},
           f"exported {count} images as {args.format} to {args.out}")
 
 
@@ -147,14 +184,24 @@ def cmd_evaluate(args) -> None:
     from fadrm_ray.runtime import process_info
     from fadrm_ray.settings import EvalConfig, layered
 
+    from fadrm_ray.fileio import check_output_dir
+    from fadrm_ray.layout import RunLayout
+    from fadrm_ray.store import open_run
+
     cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),
                   flags={"student": args.student, "epochs": args.epochs, "seeds": args.seeds,
                          "soft_labels": args.soft_labels, "protocol": args.protocol})
+    reader = open_run(args.run, incomplete=args.incomplete, ipc=args.ipc)
+    check_output_dir(RunLayout(args.run).report_dir, "the run's report folder")
+    _warn_incomplete(args, reader.complete)
+    reader.verify()  # before a dataset is loaded or a teacher read
     if args.baselines:
-        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet, ipc=args.ipc)
+        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
+                                         incomplete=args.incomplete, ipc=args.ipc)
     else:
-        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet, ipc=args.ipc)
-    result["report"] = write_report(args.run, evaluation=result)
+        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
+                              incomplete=args.incomplete, ipc=args.ipc)
+    result["report"] = write_report(args.run, evaluation=result, incomplete=args.incomplete)
     result["process"] = process_info()
     per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
     lines = [f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
@@ -170,11 +217,14 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_info(args) -> None:
-    from fadrm_ray.report import report_files
+    """Describe the run, checked against its manifests; a run still being written (or left
+    unfinished) is described too, marked `complete: False`, with the process writing it."""
+    from fadrm_ray.report import report_files, stale_reports
     from fadrm_ray.store import open_run
 
-    info = open_run(args.run, ipc=args.ipc).info()
+    info = open_run(args.run, incomplete=True, ipc=args.ipc).info()
     info["report"] = report_files(args.run)
+    info["report_stale"] = stale_reports(args.run)
     if args.json:
         print(json.dumps(info, default=str))
         return
@@ -186,10 +236,40 @@ def cmd_info(args) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def cmd_verify(args) -> None:
+    """Check every file of a run; with --repair, recompute the units that fail. Exits 1 while
+    any unit fails."""
+    from fadrm_ray.report import stale_reports
+    from fadrm_ray.store.verify import describe_check, verify_run
+
+    if args.repair:
+        from fadrm_ray.fileio import check_output_dir
+        from fadrm_ray.repair import repair_run
+        from fadrm_ray.runtime import torch_threads
+
+        check_output_dir(args.run, "--run")
+        _check_teachers(args.teacher or [])
+        with torch_threads(args.threads):
+            outcome = repair_run(args.run, dataset=args.dataset, teachers=args.teacher, device=args.device,
+                                 progress=not args.quiet)
+        check, repaired = outcome["after"], outcome["repaired"]
+    else:
+        check, repaired = verify_run(args.run), None
+    check["report_stale"] = stale_reports(args.run)
+    ok = not check["bad_units"]
+    lines = describe_check(check, repaired)
+    _emit(args, {**check, "repaired": repaired, "ok": ok}, "\n".join(lines))
+    if not ok:
+        raise SystemExit(EXIT_FAILED)
+
+
 def cmd_demo(args, ray_distill: "RayDistill | None" = None) -> None:
     """The main job on the embedded default: train a teacher on a real offline dataset, distill, export."""
     from fadrm_ray.pipeline import run_demo
 
+    from fadrm_ray.fileio import check_output_dir
+
+    check_output_dir(args.out, "--out")
     spec = execution_spec(args)
     ray = None if spec.local else _needs_ray(ray_distill)
 
@@ -206,11 +286,11 @@ def cmd_demo(args, ray_distill: "RayDistill | None" = None) -> None:
 def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentParser:
     from fadrm_ray.config import PRESETS
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     common.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    execution = argparse.ArgumentParser(add_help=False)
+    execution = _Parser(add_help=False)
     execution.add_argument("--local", action="store_true", help="run in this process, without Ray")
     execution.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     execution.add_argument("--threads", type=int, default=None, help="torch threads per process")
@@ -220,7 +300,7 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     execution.add_argument("--cpus-per-worker", type=float, default=1.0)
     execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
 
-    parser = argparse.ArgumentParser(prog="fadrm", description="FADRM dataset distillation.")
+    parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     data_help = "digits, mnist-sample, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
     ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
@@ -256,7 +336,8 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     p.add_argument("--format", choices=["imagefolder", "pt"], default="imagefolder")
     p.add_argument("--classes", default=None)
     p.add_argument("--ipc", type=int, default=None, help=ipc_help)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="a new path (an empty folder for imagefolder); never replaced")
+    p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")
@@ -275,12 +356,24 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("info", parents=[common], help="describe a run: config, classes, rows, timings")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
     p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("verify", parents=[common], help="check every file of a run; --repair recomputes what fails")
+    p.add_argument("--run", required=True, help="STORE/RUN_ID")
+    p.add_argument("--repair", action="store_true", help="recompute the units that fail, and finish the run")
+    p.add_argument("--teacher", action="append", default=None,
+                   help="teacher to repair with (default: the run's own, checked by sha256)")
+    p.add_argument("--dataset", default=None,
+                   help="dataset to repair with (default: the run's, checked by fingerprint)")
+    p.add_argument("--device", default=None, help="cpu or cuda, for --repair")
+    p.add_argument("--threads", type=int, default=None, help="torch threads, for --repair")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("demo", parents=[common, execution], help="the whole pipeline on an offline dataset (main job)")
     p.add_argument("--out", default="fadrm-demo", help="output directory")
@@ -292,11 +385,18 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = None) -> int:
     """Run one `fadrm` subcommand; `ray_distill` runs distillations without --local."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
     parser = build_parser(ray_distill)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's one-line error (_Parser)
+        return int(exc.code or 0)
     try:
         # --threads is the torch thread count of the whole command (every phase it runs).
         with torch_threads(getattr(args, "threads", None) if args.command in HEAVY_COMMANDS else None):
@@ -304,8 +404,15 @@ def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = No
     except _user_errors() as exc:
         if os.environ.get("FADRM_DEBUG"):
             raise
-        print(f"fadrm {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fadrm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:  # the storage failed during the work: full, read-only, gone
+        if os.environ.get("FADRM_DEBUG"):
+            raise
+        print(f"fadrm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    except SystemExit as exc:
+        return int(exc.code or 0)
     except KeyboardInterrupt:
         print(f"fadrm {args.command}: interrupted; finished units are kept and a rerun resumes", file=sys.stderr)
         return 130

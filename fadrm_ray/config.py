@@ -25,6 +25,9 @@ _NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
+    # The released FADRM scripts' recover settings, pinned whatever this project's defaults are:
+    # lr 0.25, crops down to 8% of the image, "medium" patches, a flip every other step.
+    "fadrm-paper": {"lr": 0.25, "crop_scale_min": 0.08, "patch_selection": "medium", "flip": True},
     "sre2l": {**_NO_ARC, "init": "noise", "iterations": 1000},
     "cda": {**_NO_ARC, "init": "noise", "iterations": 4000, "crop_curriculum": True},
     "sre2l++": {**_NO_ARC, "iterations": 4000},

@@ -301,8 +301,7 @@ def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequen
                       torch.device(run_device or device).type)
     teachers, infos = load_teachers(teacher_paths, dataset, cfg, device)
     run_id = make_run_id(cfg, dataset.fingerprint(), [i.sha256 for i in infos])
-    store = RunStore(out_root, run_id)
-    store.write_config(run_config(cfg, store.layout))
+    store = RunStore(out_root, run_id)  # written in a `store.session`, which holds the run's lock
     return cfg, teachers, infos, store
 
 
@@ -332,23 +331,26 @@ def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequ
     device = device or default_device()
     cfg, teachers, infos, store = prepare_run(cfg, dataset, teacher_paths, out_root, device)
     prov = provenance(cfg, dataset, infos, store.run_id)
-    done = store.finished_units()
-    units = plan_units(cfg, dataset.num_classes, image_size=dataset.image_size, finished=list(done),
-                       partial=checkpointed_units(store.layout), device_type=torch.device(device).type)
-    todo = [u for u in units if u.unit_id not in done]
-    result = DistillResult(store.run_id, store.run_dir, request_images(cfg, dataset.num_classes),
-                           units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc)
-    # Every class's patches are scored once, before any unit, and kept in the run.
-    cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, device)
-    steps = steps_of(todo, cfg)
-    with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it", disable=not progress or steps == 0) as bar:
-        for unit in todo:
-            records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
-            store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
-            result.units_run.append(unit.unit_id)
-    result.seconds = time.perf_counter() - started
-    if result.units_run or not store.is_complete():
-        store.finalize({"seconds": result.seconds, "executor": "local", "device": device, "ipc": cfg.ipc,
-                        "threads": torch.get_num_threads(), "pid": os.getpid(),
-                        "patch_seconds": patch_seconds, "patches_scored": len(scored_now)})
+    with store.session(run_config(cfg, store.layout)):
+        # Planned after the lock: a writer we waited for may have added units, or done them all.
+        done = store.finished_units()
+        units = plan_units(cfg, dataset.num_classes, image_size=dataset.image_size, finished=list(done),
+                           partial=checkpointed_units(store.layout), device_type=torch.device(device).type)
+        todo = [u for u in units if u.unit_id not in done]
+        result = DistillResult(store.run_id, store.run_dir, request_images(cfg, dataset.num_classes),
+                               units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc)
+        # Every class's patches are scored once, before any unit, and kept in the run.
+        cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, device)
+        steps = steps_of(todo, cfg)
+        with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it",
+                  disable=not progress or steps == 0) as bar:
+            for unit in todo:
+                records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
+                store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
+                result.units_run.append(unit.unit_id)
+        result.seconds = time.perf_counter() - started
+        if result.units_run or not store.is_complete():
+            store.finalize({"seconds": result.seconds, "executor": "local", "device": device, "ipc": cfg.ipc,
+                            "threads": torch.get_num_threads(), "pid": os.getpid(),
+                            "patch_seconds": patch_seconds, "patches_scored": len(scored_now)})
     return result

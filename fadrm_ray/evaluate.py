@@ -313,7 +313,8 @@ def run_teachers(reader) -> list[str]:
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
-                 progress: bool = True, cache: bool = True, ipc: int | None = None) -> dict:
+                 progress: bool = True, cache: bool = True, incomplete: bool = False,
+                 ipc: int | None = None) -> dict:
     """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
 
     `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
@@ -323,8 +324,10 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     the one the run was distilled from (its fingerprint is checked, since a different test split
     would make the number meaningless). Stored soft labels go to the run's soft-label folder.
     The result is cached in the run (module docstring); `cache=False` neither reads nor writes it.
+    The images are checked against the run's manifests as they are read, before any cached
+    result is looked up; a run that is not finished is evaluated only with `incomplete`.
     """
-    reader = open_run(run_dir, ipc=ipc)
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
     teachers = run_teachers(reader) if teachers is None else teachers
     images, labels, _ = reader.read()
@@ -346,7 +349,8 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
                              progress=progress, soft_label_dir=reader.layout.soft_labels)
     result.update(run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
-                  ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash())
+                  ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
+                  complete=reader.complete)
     if cache:
         atomic_write_text(cached, json.dumps(to_plain(result)))
     return result

@@ -1,7 +1,10 @@
-"""Files that are either complete or absent: atomic writes and content hashes.
+"""Files that are either complete or absent: atomic writes, content hashes, output checks.
 
 Everything the project writes for others to read (checkpoints, part files, manifests) goes
 through `atomic_write_bytes`, so a crash never leaves a half-written file under its final name.
+Outputs a user names (an export, a teacher) go through `atomic_create_bytes`, which also never
+replaces a file that is already there, and are checked by `check_output_dir` /
+`check_new_output` before any work starts, so a bad location costs one line, not a run.
 """
 from __future__ import annotations
 
@@ -9,6 +12,10 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+
+
+class OutputError(ValueError):
+    """An output location that cannot be written, or an output that would replace existing data."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -54,15 +61,105 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
+        _name(exc, path)
         raise
     fsync_dir(path.parent)
     return path
 
 
+def _name(exc: BaseException, path: Path) -> None:
+    """Let a failed write say which file it was ("No space left on device" alone does not)."""
+    if isinstance(exc, OSError) and not exc.filename:
+        exc.filename = str(path)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Like `atomic_write_bytes`, but refuse (FileExistsError) if ``path`` already exists.
+
+    The complete file is linked to its final name: a link never replaces an existing name, so
+    two writers racing for one name cannot overwrite each other and no check-then-write gap opens.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except OSError as exc:
+        _name(exc, path)
+        raise
+    finally:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+    fsync_dir(path.parent)
+    return path
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path.cwd()
+
+
+def _probe_writable(directory: Path) -> str | None:
+    """Why files cannot be created in `directory`, or None if they can.
+
+    A real file is created and removed: permission bits say nothing on a read-only mount, for
+    root, or under NFS root squashing, and a failed write after hours of work costs far more.
+    """
+    probe = directory / f".fadrm-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+    os.close(fd)
+    try:
+        probe.unlink()
+    except OSError:
+        pass
+    return None
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Raise OutputError unless `path` is a directory, or can be created as one, that this process
+    can write to. Nothing is created: a refused command leaves nothing behind."""
+    path = Path(path)
+    existing = _nearest_existing(path)
+    if not existing.is_dir():
+        if existing == path:
+            raise OutputError(f"{what} {path} is a file, not a directory")
+        raise OutputError(f"{what} {path} cannot be created: {existing} is a file, not a directory")
+    reason = _probe_writable(existing)
+    if reason is not None:
+        where = "" if existing == path else f" (in {existing})"
+        raise OutputError(f"{what} {path} is not writable{where}: {reason}")
+    return path
+
+
+def check_new_output(path: str | os.PathLike, what: str, *, empty_dir_ok: bool = False) -> Path:
+    """Raise OutputError if `path` exists (an empty directory passes with `empty_dir_ok`), or if
+    its folder cannot be written (`check_output_dir`)."""
+    path = Path(path)
+    if os.path.lexists(path):
+        if not (empty_dir_ok and path.is_dir() and not any(path.iterdir())):
+            raise OutputError(f"{what} {path} already exists; choose a new path or remove it first")
+        check_output_dir(path, what)
+        return path
+    check_output_dir(path.parent, f"the folder of {what}")
+    return path
+

@@ -9,6 +9,7 @@ Layout of one run::
     checkpoints/<unit_id>.after<stage>.pt         recover states of a unit after `stage` stages (Ray runs)
     patches/label=<c>.json                        the scored ranking of class c's real patches (scored once per run)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
+    writer.lock                                   held by the one process writing the run (pid, host)
     soft_labels/                                  teacher soft labels kept by `evaluate --soft-labels stored`
     evaluations/<key>.json                        every evaluation of the run, by what decides its result
     report/                                       grid.png, losses.png, evaluation.json, evaluation.png
@@ -30,11 +31,13 @@ _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
 _PATCHES = "patches"
 _LEDGER = "ledger.jsonl"
+_LOCK = "writer.lock"
 _SOFT_LABELS = "soft_labels"
 _REPORT = "report"
 _EVALUATIONS = "evaluations"
 _REPORT_FILES = {"grid": "grid.png", "losses": "losses.png", "evaluation": "evaluation.json",
                  "evaluation_plot": "evaluation.png"}
+_REPORT_SOURCE = "source.json"
 
 _PART_GLOB = "label=*/part-ipc*-*.parquet"
 _PART_RE = re.compile(r"^part-ipc(\d+)-(\d+)\.parquet$")
@@ -68,6 +71,11 @@ class RunLayout:
     @property
     def ledger(self) -> Path:
         return self.run_dir / _LEDGER
+
+    @property
+    def lock(self) -> Path:
+        """The writer lock (`fadrm_ray.store.lock`); its temporary and broken copies sit beside it."""
+        return self.run_dir / _LOCK
 
     @property
     def soft_labels(self) -> Path:
@@ -192,3 +200,8 @@ class RunLayout:
     def report_files(self) -> dict[str, Path]:
         """Every report file by name (grid, losses, evaluation, evaluation_plot), present or not."""
         return {key: self.report_dir / name for key, name in _REPORT_FILES.items()}
+
+    @property
+    def report_source(self) -> Path:
+        """Which data the grid and loss figures describe (the run's content hash when written)."""
+        return self.report_dir / _REPORT_SOURCE

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.fileio import atomic_write_bytes, sha256_file
+from fadrm_ray.fileio import OutputError, atomic_create_bytes, atomic_write_bytes, sha256_file
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
 MODEL_NAMES = OWN_MODELS + ["timm:NAME", "torchvision:NAME"]
@@ -244,10 +245,11 @@ class TeacherInfo:
 file_sha256 = sha256_file
 
 
-def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -> str:
+def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *, replace: bool = True) -> str:
     """Write the checkpoint atomically (temp file + os.replace); returns its sha256.
 
-    ``info.sha256`` and ``info.path`` are updated to describe the written file.
+    ``info.sha256`` and ``info.path`` are updated to describe the written file. With
+    ``replace=False`` an existing file is never replaced (OutputError).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +264,13 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -
     }
     buf = io.BytesIO()
     torch.save(payload, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    if replace:
+        atomic_write_bytes(path, buf.getvalue())
+    else:
+        try:
+            atomic_create_bytes(path, buf.getvalue())
+        except FileExistsError:
+            raise OutputError(f"teacher checkpoint {path} already exists; choose another folder or remove it") from None
     digest = file_sha256(path)
     info.sha256 = digest
     info.path = str(path)
@@ -272,13 +280,22 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo) -
 def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, TeacherInfo]:
     """Rebuild a frozen teacher (eval mode, no gradients) from a checkpoint written by save_teacher."""
     path = Path(path)
+    if path.is_dir():
+        raise ModelError(f"teacher checkpoint {path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise ModelError(f"teacher checkpoint not found: {path}")
     try:
-        payload = torch.load(str(path), map_location=device, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on files it then refuses
+            warnings.simplefilter("ignore")
+            payload = torch.load(str(path), map_location=device, weights_only=True)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ModelError(f"cannot read teacher checkpoint {path}: {type(exc).__name__}: {first}") from None
+        # torch's own text suggests loading again with weights_only=False, which runs whatever
+        # code the file holds: never pass that on.
+        if "weights only" in str(exc).lower() or "weights_only" in str(exc):
+            raise ModelError(f"cannot read teacher checkpoint {path}: a safe load refused it (only tensors and "
+                             f"plain values are loaded, and nothing in the file is run); it is not a fadrm "
+                             f"teacher checkpoint") from None
+        raise ModelError(f"cannot read teacher checkpoint {path}: not a PyTorch checkpoint file") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ModelError(f"{path} is not a fadrm teacher checkpoint")
     if payload.get("version") != CHECKPOINT_VERSION:

@@ -2,8 +2,9 @@
 
 `run_demo` is what `fadrm demo` runs: it trains a teacher (or reuses the one it trained
 before in the same output folder), distills the dataset with the `fadrm` preset, trains
-students on the result, writes the report (image grid, loss curves, accuracy), exports an
-ImageFolder and returns a summary of where everything is.
+students on the result and on its two baselines (random real images and its starting
+patches, baselines.py), writes the report (image grid, loss curves, accuracy against the
+baselines), exports an ImageFolder and returns a summary of where everything is.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable
 
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
-from fadrm_ray.evaluate import evaluate_run
+from fadrm_ray.baselines import evaluate_with_baselines
 from fadrm_ray.report import write_report
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
@@ -40,8 +41,8 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
-    evaluation = evaluate_run(result.run_dir, EvalConfig(seeds=seeds), teachers=[teacher], dataset=dataset,
-                              progress=progress, ipc=result.ipc)
+    evaluation = evaluate_with_baselines(result.run_dir, EvalConfig(seeds=seeds), teachers=[teacher],
+                                         dataset=dataset, progress=progress, ipc=result.ipc)
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export
@@ -58,6 +59,9 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         "distill_seconds": round(result.seconds, 1),
         "student_top1_mean": round(evaluation["top1_mean"], 2),
         "student_top1_std": round(evaluation["top1_std"], 2),
+        **{f"{name}_top1_mean": round(b["top1_mean"], 2) for name, b in evaluation["baselines"].items()
+           if "top1_mean" in b},
+        "report_evaluation": report.get("evaluation_plot"),
         "report_grid": report.get("grid"),
         "report_losses": report.get("losses"),
         "imagefolder": str(export_dir),

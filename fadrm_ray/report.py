@@ -10,6 +10,11 @@ The last step of a run's life, after distill and evaluate: `report/` beside the 
 - `evaluation.json` (and `evaluation.png`, the student's test top-1 during training) when an
   evaluation result (evaluate.evaluate_run) is given.
 
+A report describes the images the run held when it was written, so it is tied to them: the
+evaluation records the run's content hash (`manifests.content_hash`), and `source.json` records
+the one the figures were drawn from. When a unit is rewritten later (a rerun that repaired it),
+the hash changes and `stale_reports` names the files that no longer describe the run.
+
 Figures use matplotlib's Agg backend: reports are written on headless workers.
 """
 from __future__ import annotations
@@ -22,6 +27,8 @@ import numpy as np
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run, to_plain
+from fadrm_ray.store.manifests import content_hash
+from fadrm_ray.store.records import utc_now
 
 
 def pyplot():
@@ -51,11 +58,37 @@ def report_files(run_dir: str | Path) -> dict[str, str]:
     return {k: str(p) for k, p in RunLayout(run_dir).report_files().items() if p.is_file()}
 
 
+def _recorded_hash(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("content_hash") if isinstance(data, dict) else None
+
+
+def stale_reports(run_dir: str | Path) -> dict[str, str]:
+    """Report files that do not describe the run's images as they are now: name -> why."""
+    layout = RunLayout(run_dir)
+    files = layout.report_files()
+    now = content_hash(layout)
+    recorded = {"grid": _recorded_hash(layout.report_source), "losses": _recorded_hash(layout.report_source),
+                "evaluation": _recorded_hash(files["evaluation"])}
+    recorded["evaluation_plot"] = recorded["evaluation"]
+    stale = {}
+    for name, path in files.items():
+        if not path.is_file() or recorded[name] == now:
+            continue
+        stale[name] = ("written before reports recorded the data they describe" if recorded[name] is None
+                       else "the run's images changed since it was written")
+    return stale
+
+
 # --------------------------------------------------------------------------- image grid
-def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20) -> Path:
+def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20, *,
+               incomplete: bool = False) -> Path:
     """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices."""
     plt = pyplot()
-    reader = open_run(run_dir)
+    reader = open_run(run_dir, incomplete=incomplete)
     images, labels, ipcs = reader.read()
     path = Path(path)
     if labels.numel() == 0:
@@ -96,14 +129,14 @@ def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max
 
 
 # --------------------------------------------------------------------------- loss curves
-def loss_curves(run_dir: str | Path) -> dict:
+def loss_curves(run_dir: str | Path, *, incomplete: bool = False) -> dict:
     """CE and BN curves of recover, stages concatenated, averaged over every pack of every unit.
 
     Returns {"ce", "bn": arrays over the global iteration, "merges": iterations after which an
     ARC merge happened, "stages": [(start, end, resolution)], "units": packs averaged}.
     """
     ce_runs, bn_runs, merge_sets, stage_sets = [], [], [], []
-    for manifest in open_run(run_dir).unit_manifests().values():
+    for manifest in open_run(run_dir, incomplete=incomplete).unit_manifests().values():
         for pack in (manifest.get("stats") or {}).get("packs", []) or []:
             ce, bn, merges, stages, t = [], [], [], [], 0
             for st in pack.get("stages", []) or []:
@@ -134,9 +167,9 @@ def loss_curves(run_dir: str | Path) -> dict:
             "units": len(ce_runs)}
 
 
-def write_losses(run_dir: str | Path, path: str | Path) -> Path:
+def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = False) -> Path:
     plt = pyplot()
-    curves = loss_curves(run_dir)
+    curves = loss_curves(run_dir, incomplete=incomplete)
     path = Path(path)
     if curves["units"] == 0:
         return _message_png(path, "no recover iterations in this run\n(selection-only method, or no unit finished)")
@@ -220,16 +253,19 @@ def _message_png(path: Path, message: str) -> Path:
 
 
 def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classes: int = 20,
-                 max_ipc: int = 20) -> dict[str, str]:
+                 max_ipc: int = 20, *, incomplete: bool = False) -> dict[str, str]:
     """Write `<run_dir>/report/` and return {name: path} of every report file there.
 
-    Without `evaluation`, an evaluation.json written before is kept (and listed).
+    Without `evaluation`, an evaluation.json written before is kept (and listed; `stale_reports`
+    says whether it still describes the run). `incomplete` allows a run that is not finished.
     """
     layout = RunLayout(run_dir)
     layout.report_dir.mkdir(parents=True, exist_ok=True)
     files = layout.report_files()
-    write_grid(run_dir, files["grid"], max_classes, max_ipc)
-    write_losses(run_dir, files["losses"])
+    source = content_hash(layout)  # before drawing: a unit rewritten meanwhile makes the report stale
+    write_grid(run_dir, files["grid"], max_classes, max_ipc, incomplete=incomplete)
+    write_losses(run_dir, files["losses"], incomplete=incomplete)
+    atomic_write_text(layout.report_source, json.dumps({"content_hash": source, "written_at": utc_now()}))
     if evaluation is not None:
         plain = to_plain({k: v for k, v in evaluation.items() if k != "model"})
         atomic_write_text(files["evaluation"], json.dumps(plain, indent=2, allow_nan=True))

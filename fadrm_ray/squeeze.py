@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .augment import cutmix_box
 from .data.base import ImageDataset
+from .fileio import OutputError, check_output_dir
 from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
                      model_in_chans, save_teacher)
 from .runtime import torch_threads, tune_allocator
@@ -76,14 +77,33 @@ def default_out_dir(dataset: ImageDataset, model_name: str) -> Path:
     return Path("teachers") / f"{_safe(dataset.name)}-{_safe(model_name)}"
 
 
+TEACHER_FILE = "teacher.pt"
+
+
+def teacher_path(out_dir: str | os.PathLike) -> Path:
+    """Where `squeeze(..., out_dir=out_dir)` writes its checkpoint."""
+    return Path(out_dir) / TEACHER_FILE
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """OutputError unless `out_dir` can take a new teacher: a writable folder (or one that can be
+    created) without a checkpoint in it, unless `overwrite`. Checked before training, not after."""
+    check_output_dir(out_dir, "teacher folder")
+    if not overwrite and os.path.lexists(teacher_path(out_dir)):
+        raise OutputError(f"{teacher_path(out_dir)} already exists; choose another --out or remove it")
+    return teacher_path(out_dir)
+
+
 def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.PathLike | None = None,
             num_threads: int | None = None, progress: bool = True,
-            device: str | torch.device | None = None) -> SqueezeResult:
+            device: str | torch.device | None = None, overwrite: bool = False) -> SqueezeResult:
     """Train a teacher on ``dataset.train``, measure top-1 on ``dataset.test``, save ``out_dir/teacher.pt``.
 
     ``out_dir`` defaults to ``teachers/<dataset>-<model>``; ``device`` defaults to CUDA when present.
-    The checkpoint records ``cfg`` (``TeacherInfo.squeeze_config``).
+    The checkpoint records ``cfg`` (``TeacherInfo.squeeze_config``). An existing checkpoint is
+    replaced only with ``overwrite``; the folder is checked before training starts.
     """
+    check_out_dir(out_dir if out_dir is not None else default_out_dir(dataset, cfg.model), overwrite)
     tune_allocator()
     n = len(dataset.train)
     if n == 0:
@@ -155,8 +175,8 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
                        std=tuple(dataset.std), class_names=list(dataset.class_names), dataset=dataset.name,
                        dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4),
                        squeeze_config=cfg.model_dump(mode="json"))
-    path = out / "teacher.pt"
-    save_teacher(path, model, info)
+    path = teacher_path(out)
+    save_teacher(path, model, info, replace=overwrite)
     return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
                          epochs=cfg.epochs, config=cfg)
 
@@ -190,7 +210,7 @@ def ensure_teacher(dataset: ImageDataset, cfg: SqueezeConfig, out_dir: str | os.
                    device: str | torch.device | None = None) -> EnsuredTeacher:
     """The teacher of `squeeze(dataset, cfg, out_dir=out_dir)`: the one saved in `out_dir` when it
     matches (`teacher_matches`), else a new one trained there (over an unreadable or other one)."""
-    path = Path(out_dir) / "teacher.pt"
+    path = teacher_path(out_dir)
     if path.is_file():
         try:
             _, info = load_teacher(path)
@@ -198,5 +218,7 @@ def ensure_teacher(dataset: ImageDataset, cfg: SqueezeConfig, out_dir: str | os.
             info = None
         if info is not None and teacher_matches(info, dataset, cfg):
             return EnsuredTeacher(path, info, True)
-    result = squeeze(dataset, cfg, out_dir=out_dir, num_threads=num_threads, progress=progress, device=device)
+    # This folder is the cache of this very teacher: one that is unreadable or of other settings is replaced.
+    result = squeeze(dataset, cfg, out_dir=out_dir, num_threads=num_threads, progress=progress, device=device,
+                     overwrite=True)
     return EnsuredTeacher(Path(result.path), result.info, False)

@@ -35,3 +35,27 @@ def one_thread():
 
     with torch_threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def small_run(digits, digits_teacher, tmp_path_factory):
+    """A finished run of two units (digits, IPC 3 in units of 2 and 1) to copy and damage."""
+    from fadrm_ray.config import make_config
+    from fadrm_ray.distill import distill_local
+    from fadrm_ray.runtime import torch_threads
+
+    cfg = make_config("fadrm", overrides={"ipc": 3, "iterations": 8, "ipc_per_unit": 2, "precision": "fp32"})
+    with torch_threads(1):
+        result = distill_local(cfg, digits, [digits_teacher[0]], tmp_path_factory.mktemp("small-run"),
+                               device="cpu", progress=False)
+    return result.run_dir
+
+
+@pytest.fixture
+def run_copy(small_run, tmp_path):
+    """A copy of `small_run` under a store of its own, with the same run id (so it can be repaired)."""
+    import shutil
+
+    target = tmp_path / "store" / small_run.name
+    shutil.copytree(small_run, target)
+    return target

@@ -12,12 +12,12 @@ LAYOUT_MODULE = ROOT / "fadrm_ray" / "layout.py"
 # Entries of a run directory (README, "The store"). A string equal to one of these, used to
 # build a path, means a module knows the layout itself instead of asking RunLayout.
 RUN_ENTRIES = {"config.yaml", "manifest.json", "units", "checkpoints", "ledger.jsonl", "soft_labels", "report", "evaluations",
-               "grid.png", "losses.png", "evaluation.json", "evaluation.png"}
+               "grid.png", "losses.png", "evaluation.json", "evaluation.png", "writer.lock", "source.json"}
 # Pieces of generated names inside a run (label folders, part files, stage checkpoints).
 NAME_PIECES = ("label=", "part-ipc", ".after")
 # File names no module outside the layout has a reason to spell at all (docstrings aside).
 FILE_NAMES = ("config.yaml", "manifest.json", "ledger.jsonl", "part-ipc", "grid.png", "losses.png",
-              "evaluation.json", "evaluation.png")
+              "evaluation.json", "evaluation.png", "writer.lock", "source.json")
 PATH_CALLS = {"Path", "PurePath", "open", "glob", "rglob", "joinpath", "with_name", "iglob"}
 
 
@@ -97,6 +97,8 @@ def test_layout_names_are_the_on_disk_format(tmp_path):
     assert layout.part(3, 0, 10) == run / "label=3" / "part-ipc00000-00010.parquet"
     assert layout.checkpoint("u0", 2) == run / "checkpoints" / "u0.after2.pt"
     assert layout.ledger == run / "ledger.jsonl"
+    assert layout.lock == run / "writer.lock"
+    assert layout.report_source == run / "report" / "source.json"
     assert layout.soft_labels == run / "soft_labels"
     assert layout.report_files() == {"grid": run / "report" / "grid.png", "losses": run / "report" / "losses.png",
                                      "evaluation": run / "report" / "evaluation.json",

@@ -1,7 +1,6 @@
 """Run identity: what changes the images names the run; a run grows to a larger IPC and serves
 smaller ones (README, "Reusing a run")."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ import torch
 from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
 from fadrm_ray.distill import Unit, distill_local, make_run_id
+from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError, export_tensors, open_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -94,10 +94,10 @@ def test_packed_and_unpacked_runs_through_fadrm_distill_give_the_same_images(dig
 def test_scored_patches_are_kept_in_the_run_and_not_scored_again(digits, digits_teacher, tmp_path):
     teacher = digits_teacher[0]
     first = distill(digits, teacher, tmp_path, ipc=2, classes=[1, 4])
-    files = sorted(p.name for p in (Path(first.run_dir) / "patches").iterdir())
-    assert files == ["label=1.json", "label=4.json"]
-    manifest = json.loads((Path(first.run_dir) / "manifest.json").read_text())
+    layout = RunLayout(first.run_dir)
+    assert [layout.patch_selection(c).is_file() for c in (1, 4, 5)] == [True, True, False]
+    manifest = json.loads(layout.manifest.read_text())
     assert manifest["summary"]["patches_scored"] == 2
     grown = distill(digits, teacher, tmp_path, ipc=3, classes=[1, 4])
-    manifest = json.loads((Path(grown.run_dir) / "manifest.json").read_text())
+    manifest = json.loads(layout.manifest.read_text())
     assert grown.units_run and manifest["summary"]["patches_scored"] == 0  # read from the run

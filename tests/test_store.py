@@ -91,7 +91,7 @@ def test_layout_and_file_names(store):
 def test_round_trip_bit_exact(store, channels):
     records = make_records([3, 1, 0], [2, 0, 1], channels=channels)
     store.write_unit("u0", records, CLASSES, PROVENANCE)
-    reader = open_run(store.run_dir)
+    reader = open_run(store.run_dir, incomplete=True)
     images, labels, ipcs = reader.read()
     assert images.dtype == torch.uint8 and labels.dtype == torch.int64 and ipcs.dtype == torch.int64
     assert images.shape == (9, channels, 8, 8)
@@ -156,7 +156,7 @@ def test_retry_overwrites_own_files_only(store):
         assert file_bytes(p) == b
     assert file_bytes(store.run_dir / "units" / "u1.json") == u1_manifest
 
-    images, labels, ipcs = open_run(store.run_dir).read(classes=[0])
+    images, labels, ipcs = open_run(store.run_dir, incomplete=True).read(classes=[0])
     assert ipcs.tolist() == [0, 1, 2, 3]
     assert torch.equal(images[0], 255 - make_image(0, 0))
     assert torch.equal(images[2], make_image(0, 2))
@@ -196,7 +196,7 @@ def test_write_unit_validates_input(store):
 
 def test_filter_by_classes(store):
     store.write_unit("u0", make_records([0, 1, 2, 3], [0, 1]), CLASSES, PROVENANCE)
-    reader = open_run(store.run_dir)
+    reader = open_run(store.run_dir, incomplete=True)
     assert [p.parent.name for p in reader.part_files()] == ["label=0", "label=1", "label=2", "label=3"]
     assert [p.parent.name for p in reader.part_files([3, 1])] == ["label=1", "label=3"]
     images, labels, ipcs = reader.read(classes=[3, 1])
@@ -219,8 +219,8 @@ def test_finalize_is_complete_info(store):
     store.write_unit("u0", make_records([0, 1], [0, 1]), CLASSES, PROVENANCE, {"seconds": 2.0})
     store.write_unit("u1", make_records([0, 1], [2, 3]), CLASSES, PROVENANCE, {"seconds": 3.0})
     assert not store.is_complete()
-    assert open_run(store.run_dir).manifest is None
-    assert open_run(store.run_dir).info()["complete"] is False
+    assert open_run(store.run_dir, incomplete=True).manifest is None
+    assert open_run(store.run_dir, incomplete=True).info()["complete"] is False
 
     manifest = store.finalize({"timings": {"total_s": 5.0}, "note": "ok"})
     assert store.is_complete()
@@ -229,7 +229,7 @@ def test_finalize_is_complete_info(store):
     assert [u["unit_id"] for u in manifest["units"]] == ["u0", "u1"]
     assert json.loads((store.run_dir / "manifest.json").read_text()) == manifest
 
-    reader = open_run(store.run_dir)
+    reader = open_run(store.run_dir)  # complete: no flag needed
     assert reader.manifest == manifest
     info = reader.info()
     assert info["run_id"] == "run1" and info["complete"] is True
@@ -256,7 +256,7 @@ def test_reader_ignores_leftovers_of_crashed_attempts(store):
     orphan.write_unit("x", make_records([0], [5]), CLASSES, PROVENANCE)
     src = orphan.run_dir / "label=0" / "part-ipc00005-00006.parquet"
     os.replace(src, store.run_dir / "label=0" / src.name)
-    _, _, ipcs = open_run(store.run_dir).read()
+    _, _, ipcs = open_run(store.run_dir, incomplete=True).read()
     assert ipcs.tolist() == [0, 1]
 
 
@@ -302,7 +302,7 @@ def test_export_imagefolder(tmp_path, names):
     labels = list(range(len(names)))
     s.write_unit("u0", make_records(labels, [0, 1, 2]), names, PROVENANCE)
     out = tmp_path / "export"
-    n = export_imagefolder(s.run_dir, out)
+    n = export_imagefolder(s.run_dir, out, incomplete=True)
     assert n == 3 * len(names)
 
     folders, prefixed = imagefolder_names(names)
@@ -324,8 +324,8 @@ def test_export_imagefolder(tmp_path, names):
     assert torch.equal(img, make_image(len(names) - 1, 2))
 
     # The target must be new or empty, so stale files never mix into an export.
-    with pytest.raises(StoreError, match="not an empty directory"):
-        export_imagefolder(s.run_dir, out)
+    with pytest.raises(ValueError, match="already exists"):
+        export_imagefolder(s.run_dir, out, incomplete=True)
 
 
 def test_export_imagefolder_subset_and_grey(tmp_path):
@@ -333,7 +333,7 @@ def test_export_imagefolder_subset_and_grey(tmp_path):
     s.write_unit("u0", make_records([0, 1, 2, 3], [0], channels=1), CLASSES, PROVENANCE)
     out = tmp_path / "empty"
     out.mkdir()
-    assert export_imagefolder(s.run_dir, out, classes=[1, 3]) == 2
+    assert export_imagefolder(s.run_dir, out, classes=[1, 3], incomplete=True) == 2
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["bird", "dog"]
     mapping = json.loads((out / "classes.json").read_text())
     assert mapping["imagefolder_index"] == {"bird": 0, "dog": 1}
@@ -346,15 +346,18 @@ def test_export_imagefolder_subset_and_grey(tmp_path):
 def test_export_tensors_round_trip(store, tmp_path):
     store.write_unit("u0", make_records([0, 1, 2], [0, 1]), CLASSES, PROVENANCE)
     out = tmp_path / "pt" / "distilled.pt"
-    assert export_tensors(store.run_dir, out) == 6
+    assert export_tensors(store.run_dir, out, incomplete=True) == 6
     data = torch.load(out)
-    images, labels, _ = open_run(store.run_dir).read()
+    images, labels, _ = open_run(store.run_dir, incomplete=True).read()
     assert data["images"].dtype == torch.uint8 and data["labels"].dtype == torch.int64
     assert torch.equal(data["images"], images) and torch.equal(data["labels"], labels)
     assert data["class_names"] == CLASSES
-    assert export_tensors(store.run_dir, out, classes=[1]) == 2
-    assert torch.load(out)["labels"].tolist() == [1, 1]
-    assert [p.name for p in out.parent.iterdir()] == ["distilled.pt"]
+    with pytest.raises(ValueError, match="already exists"):  # never replaced
+        export_tensors(store.run_dir, out, classes=[1], incomplete=True)
+    subset = out.with_name("subset.pt")
+    assert export_tensors(store.run_dir, subset, classes=[1], incomplete=True) == 2
+    assert torch.load(subset)["labels"].tolist() == [1, 1]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["distilled.pt", "subset.pt"]
 
 
 @pytest.mark.parametrize("finalized", [False, True])
@@ -367,17 +370,18 @@ def test_info_counts_rows_from_the_manifests(store, monkeypatch, finalized):
     touched = []
 
     def no_table(*args, **kwargs):
-        raise AssertionError("info() read a whole part file")
+        raise AssertionError("info() parsed a whole part file")
 
     real_file, real_schema = pq.ParquetFile, pq.read_schema
     monkeypatch.setattr(pq, "read_table", no_table)
     monkeypatch.setattr(pq, "ParquetFile", lambda path, *a, **k: touched.append(path) or real_file(path, *a, **k))
     monkeypatch.setattr(pq, "read_schema", lambda path, *a, **k: touched.append(path) or real_schema(path, *a, **k))
-    info = open_run(store.run_dir).info()
+    info = open_run(store.run_dir, incomplete=True).info()
     assert info["parts"] == 5 and info["rows"] == 12
     assert info["images_per_class"] == {0: 5, 1: 2, 2: 2, 3: 3} and info["classes"] == [0, 1, 2, 3]
     assert info["image_shape"] == [3, 8, 8]
-    # Class names, provenance and the image shape come from the first part; no other part is opened.
+    # Class names, provenance and the image shape come from the first part; no other part is parsed
+    # (each is read and hashed, to check it against its manifest).
     assert {str(p) for p in touched} == {str(first)}
 
 
@@ -386,7 +390,7 @@ def test_reader_never_builds_the_writer(store, monkeypatch):
 
     store.write_unit("u0", make_records([0, 1], [0, 1]), CLASSES, PROVENANCE, {"seconds": 1.0})
     store.write_unit("u1", make_records([2], [0, 1]), CLASSES, PROVENANCE)
-    expected = open_run(store.run_dir).read()
+    expected = open_run(store.run_dir, incomplete=True).read()
 
     def no_writer(*args, **kwargs):
         raise AssertionError("the reader built a RunStore")
@@ -396,7 +400,7 @@ def test_reader_never_builds_the_writer(store, monkeypatch):
             store.finalize({})
         with monkeypatch.context() as patch:
             patch.setattr(fadrm_ray.store.writer.RunStore, "__init__", no_writer)
-            reader = open_run(store.run_dir)
+            reader = open_run(store.run_dir, incomplete=True)
             assert reader.complete is finalized
             images, labels, _ = reader.read()
             assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
@@ -412,10 +416,10 @@ def test_reader_on_a_bare_copy_of_the_part_files(store, tmp_path):
         target = copy / part.parent.name / part.name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(part.read_bytes())
-    reader = open_run(copy)  # no config.yaml, no manifests: the label folders are all there is
+    reader = open_run(copy, incomplete=True)  # no config.yaml, no manifests: the label folders are all there is
     assert not reader.complete and reader.config == {} and reader.class_names == CLASSES
     images, labels, ipcs = reader.read()
     assert labels.tolist() == [0, 0, 1, 1, 1, 1] and ipcs.tolist() == [0, 1, 0, 1, 2, 3]
-    assert torch.equal(images, open_run(store.run_dir).read()[0])
+    assert torch.equal(images, open_run(store.run_dir, incomplete=True).read()[0])
     info = reader.info()
     assert info["rows"] == 6 and info["images_per_class"] == {0: 2, 1: 4} and info["parts"] == 3

@@ -166,13 +166,29 @@ def rows_split(rows: _Rows, channels: int, size: int, what: str) -> Split:
                  fingerprint_source=_fingerprint(rows))
 
 
+def _is_store_run(root: Path) -> bool:
+    from fadrm_ray.layout import RunLayout
+
+    layout = RunLayout(root)
+    return layout.config.is_file() or layout.units_dir.is_dir()
+
+
 def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
     if not path:
         raise DatasetError("parquet needs a path: parquet:PATH")
     root = Path(path).expanduser()
     if not root.exists():
         raise DatasetError(f"Parquet path not found: {root}")
-    if root.is_dir():
+    if root.is_dir() and _is_store_run(root):
+        # A run of this project's store: its manifests say which files belong to it (not the
+        # leftovers of crashed attempts), and nothing is trained on until they match them.
+        from fadrm_ray.store import open_run
+
+        reader = open_run(root)
+        reader.verify()
+        files = sorted(reader.part_files(), key=lambda p: p.relative_to(root).as_posix())  # the order of the glob
+        base = root
+    elif root.is_dir():
         files = sorted((p for p in root.rglob("*.parquet") if p.is_file() and not p.name.startswith(".")),
                        key=lambda p: p.relative_to(root).as_posix())
         if not files:

@@ -14,17 +14,20 @@ The pieces:
 
 - `records`: ImageRecord, the part schema and its metadata, PNG encode/decode, `to_plain`;
 - `manifests`: config, unit manifests, run manifest and their verification, shared by both sides;
-- `writer`: `RunStore`, the writer of one run (config, units, finalize);
-- `reader`: `open_run`, the reader of a run, complete or still being written;
+- `writer`: `RunStore`, the writer of one run (config, units, finalize, the writing session);
+- `lock`: the writer lock of a run (one writing command at a time, stale locks broken);
+- `reader`: `open_run`, the reader of a run, every part checked against its manifest as it is read;
+- `verify`: the whole-run check of `fadrm verify`;
 - `export`: ImageFolder and tensor-file exports.
 """
 from fadrm_ray.store.export import export_imagefolder, export_tensors, imagefolder_names
 from fadrm_ray.store.reader import open_run
-from fadrm_ray.store.records import ImageRecord, StoreError, to_plain
+from fadrm_ray.store.records import ImageRecord, IntegrityError, StoreError, to_plain
 from fadrm_ray.store.writer import RunStore
 
 __all__ = [
     "ImageRecord",
+    "IntegrityError",
     "RunStore",
     "StoreError",
     "export_imagefolder",

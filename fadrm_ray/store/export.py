@@ -1,7 +1,9 @@
 """Exports of a run for tools that do not read Parquet: a torchvision ImageFolder, a tensor file.
 
-Both are built from `open_run(...)`; the ImageFolder export copies the stored PNG bytes as they
-are (no decode and re-encode), so exported files are bit-identical to the store's images.
+Both are built from `open_run(...)`, whose reads are verified against the run's manifests, so
+nothing that fails that check is exported; the ImageFolder export copies the stored PNG bytes as
+they are (no decode and re-encode), so exported files are bit-identical to the store's images.
+Neither replaces anything that exists, and the target is checked before the run is read.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from fadrm_ray.fileio import atomic_write_bytes, fsync_dir
+from fadrm_ray.fileio import atomic_create_bytes, check_new_output, fsync_dir
 from fadrm_ray.store.reader import open_run
 from fadrm_ray.store.records import StoreError, json_dumps
 
@@ -37,25 +39,31 @@ def imagefolder_names(class_names: Sequence[str]) -> tuple[list[str], bool]:
     return [f"{i:0{width}d}_{c}" if c not in ("", ".", "..") else f"{i:0{width}d}" for i, c in enumerate(cleaned)], True
 
 
+def _nothing_to_export(reader, count: int) -> None:
+    if count == 0:
+        raise StoreError(f"{reader.run_dir} has no images to export")
+
+
 def export_imagefolder(
     run_dir: str | os.PathLike, out_dir: str | os.PathLike, classes: Iterable[int] | None = None,
-    ipc: int | None = None,
+    *, incomplete: bool = False, ipc: int | None = None,
 ) -> int:
     """Write ``out_dir/<class folder>/ipc<k>.png`` plus ``classes.json``; returns the image count.
 
     The export is built in a sibling temporary directory and renamed into place, so ``out_dir``
     is either absent or complete. ``out_dir`` must not exist or be empty. With ``classes`` given,
     ImageFolder numbers only the exported folders; ``classes.json`` maps them to global indices.
-    With ``ipc``, only IPC indices 0..ipc-1 (the run read at that IPC, `open_run`).
+    `incomplete` allows a run that is not finished, `ipc` reads the run at that IPC (IPC indices
+    0..ipc-1; `open_run`).
     """
-    reader = open_run(run_dir, ipc=ipc)
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise StoreError(f"export target {out_dir} exists and is not an empty directory")
+    check_new_output(out_dir, "export target", empty_dir_ok=True)
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     if not reader.class_names:
         raise StoreError(f"{reader.run_dir}: no class names recorded; cannot name class folders")
     folders, prefixed = imagefolder_names(reader.class_names)
     images = reader.encoded(classes)
+    _nothing_to_export(reader, len(images))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -83,10 +91,12 @@ def export_imagefolder(
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
         if out_dir.exists():
-            out_dir.rmdir()  # empty, checked above
-        os.replace(tmp, out_dir)
-    except BaseException:
+            out_dir.rmdir()  # only an empty directory: this fails if anything appeared since the check
+        os.rename(tmp, out_dir)  # fails rather than replace a directory someone filled meanwhile
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and not exc.filename:
+            exc.filename = str(out_dir)  # the export that failed, not its temporary folder
         raise
     fsync_dir(out_dir.parent)
     return len(images)
@@ -94,12 +104,15 @@ def export_imagefolder(
 
 def export_tensors(
     run_dir: str | os.PathLike, out_file: str | os.PathLike, classes: Iterable[int] | None = None,
-    ipc: int | None = None,
+    *, incomplete: bool = False, ipc: int | None = None,
 ) -> int:
     """``torch.save`` of {images uint8, labels int64, ipc_index int64, class_names}; returns N.
-    With ``ipc``, only IPC indices 0..ipc-1."""
-    reader = open_run(run_dir, ipc=ipc)
+    ``out_file`` must not exist; `incomplete` allows a run that is not finished, `ipc` reads the
+    run at that IPC (`open_run`)."""
+    check_new_output(out_file, "export target")
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     images, labels, ipcs = reader.read(classes)
+    _nothing_to_export(reader, int(labels.numel()))
     buf = io.BytesIO()
     torch.save(
         {
@@ -111,5 +124,8 @@ def export_tensors(
         },
         buf,
     )
-    atomic_write_bytes(out_file, buf.getvalue())
+    try:
+        atomic_create_bytes(out_file, buf.getvalue())
+    except FileExistsError:
+        raise StoreError(f"export target {out_file} appeared while the run was read; nothing was written") from None
     return int(labels.numel())

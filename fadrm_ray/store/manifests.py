@@ -9,14 +9,15 @@ finished unit and a complete run are.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import yaml
 
-from fadrm_ray.fileio import sha256_file
+from fadrm_ray.fileio import sha256_bytes, sha256_file
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.store.records import StoreError
+from fadrm_ray.store.records import IntegrityError, StoreError
 
 
 def _read_json(path: Path) -> dict | None:
@@ -79,3 +80,43 @@ def verify(layout: RunLayout, manifest: dict) -> bool:
         except OSError:
             return False
     return True
+
+
+def content_hash(layout: RunLayout, units=None) -> str:
+    """A hash of the images the run holds, from the sha256 its unit manifests (or `units`, the
+    ones a reader went by) record for every part: it changes when a unit is rewritten, so
+    results computed from the images (an evaluation, a report) can be keyed by it."""
+    units = unit_manifests(layout).values() if units is None else units
+    entries = sorted((str(f.get("path")), str(f.get("sha256")))
+                     for m in units for f in m.get("files", []) if isinstance(f, dict))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+def repair_hint(layout: RunLayout) -> str:
+    return f"`fadrm verify --run {layout.run_dir} --repair` recomputes it"
+
+
+def check_part_bytes(layout: RunLayout, path: Path, data: bytes, sha256: str | None, unit_id: str | None) -> None:
+    """Raise IntegrityError unless `data`, read from `path`, has the sha256 its unit recorded."""
+    if sha256 is not None and sha256_bytes(data) != sha256:
+        raise IntegrityError(f"{path} is not the file unit {unit_id} recorded (its sha256 differs: changed or "
+                             f"damaged since it was written); {repair_hint(layout)}")
+
+
+def _files_key(manifest: dict) -> list:
+    return sorted((str(f.get("path")), str(f.get("sha256")), f.get("rows"))
+                  for f in manifest.get("files", []) if isinstance(f, dict))
+
+
+def run_manifest_problems(layout: RunLayout, manifest: dict, units: dict[str, dict]) -> dict[str, str]:
+    """unit_id -> what is wrong, for every unit the run manifest lists whose own manifest is
+    missing or records other files: the two must agree for the run's files to be checked."""
+    problems = {}
+    for entry in manifest.get("units", []):
+        uid = str(entry.get("unit_id")) if isinstance(entry, dict) else "?"
+        if uid not in units:
+            problems[uid] = (f"{layout.unit(uid)} is missing or unreadable, but {layout.manifest.name} lists "
+                             f"unit {uid}")
+        elif _files_key(units[uid]) != _files_key(entry):
+            problems[uid] = f"{layout.unit(uid)} records other files than {layout.manifest.name} does for unit {uid}"
+    return problems

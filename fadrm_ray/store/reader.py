@@ -1,72 +1,139 @@
-"""The read side of a run, complete or still being written: `open_run(run_dir)`.
+"""The read side of a run: `open_run(run_dir)`.
 
-The reader goes by the manifests: a complete run's manifest.json names its files, a run still
-being written contributes the units whose manifests and files are all there, and only a bare
-copy of part files with no manifest at all falls back to listing the label folders. Leftovers
-of crashed attempts are therefore never read. Row counts come from the manifests too, so
-describing a run (`info`) does not read its images.
+The reader goes by the manifests: a complete run's manifest.json names its files (and must
+agree with the unit manifests), a run still being written contributes the units whose manifests
+are there, and only a bare copy of part files with no manifest at all falls back to listing the
+label folders. Leftovers of crashed attempts are therefore never read. A run without
+manifest.json is read only when asked for (`incomplete=True`): a reader that expects the whole
+run must not get part of it without a word.
+
+What is read is verified: every part file is read whole, hashed and compared with the sha256
+its unit manifest records before a row of it is used, and its rows must be the labels, IPC
+range and count the manifest records. So a changed or damaged file fails the read, naming the
+file, instead of reaching an export or a student. Hashing costs far less than decoding the
+images, and it is done on the bytes that are then parsed, so nothing changes in between. Parts
+of a bare copy have nothing to be checked against; their images are decoded once to check
+them, and a failure names the file and row.
 
 A run holds every IPC it was asked for (the IPC is not part of its identity), so a request's
 images are read as a view: `open_run(run_dir, ipc=5)` serves IPC indices 0-4 of every class,
-reading only those rows of a part that holds more; `ipc=None` serves everything in the run.
+using only those rows of a part that holds more; `ipc=None` serves everything in the run.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.store import manifests
+from fadrm_ray.store import lock, manifests
 from fadrm_ray.store.records import (
     COLUMNS,
+    IntegrityError,
     StoreError,
     decode_image,
     first_image_shape,
     part_class_names,
     part_provenance,
-    read_part,
 )
 
 
 @dataclass(frozen=True)
-class _Part:
+class Part:
+    """One part file as the run records it."""
     path: Path
     label: int | None  # from the manifest, else from the label=<c> folder
     rows: int | None   # from the manifest; None for a part no manifest describes
+    sha256: str | None = None  # what the unit recorded; None for a bare copy (nothing to check)
+    unit_id: str | None = None
+    ipc_range: tuple[int, int] | None = None
 
-    @property
-    def ipc_range(self) -> tuple[int, int] | None:
-        return RunLayout.ipc_range_of(self.path)
+
+def unit_parts(layout: RunLayout, unit: dict) -> list[Part]:
+    """The parts a unit manifest lists; IntegrityError for an entry that points outside the run."""
+    parts = []
+    for e in unit.get("files", []):
+        path = layout.resolve(str(e.get("path", ""))) if isinstance(e, dict) else None
+        if path is None:
+            raise IntegrityError(f"unit {unit.get('unit_id')} of {layout.run_dir} lists a file outside the run: "
+                                 f"{e.get('path') if isinstance(e, dict) else e!r}")
+        label, rows, start, end = e.get("label"), e.get("rows"), e.get("ipc_start"), e.get("ipc_end")
+        parts.append(Part(path, int(label) if isinstance(label, int) else RunLayout.label_of(path),
+                          int(rows) if isinstance(rows, int) else None, str(e.get("sha256")), str(unit.get("unit_id")),
+                          (start, end) if isinstance(start, int) and isinstance(end, int) else None))
+    return parts
+
+
+def part_bytes(layout: RunLayout, part: Part) -> bytes:
+    """The bytes of one part, checked against the sha256 its unit manifest records."""
+    try:
+        data = part.path.read_bytes()
+    except OSError as exc:
+        if part.sha256 is not None and not part.path.exists():
+            raise IntegrityError(f"{part.path} is missing, but unit {part.unit_id} lists it; "
+                                 f"{manifests.repair_hint(layout)}") from None
+        raise StoreError(f"cannot read part file {part.path}: {exc}") from None
+    manifests.check_part_bytes(layout, part.path, data, part.sha256, part.unit_id)
+    return data
+
+
+def load_part(layout: RunLayout, part: Part, columns: Sequence[str]) -> pa.Table:
+    """The columns of one part, parsed from the bytes `part_bytes` checked (so nothing can change
+    between the check and the use), and its rows checked against the manifest."""
+    data = part_bytes(layout, part)
+    try:
+        table = pq.read_table(pa.BufferReader(data), columns=list(columns))
+    except (OSError, pa.ArrowException) as exc:
+        raise IntegrityError(f"cannot read part file {part.path}: {exc}") from None
+    if part.sha256 is not None:
+        _check_rows(part, table)
+    return table
+
+
+def _check_rows(part: Part, table: pa.Table) -> None:
+    # A file can only match its hash and hold other rows if the manifest itself was edited.
+    if part.rows is not None and table.num_rows != part.rows:
+        raise IntegrityError(f"{part.path} holds {table.num_rows} rows, unit {part.unit_id} recorded {part.rows}")
+    labels = table.column("label").to_pylist() if "label" in table.column_names else []
+    ipcs = table.column("ipc_index").to_pylist() if "ipc_index" in table.column_names else []
+    for row, (label, ipc) in enumerate(zip(labels, ipcs)):
+        if part.label is not None and label != part.label:
+            raise IntegrityError(f"{part.path} row {row} has label {label}, but the part holds class {part.label}")
+        if part.ipc_range is not None and not part.ipc_range[0] <= ipc < part.ipc_range[1]:
+            raise IntegrityError(f"{part.path} row {row} has ipc_index {ipc}, outside the part's range "
+                                 f"[{part.ipc_range[0]}, {part.ipc_range[1]})")
 
 
 class _StoreDataset(torch.utils.data.Dataset):
     """Keeps the PNG bytes and decodes on access, so large runs fit in memory compressed."""
 
-    def __init__(self, pngs: list[bytes], labels: list[int], transform: Callable | None = None):
+    def __init__(self, pngs: list[bytes], labels: list[int], transform: Callable | None = None,
+                 where: list[str] | None = None):
         self.pngs = pngs
         self.labels = labels
         self.transform = transform
+        self.where = where
 
     def __len__(self) -> int:
         return len(self.pngs)
 
     def __getitem__(self, i: int):
-        image = decode_image(self.pngs[i])
+        image = decode_image(self.pngs[i], self.where[i] if self.where else f"image {i}")
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[i]
 
 
-def open_run(run_dir: str | os.PathLike, ipc: int | None = None) -> "RunReader":
+def open_run(run_dir: str | os.PathLike, *, incomplete: bool = False, ipc: int | None = None) -> "RunReader":
     """Open a run directory for reading, all of it or (`ipc`) IPC indices 0..ipc-1 of every class;
-    StoreError if it holds neither a config nor part files."""
+    StoreError if it holds neither a config nor part files, or if it is not complete (no
+    manifest.json) and `incomplete` is False."""
     if ipc is not None and (isinstance(ipc, bool) or not isinstance(ipc, int) or ipc < 1):
         raise StoreError(f"ipc must be an integer >= 1 or None, got {ipc!r}")
     layout = RunLayout(run_dir)
@@ -74,7 +141,13 @@ def open_run(run_dir: str | os.PathLike, ipc: int | None = None) -> "RunReader":
         raise StoreError(f"not a FADRM run directory: {layout.run_dir} does not exist or is not a directory")
     if not layout.config.is_file() and not layout.parts_on_disk():
         raise StoreError(f"not a FADRM run directory: {layout.run_dir} has no {layout.config.name} and no part files")
-    return RunReader(layout, manifests.read_config(layout), manifests.run_manifest(layout), ipc)
+    manifest = manifests.run_manifest(layout)
+    if manifest is None and not incomplete:
+        units = len(layout.unit_ids())
+        raise StoreError(f"{layout.run_dir} is incomplete (no {layout.manifest.name}; {units} unit(s) written): "
+                         f"rerun its distill command to finish it, or pass --incomplete (incomplete=True) "
+                         f"to read what is there")
+    return RunReader(layout, manifests.read_config(layout), manifest, ipc)
 
 
 class RunReader:
@@ -86,9 +159,9 @@ class RunReader:
         self.config = config
         self.manifest = manifest  # only a manifest that marks the run complete
         self.ipc = ipc            # the view: IPC indices below it; None = every image of the run
-        self._parts = [p for p in self._discover_parts() if self._in_view(p.ipc_range)]
+        self._parts = [p for p in self._discover_parts() if self._in_view(p)]
         self.class_names: list[str] = self._find_class_names()
-        self.provenance: dict = part_provenance(self._parts[0].path) if self._parts else {}
+        self.provenance: dict = self._find_provenance()
 
     def __repr__(self) -> str:
         return f"RunReader({str(self.run_dir)!r})"
@@ -101,56 +174,98 @@ class RunReader:
     def complete(self) -> bool:
         return self.manifest is not None
 
-    def _discover_parts(self) -> list[_Part]:
+    def _discover_parts(self) -> list[Part]:
         # Manifests name the files that belong to the run; a glob would also pick up leftovers
         # of crashed attempts. The glob is only the fallback for a bare copy of the part files.
+        units = manifests.unit_manifests(self.layout)
         if self.manifest is not None:
-            entries = [f for u in self.manifest.get("units", []) for f in u.get("files", [])]
+            problems = manifests.run_manifest_problems(self.layout, self.manifest, units)
+            if problems:
+                raise IntegrityError(f"{next(iter(problems.values()))}; {manifests.repair_hint(self.layout)}")
+            listed = [u for u in self.manifest.get("units", []) if isinstance(u, dict)]
+        elif units:
+            listed = list(units.values())
         else:
-            units = manifests.unit_manifests(self.layout)
-            if not units:
-                return [_Part(p, RunLayout.label_of(p), None) for p in self.layout.parts_on_disk()]
-            entries = []
-            for m in units.values():
-                paths = [self.layout.resolve(str(f.get("path", ""))) for f in m["files"]]
-                if all(p is not None and p.is_file() for p in paths):
-                    entries.extend(m["files"])
-        parts: dict[Path, _Part] = {}
-        for e in entries:
-            path = self.layout.resolve(str(e.get("path", "")))
-            if path is None or path in parts:
-                continue
-            label, rows = e.get("label"), e.get("rows")
-            parts[path] = _Part(path, int(label) if isinstance(label, int) else RunLayout.label_of(path),
-                                int(rows) if isinstance(rows, int) else None)
+            self._units = []
+            return [Part(p, RunLayout.label_of(p), None) for p in self.layout.parts_on_disk()]
+        self._units = listed  # what every read is checked against
+        parts: dict[Path, Part] = {}
+        for unit in listed:
+            for part in unit_parts(self.layout, unit):
+                parts.setdefault(part.path, part)
         return [parts[p] for p in sorted(parts, key=RunLayout.part_sort_key)]
 
-    def _in_view(self, ipc_range: tuple[int, int] | None) -> bool:
-        return self.ipc is None or ipc_range is None or ipc_range[0] < self.ipc
+    def _in_view(self, part: Part) -> bool:
+        rng = part.ipc_range or RunLayout.ipc_range_of(part.path)
+        return self.ipc is None or rng is None or rng[0] < self.ipc
 
     def _find_class_names(self) -> list[str]:
-        if self._parts:
-            names = part_class_names(self._parts[0].path)
-            if names is not None:
-                return names
         if self.manifest and self.manifest.get("class_names"):
             return [str(n) for n in self.manifest["class_names"]]
+        for part in self._parts[:1]:
+            if part.path.is_file():
+                names = part_class_names(part.path)
+                if names is not None:
+                    return names
         names = self.config.get("class_names")
         return [str(n) for n in names] if isinstance(names, list) else []
+
+    def _find_provenance(self) -> dict:
+        # Any part that can still be read will do: they all record the same provenance.
+        for part in self._parts:
+            try:
+                found = part_provenance(part.path)
+            except StoreError:
+                continue
+            if found:
+                return found
+        return {}
+
+    @property
+    def classes(self) -> list[int]:
+        """The classes the run holds images of."""
+        return sorted({p.label for p in self._parts if p.label is not None})
+
+    def _check_classes(self, classes: Iterable[int] | None) -> set[int] | None:
+        """The wanted classes as a set; StoreError for a class the run does not hold (an export
+        of nothing must not pass for one of something) or one asked for twice."""
+        if classes is None:
+            return None
+        wanted = [int(c) for c in classes]
+        if len(set(wanted)) != len(wanted):
+            raise StoreError(f"classes {wanted} name a class more than once")
+        held = self.classes
+        missing = [c for c in wanted if c not in held]
+        if missing:
+            shown = f"{held[0]}..{held[-1]}" if held and held == list(range(held[0], held[-1] + 1)) else str(held)
+            raise StoreError(f"{self.run_dir} holds no images of class {missing[0]} (it holds classes {shown})")
+        return set(wanted)
+
+    def _load(self, part: Part, columns: Sequence[str]) -> pa.Table:
+        return load_part(self.layout, part, columns)
+
+    def verify(self, classes: Iterable[int] | None = None) -> None:
+        """Check every part (of `classes`) against the sha256 its manifest records, without parsing
+        it; IntegrityError names the first file that fails. Reads do this themselves."""
+        wanted = self._check_classes(classes)
+        for part in self._parts:
+            if wanted is None or part.label in wanted:
+                part_bytes(self.layout, part)
 
     def unit_manifests(self) -> dict[str, dict]:
         """Every readable unit manifest (files, rows, stats), verified or not."""
         return manifests.unit_manifests(self.layout)
 
     def content_hash(self) -> str:
-        """A hash of the images the run holds, from the sha256 its unit manifests record for every
-        part: it changes when a unit is rewritten, so results computed from the images (an
-        evaluation) can be keyed by it."""
-        entries = sorted((str(f.get("path")), str(f.get("sha256")))
-                         for m in self.unit_manifests().values() for f in m.get("files", [])
-                         if isinstance(f, dict) and self._in_view(RunLayout.ipc_range_of(Path(str(f.get("path"))))))
-        view = [] if self.ipc is None else [["ipc", self.ipc]]  # a view's images are a subset of its parts'
-        return hashlib.sha256(json.dumps(entries + view).encode()).hexdigest()
+        """`manifests.content_hash`: since every read is checked against the same sha256 values,
+        it names the images a reader of this run actually gets."""
+        if self.ipc is None:
+            return manifests.content_hash(self.layout, self._units)
+        # A view: the parts it reads from, and the IPC that cuts them.
+        paths = {self.layout.relative(p.path) for p in self._parts}
+        units = [{"files": [f for f in u.get("files", []) if isinstance(f, dict) and str(f.get("path")) in paths]}
+                 for u in self._units]
+        return manifests.content_hash(self.layout, units + [{"files": [{"path": "ipc", "sha256": str(self.ipc)}]}])
 
     def part_files(self, classes: Iterable[int] | None = None) -> list[Path]:
         if classes is None:
@@ -160,17 +275,22 @@ class RunReader:
 
     def _rows(self, classes, with_images: bool) -> list[dict]:
         columns = list(COLUMNS) if with_images else [c for c in COLUMNS if c != "image"]
-        wanted = None if classes is None else {int(c) for c in classes}
+        wanted = self._check_classes(classes)
         rows = []
-        for path in self.part_files(classes):
-            table = read_part(path, columns)
-            rel = self.layout.relative(path)
-            for row in table.to_pylist():
+        for part in self._parts:
+            if wanted is not None and part.label is not None and part.label not in wanted:
+                continue
+            table = self._load(part, columns)
+            rel = self.layout.relative(part.path)
+            for i, row in enumerate(table.to_pylist()):
                 if wanted is not None and int(row["label"]) not in wanted:
                     continue
                 if self.ipc is not None and int(row["ipc_index"]) >= self.ipc:
                     continue
                 row["file"] = rel
+                row["where"] = f"{part.path} row {i}"
+                if with_images and part.sha256 is None:
+                    decode_image(row["image"]["bytes"], row["where"])  # nothing else vouches for it
                 rows.append(row)
         rows.sort(key=lambda r: (r["label"], r["ipc_index"]))
         seen = set()
@@ -200,40 +320,43 @@ class RunReader:
 
     def read(self, classes: Iterable[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """images uint8 (N, C, H, W), labels int64 (N,), ipc_index int64 (N,), by (label, ipc)."""
-        rows = self.encoded(classes)
+        rows = self._rows(classes, with_images=True)
         if not rows:
             empty = torch.empty(0, dtype=torch.int64)
             return torch.empty((0, 0, 0, 0), dtype=torch.uint8), empty, empty.clone()
-        images = [decode_image(png) for _, _, png in rows]
+        images = [decode_image(r["image"]["bytes"], r["where"]) for r in rows]
         shapes = {tuple(im.shape) for im in images}
         if len(shapes) > 1:
             raise StoreError(
                 f"{self.run_dir}: images have different shapes {sorted(shapes)}; read fewer classes or use as_dataset()"
             )
-        labels = torch.tensor([label for label, _, _ in rows], dtype=torch.int64)
-        ipcs = torch.tensor([ipc for _, ipc, _ in rows], dtype=torch.int64)
+        labels = torch.tensor([int(r["label"]) for r in rows], dtype=torch.int64)
+        ipcs = torch.tensor([int(r["ipc_index"]) for r in rows], dtype=torch.int64)
         return torch.stack(images), labels, ipcs
 
     def as_dataset(self, classes: Iterable[int] | None = None, transform: Callable | None = None):
-        rows = self.encoded(classes)
-        return _StoreDataset([png for _, _, png in rows], [label for label, _, _ in rows], transform)
+        rows = self._rows(classes, with_images=True)
+        return _StoreDataset([r["image"]["bytes"] for r in rows], [int(r["label"]) for r in rows], transform,
+                             [r["where"] for r in rows])
 
     def _images_per_class(self) -> dict[int, int]:
         counts: dict[int, int] = defaultdict(int)
         for part in self._parts:
-            rng = part.ipc_range
+            rng = part.ipc_range or RunLayout.ipc_range_of(part.path)
             whole = self.ipc is None or (rng is not None and rng[1] <= self.ipc)
             if part.rows is not None and part.label is not None and whole:
                 counts[part.label] += part.rows
             else:  # a bare copy without manifests, or a part the view cuts: only the file itself knows
-                table = read_part(part.path, ["label", "ipc_index"])
+                table = self._load(part, ["label", "ipc_index"])
                 for label, index in zip(table.column("label").to_pylist(), table.column("ipc_index").to_pylist()):
                     if self.ipc is None or int(index) < self.ipc:
                         counts[int(label)] += 1
         return {c: counts[c] for c in sorted(counts)}
 
     def info(self) -> dict:
-        """A description of the run for `fadrm info`; reads one image (for its shape) at most."""
+        """A description of the run for `fadrm info`: every part is checked against its manifest
+        (read and hashed, not decoded), and one image is decoded for its shape."""
+        self.verify()
         per_class = self._images_per_class()
         image_shape = first_image_shape(self._parts[0].path) if self._parts else None
         summary = (self.manifest or {}).get("summary", {})
@@ -244,6 +367,8 @@ class RunReader:
             "run_dir": str(self.run_dir),
             "ipc": self.ipc,
             "complete": self.complete,
+            "verified": all(p.sha256 is not None for p in self._parts),
+            "writer": _writer(self.layout),
             "rows": sum(per_class.values()),
             "classes": sorted(per_class),
             "num_classes": len(self.class_names),
@@ -260,6 +385,12 @@ class RunReader:
             },
             "summary": summary,
         }
+
+
+def _writer(layout: RunLayout) -> dict | None:
+    """The process writing the run now, if any (pid, host, since)."""
+    owner = lock.read_owner(layout)
+    return None if owner is None else {k: owner.get(k) for k in ("pid", "host", "since")}
 
 
 def _config_summary(config: dict) -> dict:

@@ -32,6 +32,10 @@ class StoreError(ValueError):
     """A run directory could not be written, read or understood."""
 
 
+class IntegrityError(StoreError):
+    """Stored data that is not what the run recorded: a changed, damaged or missing file."""
+
+
 @dataclass
 class ImageRecord:
     label: int  # global class index
@@ -106,12 +110,13 @@ def encode_image(image: torch.Tensor) -> bytes:
     return codec.encode_png(check_image(image, "encode_image"))
 
 
-def decode_image(data: bytes) -> torch.Tensor:
-    """uint8 (C, H, W) image from PNG bytes, keeping the stored channel count."""
+def decode_image(data: bytes, where: str = "") -> torch.Tensor:
+    """uint8 (C, H, W) image from PNG bytes, keeping the stored channel count; `where` names the
+    file and row in the error."""
     try:
         return codec.decode(data)
     except codec.CodecError as exc:
-        raise StoreError(f"cannot decode a stored image: {exc}") from None
+        raise IntegrityError(f"cannot decode the stored image{' at ' + where if where else ''}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,13 +211,6 @@ def part_provenance(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_part(path: Path, columns: Sequence[str]) -> pa.Table:
-    try:
-        return pq.read_table(path, columns=list(columns))
-    except (OSError, pa.ArrowException) as e:
-        raise StoreError(f"cannot read part file {path}: {e}") from e
-
-
 def first_image_shape(path: Path) -> list[int] | None:
     """(C, H, W) of the first image of a part; only that image is decoded."""
     try:
@@ -222,4 +220,4 @@ def first_image_shape(path: Path) -> list[int] | None:
         raise StoreError(f"cannot read part file {path}: {e}") from e
     if batch is None or batch.num_rows == 0:
         return None
-    return list(decode_image(batch.column(0)[0].as_py()["bytes"]).shape)
+    return list(decode_image(batch.column(0)[0].as_py()["bytes"], f"{path} row 0").shape)

@@ -4,19 +4,25 @@ Finished work is never lost and never half-written: every file is written to a t
 in its final directory, fsynced, then renamed over the final name (`fadrm_ray.fileio`). A unit's
 manifest is written after its part files, so a unit counts as done only once all of it is on
 disk (`manifests.verify`), and `RunStore.finished_units` rebuilds a coordinator's ledger after a
-crash. Several processes may write disjoint units of one run at the same time.
+crash. Several processes may write disjoint units of one run at the same time (the workers of
+one coordinator); one command at a time writes a run, in a `RunStore.session`, which holds the
+run's writer lock (`lock.py`) and removes what a session that failed before finishing any work
+had written.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text, sha256_bytes
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import manifests
+from fadrm_ray.store.lock import RunLock, waiting_notice
 from fadrm_ray.store.records import (
     ImageRecord,
     StoreError,
@@ -51,6 +57,45 @@ class RunStore:
     def write_config(self, config: dict) -> Path:
         text = yaml.safe_dump(to_plain(config), sort_keys=False)
         return atomic_write_text(self.layout.config, text)
+
+    # -- one writing command
+    @contextlib.contextmanager
+    def session(self, config: dict, *, timeout: float | None = None,
+                on_wait: Callable[[dict], None] | None = None):
+        """Write the run as its only writer: take the writer lock (waiting while another command
+        writes the run; it then finds that command's units done), write config.yaml, yield.
+
+        A session that fails before any unit or stage checkpoint is on disk removes what it
+        wrote, so a failed start leaves no half-created run that readers would report.
+        """
+        new_root = not self.root.exists()
+        lock = RunLock(self.layout)
+        lock.acquire(timeout, on_wait if on_wait is not None else waiting_notice(self.layout))
+        discard = False
+        try:
+            self.write_config(config)
+            yield self
+        except BaseException:
+            discard = not self.layout.unit_ids() and not self.layout.checkpoints()
+            raise
+        finally:
+            if discard:
+                self._discard_files()
+            lock.release()
+            if discard:
+                self._discard_folders(new_root)
+
+    def _discard_files(self) -> None:
+        # No unit manifest exists, so any part file is a leftover of this failed attempt.
+        for path in (self.layout.config, self.layout.ledger, *self.layout.parts_on_disk()):
+            path.unlink(missing_ok=True)
+
+    def _discard_folders(self, new_root: bool) -> None:
+        # rmdir only removes empty folders: a writer that took the lock meanwhile keeps its run.
+        folders = sorted((p for p in self.run_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for folder in [*folders, self.run_dir, *([self.root] if new_root else [])]:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     # -- finished units
     def unit_done(self, unit_id: str) -> bool:

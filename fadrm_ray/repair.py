@@ -1,0 +1,78 @@
+"""`fadrm verify --repair`: recompute the units of a run that fail verification.
+
+A unit's images depend only on the run's config, data, teachers and seed, so a damaged unit is
+not restored from anywhere: it is computed again. The run's own records say how: its config
+(config.yaml, else the copy every part file carries), its dataset (reopened by name and checked
+by fingerprint) and its teachers (checked by sha256), as `fadrm evaluate` finds them. Before
+anything is removed, these must give the same run id, so a repair never writes another run's
+images into this one. Then, under the run's writer lock, the failing units' manifests and the
+run manifest are removed, and an ordinary `distill_local` recomputes exactly the units that are
+not done and writes the run manifest again.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Sequence
+
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.distill import default_device, distill_local, prepare_run
+from fadrm_ray.evaluate import run_dataset, run_teachers
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.store import StoreError
+from fadrm_ray.store.lock import RunLock
+from fadrm_ray.store.manifests import read_config
+from fadrm_ray.store.records import part_provenance
+from fadrm_ray.store.verify import verify_run
+
+
+def _provenance(layout: RunLayout) -> dict:
+    """What the run's part files record about how it was made (any readable one will do)."""
+    for part in layout.parts_on_disk():
+        try:
+            found = part_provenance(part)
+        except StoreError:
+            continue
+        if found:
+            return found
+    return {}
+
+
+def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None = None,
+               teachers: Sequence[str | Path] | None = None, device: str | None = None,
+               progress: bool = True) -> dict:
+    """Verify the run, recompute every unit that fails (and any not yet written), verify again.
+
+    Returns {"repaired": unit ids computed, "before": the first check, "after": the last}.
+    StoreError, with nothing changed, when the run's config, data or teachers cannot be found
+    or would not make this run.
+    """
+    layout = RunLayout(run_dir)
+    before = verify_run(layout.run_dir)
+    if before["complete"] and not before["bad_units"]:
+        return {"repaired": [], "before": before, "after": before}
+    prov = _provenance(layout)
+    if not prov and (dataset is None or not teachers):
+        raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
+                         f"pass them (--dataset SPEC --teacher PATH)")
+    saved = read_config(layout) or prov.get("config")
+    if not saved:
+        raise StoreError(f"{layout.run_dir}: neither {layout.config.name} nor any part file records the run's config; "
+                         f"it cannot be recomputed")
+    cfg = DistillConfig.from_dict(saved)
+    recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
+    dataset = run_dataset(recorded, dataset)
+    teacher_paths = [str(t) for t in teachers] if teachers else run_teachers(recorded)
+    device = device or default_device()
+    _, _, _, store = prepare_run(cfg, dataset, teacher_paths, layout.run_dir.parent, device)
+    if store.run_id != layout.run_id:
+        raise StoreError(f"the recorded config, data and teachers make run {store.run_id}, not {layout.run_id}; "
+                         f"nothing was changed")
+    with RunLock(layout).held():
+        for uid in before["bad_units"]:
+            layout.unit(uid).unlink(missing_ok=True)
+        layout.manifest.unlink(missing_ok=True)
+    result = distill_local(cfg, dataset, teacher_paths, layout.run_dir.parent, device=device, progress=progress)
+    return {"repaired": result.units_run, "before": before, "after": verify_run(layout.run_dir)}
