@@ -2,10 +2,13 @@
 
 `fadrm_ray` never imports Ray; this module passes `distill_on_ray` to `fadrm_ray.cli.main`, so
 that `fadrm distill` runs through Ray by default and `--local` keeps the one-process path.
+The subcommands of the layers above (`fadrm tune`, `fadrm serve`) are found through the
+`fadrm.commands` entry points (pyproject.toml), so this module never imports them.
 """
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 from fadrm_ray import cli
 from fadrm_ray.runtime import ensure_process_env
@@ -17,12 +20,19 @@ def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec):
     return distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec)
 
 
+def commands() -> list[cli.Command]:
+    """The subcommands registered by the installed layers above (`fadrm.commands`)."""
+    return [entry.load() for entry in entry_points(group="fadrm.commands")]
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] and sys.argv[1] in cli.HEAVY_COMMANDS:
+    extra = commands()
+    heavy = set(cli.HEAVY_COMMANDS) | {c.name for c in extra if c.heavy}
+    if argv is None and sys.argv[1:2] and sys.argv[1] in heavy:
         # The command line itself: give the process its OpenMP and allocator settings before
         # anything loads torch (this may re-execute the command once).
         ensure_process_env()
-    return cli.main(argv, ray_distill=_distill_on_ray)
+    return cli.main(argv, ray_distill=_distill_on_ray, commands=extra)
 
 
 if __name__ == "__main__":

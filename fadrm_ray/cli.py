@@ -10,7 +10,9 @@ and one line; what was half-written is removed.
 Each phase's settings are built once from the command line (a flag left unset means the
 model's default), and the runtime options become one `ExecutionSpec`. Without `--local`,
 `fadrm distill` and `fadrm demo` run through `ray_distill`, which the Ray layer passes to `main`
-(actors/cli.py), so this package never imports Ray.
+(actors/cli.py), so this package never imports Ray. The layers above (`tune`, `api`) add their
+own subcommands the same way: each is a `Command` that the console script finds through the
+`fadrm.commands` entry points and passes to `main`.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from fadrm_ray.runtime import ExecutionSpec, ensure_process_env, torch_threads
 
@@ -35,6 +37,22 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 # Subcommands that train or distill: their process starts with runtime.heavy_process_env.
 HEAVY_COMMANDS = ("squeeze", "distill", "evaluate", "demo", "verify")
+
+
+class Command(Protocol):
+    """A subcommand from a layer above the library (`fadrm tune`, `fadrm serve`).
+
+    `add_arguments` fills its parser (the common `--json`/`--quiet` are already there);
+    `run(args)` does the work, raising ValueError/CLIError for bad input (one line, status 2).
+    """
+
+    name: str
+    help: str
+    heavy: bool  # the process gets runtime.heavy_process_env before torch loads
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> None: ...
 
 
 class CLIError(Exception):
@@ -283,7 +301,8 @@ def cmd_demo(args, ray_distill: "RayDistill | None" = None) -> None:
 
 
 # --------------------------------------------------------------------------- parser
-def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentParser:
+def build_parser(ray_distill: "RayDistill | None" = None,
+                 commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     from fadrm_ray.config import PRESETS
 
     common = _Parser(add_help=False)
@@ -382,6 +401,11 @@ def build_parser(ray_distill: "RayDistill | None" = None) -> argparse.ArgumentPa
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--epochs", type=int, default=None)
     p.set_defaults(func=functools.partial(cmd_demo, ray_distill=ray_distill))
+
+    for command in commands:
+        p = sub.add_parser(command.name, parents=[common], help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 
@@ -389,17 +413,20 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = None) -> int:
-    """Run one `fadrm` subcommand; `ray_distill` runs distillations without --local."""
+def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = None,
+         commands: Sequence[Command] = ()) -> int:
+    """Run one `fadrm` subcommand; `ray_distill` runs distillations without --local, and
+    `commands` are the subcommands of the layers above."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
-    parser = build_parser(ray_distill)
+    parser = build_parser(ray_distill, commands)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or argparse's one-line error (_Parser)
         return int(exc.code or 0)
     try:
         # --threads is the torch thread count of the whole command (every phase it runs).
-        with torch_threads(getattr(args, "threads", None) if args.command in HEAVY_COMMANDS else None):
+        heavy = args.command in HEAVY_COMMANDS or any(c.heavy and c.name == args.command for c in commands)
+        with torch_threads(getattr(args, "threads", None) if heavy else None):
             args.func(args)
     except _user_errors() as exc:
         if os.environ.get("FADRM_DEBUG"):
