@@ -181,6 +181,10 @@ class RunLayout:
         """The scored patch ranking of one class (patches.ClassSelection as JSON)."""
         return self.run_dir / _PATCHES / f"label={int(label)}.json"
 
+    def patch_selections(self) -> list[Path]:
+        """Every class's patch ranking on disk."""
+        return sorted((self.run_dir / _PATCHES).glob("label=*.json"))
+
     # -- evaluations
     @property
     def evaluations_dir(self) -> Path:

@@ -86,8 +86,9 @@ class RunStore:
                 self._discard_folders(new_root)
 
     def _discard_files(self) -> None:
-        # No unit manifest exists, so any part file is a leftover of this failed attempt.
-        for path in (self.layout.config, self.layout.ledger, *self.layout.parts_on_disk()):
+        # No unit manifest exists, so any part file or patch ranking is a leftover of this attempt.
+        for path in (self.layout.config, self.layout.ledger, *self.layout.parts_on_disk(),
+                     *self.layout.patch_selections()):
             path.unlink(missing_ok=True)
 
     def _discard_folders(self, new_root: bool) -> None:
