@@ -108,14 +108,13 @@ def pending_reason(module: str) -> str | None:
     return None
 
 
-def command_parser(module: str) -> argparse.ArgumentParser:
-    """The parser of a `fadrm.commands` entry point module (tune.cli, api.cli)."""
+def command_args(module: str, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed as the `fadrm` subcommand that entry point module `module` (tune.cli,
+    api.cli) registers, by the real `fadrm` parser (common flags included)."""
+    from fadrm_ray.cli import build_parser
+
     command = importlib.import_module(module).COMMAND
-    parser = argparse.ArgumentParser(prog=command.name, exit_on_error=False)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
-    command.add_arguments(parser)
-    return parser
+    return build_parser(commands=[command]).parse_args([command.name, *argv])
 
 
 def ray_cluster_specs() -> list[tuple[str, dict]]:
@@ -303,8 +302,16 @@ def test_rayjob_sweep_entrypoint_is_a_valid_sweep_command():
     reason = pending_reason("tune.cli")
     if reason:
         pytest.skip(reason)
-    args = command_parser("tune.cli").parse_args(module_args(shlex.split(rayjob("sweep")["spec"]["entrypoint"]), "tune.sweep"))
+    args = command_args("tune.cli", module_args(shlex.split(rayjob("sweep")["spec"]["entrypoint"]), "tune.sweep"))
     assert args.out.startswith("/shared/")
+
+
+def api_serve_command(container: dict) -> list[str]:
+    """The `fadrm serve ...` words the API container runs (after joining the cluster)."""
+    assert container["command"] == ["bash", "-c"]
+    words = shlex.split(container["args"][0].split("&&")[-1])
+    assert words[0] == "exec" and words[1:3] == ["fadrm", "serve"]
+    return words[1:]
 
 
 def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
@@ -316,10 +323,14 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     container = pod["spec"]["containers"][0]
     assert container["image"] == f"fadrm-ray:{PYPROJECT['project']['version']}-cpu"
-    assert container["command"][:2] == ["fadrm", "serve"]
+    serve = api_serve_command(container)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in ports
-    assert ports["http"] == int(container["command"][container["command"].index("--port") + 1])
+    assert ports["http"] == int(serve[serve.index("--port") + 1])
+    # it joins the cluster as a node that takes no work, then serves
+    join = shlex.split(container["args"][0].split("&&")[0])
+    assert join[:2] == ["ray", "start"] and "--address=$FADRM_RAY_ADDRESS" in join
+    assert "--num-cpus=0" in join and "--num-gpus=0" in join
     env = env_of(container)
     assert env["FADRM_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "fadrm-api-token", "key": "token"}
     assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "fadrm-ray-token", "key": "auth_token"}
@@ -331,8 +342,8 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
     # the head Service KubeRay makes for the RayCluster, on the head's Ray Client port
     cluster = load_docs(DEPLOY / "k8s" / "raycluster.yaml")[0]
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    client_port = {p["name"]: p["containerPort"] for p in head["ports"]}["client"]
-    assert env["FADRM_RAY_ADDRESS"]["value"] == f"ray://{cluster['metadata']['name']}-head-svc:{client_port}"
+    gcs_port = {p["name"]: p["containerPort"] for p in head["ports"]}["gcs-server"]
+    assert env["FADRM_RAY_ADDRESS"]["value"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
     # readiness on /readyz (with the bearer token, from the env), liveness on /healthz (no auth)
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe[:2] == ["python", "-c"] and "/readyz" in probe[2] and "FADRM_API_TOKEN" in probe[2]
@@ -344,8 +355,8 @@ def test_api_command_is_a_valid_serve_command():
     reason = pending_reason("api.cli")
     if reason:
         pytest.skip(reason)
-    command = load_docs(DEPLOY / "k8s" / "api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["command"]
-    args = command_parser("api.cli").parse_args(command[2:])
+    container = load_docs(DEPLOY / "k8s" / "api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
+    args = command_args("api.cli", api_serve_command(container)[2:])
     assert args.host == "0.0.0.0" and int(args.port) == 8000
 
 
@@ -487,5 +498,5 @@ def test_readme_sweep_command_is_a_valid_job_submission():
     reason = pending_reason("tune.cli")
     if reason:
         pytest.skip(reason)
-    args = command_parser("tune.cli").parse_args(module_args(after_double_dash(words), "tune.sweep"))
+    args = command_args("tune.cli", module_args(after_double_dash(words), "tune.sweep"))
     assert args.out.startswith("/shared/")

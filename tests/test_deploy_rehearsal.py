@@ -69,6 +69,14 @@ def replace_flags(words: list[str], values: dict[str, str | None], extra: list[s
     return out + list(extra)
 
 
+def swap(text: str, values: dict[str, str]) -> str:
+    """`text` with each key replaced by its value; every key must be there."""
+    for old, new in values.items():
+        assert old in text, f"the README block has no {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
 # --------------------------------------------------------------------------- processes
 class Processes:
     """Finds and stops every process started under one marker (an environment variable)."""
@@ -294,8 +302,9 @@ def test_readme_service_serves_a_class_subset(cluster, tmp_path):
     teachers.mkdir()
     shutil.copy(cluster.teacher, teachers / "digits-tiny.pt")
     port = free_port()
-    serve = (readme_blocks()["serve"].replace("/shared/fadrm-store", str(store)).replace("/shared/teachers", str(teachers))
-             .replace("127.0.0.1:6379", cluster.gcs).replace("--port 8000", f"--port {port}"))
+    serve = swap(readme_blocks()["serve"], {"/shared/fadrm-store": str(store), "/shared/teachers": str(teachers),
+                                            "FADRM_RAY_ADDRESS=auto": f"FADRM_RAY_ADDRESS={cluster.gcs}",
+                                            "--port 8000": f"--port {port}"})
     started = cluster.bash(serve)
     assert started.returncode == 0, started.stderr
     url = f"http://127.0.0.1:{port}"
