@@ -14,11 +14,15 @@ import importlib.util
 import json
 import re
 import shlex
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
