@@ -413,6 +413,9 @@ def test_dockerignore_sends_only_what_the_image_installs():
 
 
 # --------------------------------------------------------------------------- modules and runtime env
+PROJECT_PACKAGES = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
+
+
 def named_modules() -> list[tuple[str, str]]:
     """Every `python -m MODULE` and `fadrm SUBCOMMAND` in deploy/ (manifests, configs, README,
     runtime env), as (module, where)."""
@@ -422,7 +425,8 @@ def named_modules() -> list[tuple[str, str]]:
             continue
         text = path.read_text()
         for module in re.findall(r"python3? -m ([\w.]+)", text):
-            found.setdefault(module, path.name)
+            if module.split(".")[0] in PROJECT_PACKAGES:  # not `python -m pytest`
+                found.setdefault(module, path.name)
         for sub in re.findall(r"\bfadrm,? (serve|tune)\b", text):
             found.setdefault({"serve": "api.cli", "tune": "tune.cli"}[sub], path.name)
     return sorted(found.items())
