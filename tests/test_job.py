@@ -20,7 +20,9 @@ def free_port() -> int:
 
 
 def test_job_submit_runs_a_distillation(digits_teacher, tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    home = tmp_path / "home"  # `ray get-auth-token --generate` writes HOME/.ray/auth_token
+    home.mkdir()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "HOME": str(home)}
     subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     gcs, dash = free_port(), free_port()
     head = subprocess.Popen(["ray", "start", "--head", f"--port={gcs}", f"--dashboard-port={dash}",
