@@ -184,8 +184,9 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     for combo in itertools.product(*(p.swept[k].values for k in keys)):
         cfg = trial_config(p.base, dict(zip(keys, combo))).resolve(ds.image_size, ds.num_classes, ds.hflip, p.device)
         key = patch_key(cfg, ds.fingerprint(), [_sha256(b) for b in blobs])
-        if key is not None and key not in wanted:
-            wanted[key] = (cfg, list(cfg.classes) if cfg.classes is not None else list(range(ds.num_classes)))
+        if key is not None:  # the classes of every configuration that shares the key
+            labels = set(cfg.classes) if cfg.classes is not None else set(range(ds.num_classes))
+            wanted[key] = (wanted.get(key, (cfg,))[0], sorted(labels | set(wanted.get(key, (None, []))[1])))
     out, cost, pending = {}, {"keys": len(wanted), "scored": 0, "seconds": 0.0}, {}
     folder = p.out / "patches"
     task = ray.remote(score_patches).options(num_cpus=req.cpus_per_trial, num_gpus=req.gpus_per_trial)
