@@ -187,3 +187,24 @@ def test_trials_spread_over_the_nodes_of_a_cluster(digits_teacher, tmp_path, cap
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_space_file_and_the_command_line_combine(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("alpha: [0.3, 0.5]\nk: 2\nlr: loguniform(0.01, 0.3)\ndownsample_size: [null, 6]\n")
+    fixed, swept = split_space(parse_space(["alpha=0.7,0.9"], space))
+    assert fixed == {"k": 2}
+    assert swept["alpha"].values == (0.7, 0.9)  # the command line wins
+    assert swept["lr"].kind == "loguniform" and swept["downsample_size"].values == (None, 6)
+
+
+def test_every_combination_is_checked_by_the_config_model(digits):
+    from fadrm_ray.settings import ConfigError
+    from tune.space import validate_space
+
+    base = {"preset": "fadrm", "ipc": 1, "classes": None, "seed": None, "fixed": {}}
+    _, swept = split_space(parse_space(["k=1,3", "stage_resolutions=[6,8],[8,8]"]))
+    with pytest.raises(ConfigError, match="stage_resolutions must have k \\+ 1"):
+        validate_space(base, swept, digits)
+    _, swept = split_space(parse_space(["k=1,3", "alpha=uniform(0.2,0.9)"]))
+    assert validate_space(base, swept, digits) == 4  # 2 values of k x both ends of alpha

@@ -205,10 +205,12 @@ def _heatmap(plt, save_figure, out: Path, done: list[dict], xkey: str, ykey: str
     grid = [[_mean([r["top1"] for r in done if r[xkey] == x and r[ykey] == y]) for x in xs] for y in ys]
     fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 2.5, 0.9 * len(ys) + 2))
     image = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+    low, high = image.get_clim()
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
-            if not math.isnan(value):
-                ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="w", fontsize=9)
+            if not math.isnan(value):  # dark text on the light (high) end of viridis
+                light = high > low and (value - low) / (high - low) > 0.6
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="k" if light else "w", fontsize=9)
     ax.set_xticks(range(len(xs)), xlabels)
     ax.set_yticks(range(len(ys)), ylabels)
     ax.set_xlabel(xkey)
