@@ -208,3 +208,21 @@ def test_every_combination_is_checked_by_the_config_model(digits):
         validate_space(base, swept, digits)
     _, swept = split_space(parse_space(["k=1,3", "alpha=uniform(0.2,0.9)"]))
     assert validate_space(base, swept, digits) == 4  # 2 values of k x both ends of alpha
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_can_fan_its_distillation_out_over_workers_in_its_placement_group(digits_teacher, tmp_path, capsys):
+    from tests.ray_helpers import events as ledger_events
+
+    out = tmp_path / "workers"
+    args = sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.7", "--param", "ipc_per_unit=1", "--ipc", "2",
+                      "--workers-per-trial", "2", "--cpus-per-trial", "0.5", "--max-concurrent", "1",
+                      "--scheduler", "fifo", "--json")
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 2 and all(r["state"] == "done" for r in rows)
+    for row in rows:
+        run_dir = out / "store" / row["run_id"]
+        assert len(ledger_events(run_dir, "worker_started")) == 2
+        assert not ledger_events(run_dir, "patches_scored")  # the sweep's rankings were used

@@ -24,7 +24,8 @@ from ray.tune import Callback
 from tune.space import Param, _show, trial_config
 from tune.trainable import TIME_ATTR
 
-COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "state", "node_id",
+COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "trial_seconds", "state",
+           "node_id",
            "host", "run_id", "units_run", "patches_scored", "error")
 
 
