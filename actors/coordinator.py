@@ -19,6 +19,8 @@ from typing import Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
+from ray.util import get_current_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.lifeline import Lifeline
 from actors.worker import DistillWorker, latest_checkpoints, run_context
@@ -150,9 +152,12 @@ class Coordinator:
         threads = max(1, int(self.cpus_per_worker))
         # Each worker process starts with the passive OpenMP policy, OpenMP threads for its CPUs and
         # the allocator settings (runtime.heavy_process_env): they must be set before torch loads.
+        # A run started inside a placement group (a Tune trial's) keeps its actors in that group.
+        group = get_current_placement_group()
+        strategy = PlacementGroupSchedulingStrategy(group) if group is not None else "SPREAD"
         actor = ray.remote(DistillWorker).options(
             num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or 0,
-            max_restarts=3, max_task_retries=0, scheduling_strategy="SPREAD",
+            max_restarts=3, max_task_retries=0, scheduling_strategy=strategy,
             runtime_env={"env_vars": heavy_process_env(threads)})
         workers = [actor.remote(self.device, threads, min(1.0, self.gpus_per_worker or 1.0)) for _ in range(count)]
         self.starting = {w.ping.remote(): w for w in workers}  # answered once the process is up

@@ -38,7 +38,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -132,12 +132,14 @@ def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
 
 def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler, cfg: EvalConfig,
                   seed: int, *, device: str = "cpu", soft_label_dir: str | Path | None = None,
-                  progress: bool = False, return_model: bool = False) -> dict:
+                  progress: bool = False, return_model: bool = False,
+                  on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
     """Train one student (one seed) on `images_uint8` with soft labels from `labeler`.
 
     Labels of the images are not used: the targets are the teachers' logits. `cfg.seeds` is not
     read here (`seed` is the one to train). Returns final_top1, best_top1 (percent), the
-    evaluated curve [(epoch, top1)], steps and seconds.
+    evaluated curve [(epoch, top1)], steps and seconds. `on_eval(seed, epoch, epochs, top1)` is
+    called at every test evaluation (a sweep reports it as the student's intermediate result).
     """
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
@@ -182,6 +184,8 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
             top1 = evaluate_top1(model, dataset.test, dataset)
             curve.append((epoch + 1, round(top1, 4)))
             bar.set_postfix(top1=f"{top1:.1f}")
+            if on_eval is not None:
+                on_eval(seed, epoch + 1, epochs, top1)
     bar.close()
     out = {"final_top1": curve[-1][1], "best_top1": max(v for _, v in curve), "curve": curve, "epochs": epochs,
            "steps": steps, "seconds": time.perf_counter() - started, "seed": seed}
@@ -222,12 +226,13 @@ def _summarize(per_seed: list[dict]) -> dict:
 
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
                     teachers, cfg: EvalConfig, *, num_threads: int | None = None, device: str = "cpu",
-                    progress: bool = True, soft_label_dir: str | Path | None = None) -> dict:
+                    progress: bool = True, soft_label_dir: str | Path | None = None,
+                    on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
     """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real test split.
 
     `teachers`: checkpoint path(s) or a SoftLabeler. `labels` are only counted (images per
     class); the targets come from the teachers. The result carries `config`: `cfg` with the
-    epochs it ran made explicit.
+    epochs it ran made explicit. `on_eval` is passed to every student (`train_student`).
     """
     tune_allocator()
     dataset = _as_dataset(dataset)
@@ -241,7 +246,7 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
     with torch_threads(num_threads):
         labeler = _as_labeler(teachers, dataset, device)
         per_seed = [train_student(images_uint8, dataset, labeler, cfg, s, device=device, soft_label_dir=soft_label_dir,
-                                  progress=progress)
+                                  progress=progress, on_eval=on_eval)
                     for s in cfg.seed_list]
     per_class = None
     if labels is not None:
@@ -314,7 +319,7 @@ def run_teachers(reader) -> list[str]:
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
                  progress: bool = True, cache: bool = True, incomplete: bool = False,
-                 ipc: int | None = None) -> dict:
+                 ipc: int | None = None, on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
     """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
 
     `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
@@ -326,6 +331,8 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     The result is cached in the run (module docstring); `cache=False` neither reads nor writes it.
     The images are checked against the run's manifests as they are read, before any cached
     result is looked up; a run that is not finished is evaluated only with `incomplete`.
+    `on_eval(seed, epoch, epochs, top1)` sees every test evaluation of the students trained
+    (none when the result comes from the cache).
     """
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
@@ -347,7 +354,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
         except (OSError, ValueError):
             pass  # unreadable: evaluate again and write it anew
     result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
-                             progress=progress, soft_label_dir=reader.layout.soft_labels)
+                             progress=progress, soft_label_dir=reader.layout.soft_labels, on_eval=on_eval)
     result.update(run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
                   ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
                   complete=reader.complete)

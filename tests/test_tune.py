@@ -1,0 +1,228 @@
+"""`fadrm tune`: the search space checked before any trial, and small sweeps on a local Ray."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from actors.cli import main
+from tune.space import parse_space, split_space
+
+# A trial small enough for a shared 2-core CPU: digits, IPC 1, 8 recover iterations, one student
+# of 8 epochs.
+TINY = ["--ipc", "1", "--param", "iterations=8", "--param", "precision=fp32", "--seeds", "1", "--epochs", "8"]
+
+
+def sweep_args(teacher, out, *extra):
+    return ["tune", "--dataset", "digits", "--teacher", str(teacher), *TINY, "--out", str(out), *extra]
+
+
+def events(out, name):
+    path = out / "events.jsonl"
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == name] if path.is_file() else []
+
+
+# --------------------------------------------------------------------------- the space, no Ray
+def test_specs_are_grids_distributions_or_fixed_values():
+    space = parse_space(["alpha=0.3,0.5", "k=1", "lr=loguniform(0.01,0.3)", "stage_resolutions=[6,8],[8,8]",
+                         "downsample_size=null,6", "r_bn=choice(0.01,0.05)", "iterations=randint(10,20)"])
+    fixed, swept = split_space(space)
+    assert fixed == {"k": 1}
+    assert swept["alpha"].values == (0.3, 0.5) and swept["alpha"].kind == "grid"
+    assert swept["lr"].kind == "loguniform" and swept["lr"].values == (0.01, 0.3)
+    assert swept["stage_resolutions"].values == ([6, 8], [8, 8])
+    assert swept["downsample_size"].values == (None, 6)
+    assert swept["r_bn"].kind == "choice" and swept["iterations"].kind == "randint"
+
+
+@pytest.mark.parametrize("param, key", [
+    ("alpha=0.5,2", "alpha"),                 # out of (0, 1]
+    ("alphaa=0.5", "alphaa"),                 # unknown key
+    ("k=uniform(1,3)", "k"),                  # an integer key sampled as floats
+    ("downsample_size=6,20", "downsample_size"),  # larger than digits' 8 px
+    ("lr=loguniform(0,1)", "lr"),             # a log range must be positive
+    ("patch_selection=easy,hardest", "patch_selection"),
+])
+def test_bad_param_exits_2_with_one_line_naming_the_key(param, key, tmp_path, capsys, digits_teacher):
+    code = main(sweep_args(digits_teacher[0], tmp_path / "out", "--param", param))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and key in err[0] and err[0].startswith("fadrm tune: error:"), err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_optuna_search_needs_optuna(tmp_path, capsys, digits_teacher):
+    pytest.importorskip("ray")
+    try:
+        import optuna  # noqa: F401
+        pytest.skip("optuna is installed here")
+    except ImportError:
+        pass
+    code = main(sweep_args(digits_teacher[0], tmp_path / "out", "--param", "alpha=0.3,0.5", "--search", "optuna"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "pip install optuna" in err[0]
+
+
+# --------------------------------------------------------------------------- sweeps on Ray
+@pytest.fixture(scope="module")
+def alpha_sweep(digits_teacher, tmp_path_factory):
+    """A 4-trial sweep over alpha, then the same command again: (out, first summary, second summary)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("sweep") / "alpha"
+    args = sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.5,0.7,0.9", "--scheduler", "fifo",
+                      "--max-concurrent", "2", "--json")
+    summaries = []
+    for _ in range(2):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(args) == 0
+        summaries.append(json.loads(buf.getvalue()))
+    return out, summaries[0], summaries[1]
+
+
+@pytest.mark.ray
+def test_a_four_trial_sweep_completes_and_writes_its_results(alpha_sweep):
+    out, summary, _ = alpha_sweep
+    rows = summary["rows"]
+    assert summary["trials"] == 4 and not summary["resumed"]
+    assert sorted(r["alpha"] for r in rows) == [0.3, 0.5, 0.7, 0.9]
+    assert all(r["state"] == "done" and 0 <= r["top1"] <= 100 for r in rows)  # every trial reported
+    assert all(r["units_run"] >= 1 and r["distill_seconds"] > 0 and r["node_id"] for r in rows)
+    assert len((out / "results.csv").read_text().strip().splitlines()) == 1 + 4
+    table = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 4
+    assert (out / "top1_vs_alpha.png").stat().st_size > 0
+    assert summary["best"]["top1"] == max(r["top1"] for r in rows)
+
+
+@pytest.mark.ray
+def test_patches_are_scored_once_per_sweep_not_per_trial(alpha_sweep):
+    out, summary, _ = alpha_sweep
+    scored = events(out, "patches_scored")
+    assert len(scored) == 1 and scored[0]["classes"] == 10
+    assert summary["patches"] == {"keys": 1, "scored": 10, "seconds": pytest.approx(scored[0]["seconds"])}
+    assert all(r["patches_scored"] == 0 for r in summary["rows"])  # every trial reused them
+    # ... and each run keeps them, as any run does.
+    for row in summary["rows"]:
+        assert len(list((out / "store" / row["run_id"] / "patches").glob("label=*.json"))) == 10
+
+
+@pytest.mark.ray
+def test_rerunning_the_same_command_resumes_without_rerunning_trials(alpha_sweep):
+    out, first, second = alpha_sweep
+    assert second["resumed"] and second["trials"] == 4
+    assert len(events(out, "trial_started")) == 4       # no trial started again
+    assert len(events(out, "distilled")) == 4           # no recover stage ran again
+    assert len(events(out, "patches_scored")) == 1
+    assert {r["trial"]: r["top1"] for r in second["rows"]} == {r["trial"]: r["top1"] for r in first["rows"]}
+
+
+@pytest.mark.ray
+def test_best_yaml_runs_through_fadrm_distill(alpha_sweep, digits_teacher, capsys):
+    out, summary, _ = alpha_sweep
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["alpha"] == summary["best"]["alpha"] and best["iterations"] == 8
+    capsys.readouterr()
+    code = main(["distill", "--local", "--threads", "1", "--quiet", "--json", "--config", str(out / "best.yaml"),
+                 "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--out", str(out / "store")])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    # The same run as the best trial's, served from the sweep's store (content-addressed).
+    assert result["run_id"] == summary["best"]["run_id"]
+    assert result["units_run"] == [] and result["units_skipped"]
+
+
+@pytest.mark.ray
+def test_a_changed_command_on_the_same_out_is_refused(alpha_sweep, digits_teacher, capsys):
+    out, _, _ = alpha_sweep
+    capsys.readouterr()
+    code = main(sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.6"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "another sweep" in err[0] and "params" in err[0]
+
+
+@pytest.mark.ray
+def test_asha_stops_a_clearly_bad_trial(digits_teacher, tmp_path, capsys):
+    """Images of class 0 only (classes=[0]) teach a student of ten classes next to nothing: ASHA
+    ends those trials at a rung of the students' schedule, while a trial on every class finishes."""
+    out = tmp_path / "asha"
+    args = ["tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--ipc", "2",
+            "--param", "classes=[0,1,2,3,4,5,6,7,8,9],[0]", "--param", "seed=0,1", "--param", "iterations=8",
+            "--param", "precision=fp32", "--seeds", "1", "--epochs", "40", "--max-concurrent", "1",
+            "--out", str(out), "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    bad = [r for r in rows if r["classes"] == [0]]
+    assert len(bad) == 2 and all(r["state"] == "stopped" and r["student_pct"] < 100 for r in bad)
+    assert any(r["state"] == "done" for r in rows if r["classes"] != [0])
+    # A stopped trial's distillation is done: its images are in the store.
+    from fadrm_ray.store import open_run
+    for row in bad:
+        assert open_run(out / "store" / row["run_id"]).complete
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_spread_over_the_nodes_of_a_cluster(digits_teacher, tmp_path, capsys):
+    """Two raylets of one CPU each (ray.cluster_utils.Cluster): the two trials of a sweep run at
+    once, one per node, and the results name both nodes."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        out = tmp_path / "cluster"
+        assert main(sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.7", "--scheduler", "fifo",
+                               "--json")) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        assert len(rows) == 2 and all(r["state"] == "done" for r in rows)
+        nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        assert {r["node_id"] for r in rows} == nodes and len(nodes) == 2
+        assert "node" in (out / "results.md").read_text().splitlines()[2]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_space_file_and_the_command_line_combine(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("alpha: [0.3, 0.5]\nk: 2\nlr: loguniform(0.01, 0.3)\ndownsample_size: [null, 6]\n")
+    fixed, swept = split_space(parse_space(["alpha=0.7,0.9"], space))
+    assert fixed == {"k": 2}
+    assert swept["alpha"].values == (0.7, 0.9)  # the command line wins
+    assert swept["lr"].kind == "loguniform" and swept["downsample_size"].values == (None, 6)
+
+
+def test_every_combination_is_checked_by_the_config_model(digits):
+    from fadrm_ray.settings import ConfigError
+    from tune.space import validate_space
+
+    base = {"preset": "fadrm", "ipc": 1, "classes": None, "seed": None, "fixed": {}}
+    _, swept = split_space(parse_space(["k=1,3", "stage_resolutions=[6,8],[8,8]"]))
+    with pytest.raises(ConfigError, match="stage_resolutions must have k \\+ 1"):
+        validate_space(base, swept, digits)
+    _, swept = split_space(parse_space(["k=1,3", "alpha=uniform(0.2,0.9)"]))
+    assert validate_space(base, swept, digits) == 4  # 2 values of k x both ends of alpha
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_trial_can_fan_its_distillation_out_over_workers_in_its_placement_group(digits_teacher, tmp_path, capsys):
+    from tests.ray_helpers import events as ledger_events
+
+    out = tmp_path / "workers"
+    args = sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.7", "--param", "ipc_per_unit=1", "--ipc", "2",
+                      "--workers-per-trial", "2", "--cpus-per-trial", "0.5", "--max-concurrent", "1",
+                      "--scheduler", "fifo", "--json")
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 2 and all(r["state"] == "done" for r in rows)
+    for row in rows:
+        run_dir = out / "store" / row["run_id"]
+        assert len(ledger_events(run_dir, "worker_started")) == 2
+        assert not ledger_events(run_dir, "patches_scored")  # the sweep's rankings were used

@@ -1,0 +1,200 @@
+"""One trial of a sweep: distill its config into the sweep's store, then evaluate a student on it.
+
+`run_trial` is a Tune function trainable (`tune.with_parameters` hands it the sweep's shared
+objects, put into the object store once per sweep: the dataset, the teachers' bytes and the
+patch rankings scored once per sweep). A trial
+
+1. builds its `DistillConfig` with `make_config` (the sweep's preset, fixed values and flags,
+   then the trial's values);
+2. distills it into the sweep's store, which is content-addressed: a run with the same
+   identity is served from the store (`DistillResult.units_skipped`), not recomputed. Before
+   it runs, the rankings of the real patches the sweep scored once are written into the run's
+   `patches/` (`RunLayout.patch_selection`), where the distillation reads them instead of
+   scoring them again. With `workers_per_trial` > 1 the run is distilled by DistillWorker
+   actors inside the trial's own placement group (`actors.coordinator`);
+3. evaluates a student on the run with `evaluate_run`, the protocol and the cache of
+   `fadrm evaluate`, reporting the student's test top-1 at each of its test evaluations under
+   the time attribute `student_pct` (percent of the students' whole schedule), which ASHA
+   schedules on; the last report is the mean over the student seeds (`done: True`).
+
+The report after distillation carries a checkpoint (the run), so a trial resumed after an
+error evaluates without distilling again. Every trial appends what it did to the sweep's
+`events.jsonl` (trial_started, distilled, evaluated), one JSON object per line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TIME_ATTR = "student_pct"
+# What a patch ranking depends on besides the data and the teachers (patches.score_class).
+PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
+
+
+def patch_key(resolved_cfg, dataset_fingerprint: str, teacher_shas: list[str]) -> str | None:
+    """The rankings a resolved config's patches come from, by what decides them; None when the
+    config scores no patches."""
+    from fadrm_ray.patches import scored
+
+    if not scored(resolved_cfg):
+        return None
+    values = {f: getattr(resolved_cfg, f) for f in PATCH_FIELDS}
+    payload = json.dumps({"cfg": values, "data": dataset_fingerprint, "teachers": teacher_shas}, sort_keys=True,
+                         default=list)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: list[int], device: str,
+                  threads: int) -> tuple[dict, float]:
+    """Score the real patches of `labels` under a resolved config (a Ray task of the sweep's
+    driver, once per patch key): ({label: ClassSelection}, seconds)."""
+    import torch
+
+    from fadrm_ray.config import DistillConfig
+    from fadrm_ray.distill import load_teachers
+    from fadrm_ray.patches import score_class
+
+    torch.set_num_threads(max(1, threads))
+    cfg = DistillConfig.from_dict(cfg_dict)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fadrm-tune-") as folder:
+        paths = []
+        for i, blob in enumerate(teacher_blobs):
+            paths.append(Path(folder) / f"t{i}.pt")
+            paths[-1].write_bytes(blob)
+        teachers, _ = load_teachers(paths, dataset, cfg, device)
+    selections = {label: score_class(dataset, label, cfg, teachers, device) for label in labels}
+    return selections, time.perf_counter() - started
+
+
+def log_event(events_path: str, event: str, **fields) -> None:
+    line = json.dumps({"t": time.time(), "event": event, **fields}, default=str)
+    with open(events_path, "a") as f:
+        f.write(line + "\n")
+
+
+def teacher_files(sweep: dict, blobs: list[bytes]) -> list[str]:
+    """Teacher paths this node can read: the sweep's own paths where they exist here (shared
+    storage), else a local copy of the bytes the object store brought."""
+    paths = []
+    for path, blob in zip(sweep["teachers"], blobs):
+        if Path(path).is_file() and Path(path).stat().st_size == len(blob):
+            paths.append(path)
+            continue
+        local = Path(tempfile.gettempdir()) / "fadrm-tune-teachers" / f"{hashlib.sha256(blob).hexdigest()[:16]}.pt"
+        if not local.is_file():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            tmp = local.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, local)
+        paths.append(str(local))
+    return paths
+
+
+def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, selections=None) -> None:
+    """The Tune function trainable (module docstring). `config` holds the trial's swept values;
+    `sweep` the sweep's settings (tune.sweep.trial_settings); `dataset`, `teacher_blobs` and
+    `selections` ({patch key: {label: ClassSelection}}) are shared, or None when the sweep
+    shares nothing (each trial then loads and scores for itself, as bench.sweep compares)."""
+    import ray
+    import torch
+    from ray import tune
+
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.evaluate import evaluate_run
+    from fadrm_ray.settings import EvalConfig
+    from tune.space import trial_config
+
+    threads = sweep["threads"]
+    torch.set_num_threads(threads)
+    trial_id = tune.get_context().get_trial_id()
+    node = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
+    events = sweep["events"]
+    log_event(events, "trial_started", trial=trial_id, values=config, **node)
+    started = time.perf_counter()
+    if dataset is None:
+        dataset = get_dataset(sweep["dataset"], root=sweep.get("data_root"))
+    paths = teacher_files(sweep, teacher_blobs) if teacher_blobs is not None else list(sweep["teachers"])
+    cfg = trial_config(sweep["base"], config)
+
+    state: dict[str, Any] = {}
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state = json.loads((Path(folder) / "trial.json").read_text())
+    if "run_dir" not in state:
+        state = distill_trial(cfg, dataset, paths, sweep, selections)
+        log_event(events, "distilled", trial=trial_id, **state, **node)
+    run_dir = state["run_dir"]
+
+    eval_cfg = EvalConfig.model_validate(sweep["eval"])
+    seeds = eval_cfg.seed_list
+    common = {**node, "run_id": Path(run_dir).name, "distill_seconds": state["distill_seconds"],
+              "units_run": state["units_run"], "patches_scored": state["patches_scored"]}
+    pending = {"checkpoint": _checkpoint(state)}  # goes with the first report
+
+    def on_eval(seed: int, epoch: int, epochs: int, top1: float) -> None:
+        pct = 100.0 * (seeds.index(seed) * epochs + epoch) / (epochs * len(seeds))
+        if pct >= 100.0:
+            return  # the last evaluation is reported below, as the mean over the seeds
+        tune.report({"top1": top1, TIME_ATTR: round(pct, 3), "final": False, **common},
+                    checkpoint=pending.pop("checkpoint", None))
+
+    evaluated = time.perf_counter()
+    device = sweep["device"]
+    result = evaluate_run(run_dir, eval_cfg, teachers=paths, dataset=dataset, num_threads=threads, device=device,
+                          progress=False, ipc=cfg.ipc, on_eval=on_eval)
+    student_seconds = time.perf_counter() - evaluated
+    log_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result["top1_mean"],
+              cached=bool(result.get("cached")), seconds=student_seconds, **node)
+    tune.report({"top1": result["top1_mean"], "top1_std": result["top1_std"],
+                 "top1_per_seed": json.dumps(result["top1_per_seed"]), TIME_ATTR: 100.0, "final": True,
+                 "student_seconds": round(student_seconds, 3), "evaluation_cached": bool(result.get("cached")),
+                 "trial_seconds": round(time.perf_counter() - started, 3), **common},
+                checkpoint=pending.pop("checkpoint", None))
+
+
+def _checkpoint(state: dict):
+    from ray import tune
+
+    folder = tempfile.mkdtemp(prefix="fadrm-trial-")
+    (Path(folder) / "trial.json").write_text(json.dumps(state))
+    return tune.Checkpoint.from_directory(folder)
+
+
+def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict, selections: dict | None) -> dict:
+    """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
+    recomputed), with the sweep's patch rankings written into the run first."""
+    from fadrm_ray.distill import distill_local, needed_classes, plan_units, prepare_run, save_selection
+
+    started = time.perf_counter()
+    store_root, device = sweep["store"], sweep["device"]
+    resolved, _, infos, store = prepare_run(cfg, dataset, teacher_paths, store_root, device="cpu", run_device=device)
+    layout = store.layout
+    labels = needed_classes(plan_units(resolved, dataset.num_classes, image_size=dataset.image_size), resolved)
+    key = patch_key(resolved, dataset.fingerprint(), [i.sha256 for i in infos])
+    shared = (selections or {}).get(key, {})
+    for label in labels:
+        if label in shared and not layout.patch_selection(label).is_file():
+            save_selection(layout, shared[label])
+    before = sum(layout.patch_selection(label).is_file() for label in labels)
+    if sweep.get("workers_per_trial", 1) > 1:
+        from actors.coordinator import distill_on_ray
+        from fadrm_ray.runtime import ExecutionSpec
+
+        spec = ExecutionSpec(workers=sweep["workers_per_trial"], cpus_per_worker=sweep["cpus_per_worker"],
+                             gpus_per_worker=sweep.get("gpus_per_worker"), data_root=sweep.get("data_root"),
+                             progress=False)
+        result = distill_on_ray(cfg, sweep["dataset"], teacher_paths, store_root, spec)
+    else:
+        result = distill_local(cfg, dataset, teacher_paths, store_root, device=device, progress=False)
+    after = sum(layout.patch_selection(label).is_file() for label in labels)
+    return {"run_dir": str(result.run_dir), "units_run": len(result.units_run),
+            "units_skipped": len(result.units_skipped), "patches_scored": after - before,
+            "distill_seconds": round(time.perf_counter() - started, 3)}
