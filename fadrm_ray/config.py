@@ -22,17 +22,34 @@ from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indice
 # ---------------------------------------------------------------------- presets
 # docs/method.md section 7: the baselines are settings of the same loop.
 _NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
+# The published recover step and crops, for the presets that must keep them at every size.
+_PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08}
+# RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate.
+_RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
-    # The released FADRM scripts' recover settings, pinned whatever this project's defaults are:
-    # lr 0.25, crops down to 8% of the image, "medium" patches, a flip every other step.
-    "fadrm-paper": {"lr": 0.25, "crop_scale_min": 0.08, "patch_selection": "medium", "flip": True},
-    "sre2l": {**_NO_ARC, "init": "noise", "iterations": 1000},
-    "cda": {**_NO_ARC, "init": "noise", "iterations": 4000, "crop_curriculum": True},
-    "sre2l++": {**_NO_ARC, "iterations": 4000},
-    "rded": {**_NO_ARC, "iterations": 0},
+    # The released FADRM scripts' recover settings at every image size, whatever this project's
+    # defaults are: lr 0.25, crops down to 8% of the image, "medium" RDED patches, flips.
+    "fadrm-paper": {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "flip": True},
+    "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 1000},
+    "cda": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 4000, "crop_curriculum": True},
+    "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
+    "rded": {**_NO_ARC, **_RDED_PATCHES, "iterations": 0},
     "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
+}
+
+# Resolution-aware defaults (README, "Accuracy on small images"): field -> (value below
+# SMALL_IMAGE px, value at or above). Large images get the published recover settings. On the
+# small offline datasets those settings move the images far from their patches and train worse
+# students than the patches themselves; smaller steps, larger crops and whole lowest-CE images
+# keep recovered images at least as good as the real images they start from.
+SMALL_IMAGE = 64
+AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
+    "lr": (0.01, 0.25),
+    "crop_scale_min": (0.5, 0.08),
+    "patch_crop_scale": ((1.0, 1.0), (0.5, 1.0)),
+    "patch_crops": (1, 5),
 }
 
 NonNegative = Annotated[float, Field(strict=True, ge=0)]
@@ -57,19 +74,20 @@ class DistillConfig(Settings):
     # easy = lowest teacher CE first; medium = middle of the ranking; random = random crops;
     # whole = random whole images (random-real)
     patch_selection: Literal["easy", "medium", "random", "whole"] = "easy"
-    patch_crops: Count = 5               # random square crops scored per candidate image
-    patch_crop_scale: ScaleRange = (0.5, 1.0)  # crop area as a fraction of the image
+    # "auto" fields take their value from the image size (AUTO_BY_SIZE).
+    patch_crops: Count | Literal["auto"] = "auto"  # random square crops scored per candidate image
+    patch_crop_scale: ScaleRange | Literal["auto"] = "auto"  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
 
     # The optimization loop (docs/method.md section 3).
     iterations: Index = 2000             # T, over all stages
-    lr: float = Field(0.25, strict=True, gt=0)
+    lr: Annotated[float, Field(strict=True, gt=0)] | Literal["auto"] = "auto"
     r_bn: NonNegative = 0.01
     first_bn_weight: NonNegative = 10.0
     # Roll offset bound in pixels; auto = 32 at >= 128 px, else D // 8 capped at 4.
     jitter: Index | Literal["auto"] = "auto"
     flip: Flag | Literal["auto"] = "auto"  # auto = the dataset says whether a flip keeps the label
-    crop_scale_min: Fraction = 0.08      # RandomResizedCrop lower scale bound
+    crop_scale_min: Fraction | Literal["auto"] = "auto"  # RandomResizedCrop lower scale bound
     crop_curriculum: Flag = False        # CDA: the lower bound anneals 1.0 -> crop_scale_min by cosine
 
     # Stages, ARC, MRO, MPT (docs/method.md section 4).
@@ -133,6 +151,12 @@ class DistillConfig(Settings):
         base, extra = divmod(self.iterations, n)
         return [base + (1 if s < extra else 0) for s in range(n)]
 
+    def sized(self, image_size: int) -> "DistillConfig":
+        """This config with the resolution-aware "auto" values (AUTO_BY_SIZE) made explicit."""
+        changes = {name: small if image_size < SMALL_IMAGE else large
+                   for name, (small, large) in AUTO_BY_SIZE.items() if getattr(self, name) == "auto"}
+        return self.model_copy(update=changes) if changes else self
+
     def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu") -> "DistillConfig":
         """A new config with every dataset-dependent "auto" made explicit; checks fit to the dataset."""
         if self.classes is not None and max(self.classes) >= num_classes:
@@ -155,6 +179,7 @@ class DistillConfig(Settings):
         if jitter == "auto":
             jitter = 32 if image_size >= 128 else min(4, max(1, image_size // 8))
         changes = {
+            **self.sized(image_size).model_dump(include=set(AUTO_BY_SIZE)),
             "jitter": jitter,
             "flip": bool(hflip) if self.flip == "auto" else self.flip,
             "precision": default_precision(device_type) if self.precision == "auto" else self.precision,

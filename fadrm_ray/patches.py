@@ -109,6 +109,7 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     their best crop (a stable sort). `cfg` must be resolved (its precision is the scoring's)."""
     if not teachers:
         raise ValueError(f"patch_selection {cfg.patch_selection!r} scores crops with the teacher; none was given")
+    cfg = cfg.sized(dataset.image_size)
     candidates, gen = _candidates(dataset, label, cfg)
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
     images = dataset.train.load(candidates)
@@ -140,6 +141,7 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
     """
     indices = [int(i) for i in ipc_indices]
     size = dataset.image_size
+    cfg = cfg.sized(size)
     if cfg.patch_selection in ("easy", "medium"):
         if selection is None:
             raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")

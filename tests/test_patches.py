@@ -34,10 +34,22 @@ def test_easy_patches_are_ranked_by_teacher_cross_entropy(digits, teacher):
 
 
 def test_selection_is_deterministic_per_seed(digits, teacher):
-    a = class_patches(digits, 2, DistillConfig(ipc=3, seed=1), [teacher])
-    b = class_patches(digits, 2, DistillConfig(ipc=3, seed=1), [teacher])
-    c = class_patches(digits, 2, DistillConfig(ipc=3, seed=2), [teacher])
+    crops = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5}
+    a = class_patches(digits, 2, DistillConfig(ipc=3, seed=1, **crops), [teacher])
+    b = class_patches(digits, 2, DistillConfig(ipc=3, seed=1, **crops), [teacher])
+    c = class_patches(digits, 2, DistillConfig(ipc=3, seed=2, **crops), [teacher])
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_small_images_start_from_whole_images_of_lowest_teacher_ce(digits, teacher):
+    cfg = DistillConfig(ipc=4)  # digits are 8 px: whole images, one "crop" each (AUTO_BY_SIZE)
+    patches = class_patches(digits, 3, cfg, [teacher])
+    real = digits.train.load(digits.train.indices_of_class(3))
+    ce = ce_of(real, 3, digits, teacher)
+    lowest = real[ce.argsort(stable=True)[:4]]
+    assert torch.equal(patches, lowest)
+    # The ranking of whole images does not depend on the seed (only ties could).
+    assert torch.equal(class_patches(digits, 3, DistillConfig(ipc=4, seed=5), [teacher]), patches)
 
 
 def test_whole_images_are_real_training_images_of_the_class(digits):
