@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -135,12 +136,16 @@ def test_a_restart_of_the_server_keeps_running_jobs(api_service):
     with api_service.client() as http:
         job = http.post("/v1/distillations", json=body).json()
         wait_state(http, job["id"], states=("running",), until=lambda j: j["progress"]["stages_done"] >= 1)
+    restarted = datetime.now(timezone.utc)
     api_service.stop()
     api_service.start()
     with api_service.client() as http:
         after = http.get(f"/v1/distillations/{job['id']}").json()
         assert after["state"] in ("running", "succeeded")
-        assert wait_state(http, job["id"])["state"] == "succeeded"
+        done = wait_state(http, job["id"])
+        assert done["state"] == "succeeded"
+        manifest = json.loads((api_service.store / job["run_id"] / "manifest.json").read_text())
+        assert datetime.fromisoformat(manifest["finalized_at"]) > restarted  # it ran on through the restart
         assert http.get(f"/v1/distillations/{job['id']}/dataset").status_code == 200
         assert job["id"] in {j["id"] for j in http.get("/v1/distillations", params={"limit": 100}).json()["jobs"]}
     run_dir = api_service.store / job["run_id"]
