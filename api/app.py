@@ -16,8 +16,11 @@ import threading
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from fadrm_ray.config import PRESETS, make_config
 
@@ -201,6 +204,14 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     async def _invalid(request: Request, exc: RequestInvalid):
         return JSONResponse({"detail": [{"loc": list(exc.loc), "msg": str(exc), "type": "value_error"}]},
                             status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 405:  # name every method of the path, not only those of the first route
+            allowed = {m for route in app.router.routes if route.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(route, "methods", None) or ()}
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(_Conflict)
     async def _conflict(request: Request, exc: _Conflict):
