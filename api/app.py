@@ -28,7 +28,7 @@ from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.executor import Executor
 from api.jobs import JobDB, JobRecord
-from api.models import (JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobList, Problem, Ready,
+from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobList, Problem, Ready,
                         Report, TeacherInfo)
 from api.outputs import progress, report, write_dataset, write_imagefolder_zip, write_preview
 from api.requests import RequestInvalid, fingerprint, images_in_store, plan_request, run_dir
@@ -111,6 +111,7 @@ class Service:
         self.scheduler = Scheduler(self.executor)
         self.submit_lock = threading.Lock()
         self.build_locks: dict[str, threading.Lock] = {}
+        self.final_progress: dict[str, tuple] = {}
 
     def start(self) -> None:
         self.scheduler.start()
@@ -124,7 +125,12 @@ class Service:
 
     def view(self, job: JobRecord) -> Job:
         plan = job.plan
-        prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
+        if job.id in self.final_progress:  # a finished job's progress never changes
+            prog, eta = self.final_progress[job.id]
+        else:
+            prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
+            if job.state in FINAL_STATES:
+                self.final_progress[job.id] = (prog, eta)
         end = job.finished_at
         timings = {"created_at": _iso(job.created_at), "started_at": _iso(job.started_at), "finished_at": _iso(end),
                    "queued_seconds": _span(job.created_at, job.started_at or end),

@@ -94,6 +94,11 @@ def test_the_same_request_is_the_same_job_and_computes_nothing_again(api_service
         assert len(events(run_dir, "stage_done")) == stages  # nothing ran again
         assert len(events(run_dir, "run_started")) == 1
 
+        larger = http.post("/v1/distillations", json={**body, "ipc": 3}).json()
+        assert wait_state(http, larger["id"])["state"] == "succeeded" and not larger["reused"]
+        grown = {e["unit"] for e in events(run_dir, "stage_done")[stages:]}
+        assert grown and all(u.endswith("-ipc00002-00003") for u in grown)  # only the missing IPC index ran
+
 
 def test_queue_limit_cancel_and_a_fresh_request_after_it(api_service):
     slow = request(classes=[4, 5], ipc=2, seed=21, iterations=1200)
@@ -136,12 +141,15 @@ def test_a_restart_of_the_server_keeps_running_jobs(api_service):
     with api_service.client() as http:
         job = http.post("/v1/distillations", json=body).json()
         wait_state(http, job["id"], states=("running",), until=lambda j: j["progress"]["stages_done"] >= 1)
+        waiting = http.post("/v1/distillations", json=request(seed=32)).json()
+        assert waiting["state"] == "queued"
     restarted = datetime.now(timezone.utc)
     api_service.stop()
     api_service.start()
     with api_service.client() as http:
         after = http.get(f"/v1/distillations/{job['id']}").json()
         assert after["state"] in ("running", "succeeded")
+        assert http.delete(f"/v1/distillations/{waiting['id']}").json()["state"] == "cancelled"
         done = wait_state(http, job["id"])
         assert done["state"] == "succeeded"
         manifest = json.loads((api_service.store / job["run_id"] / "manifest.json").read_text())
@@ -150,6 +158,17 @@ def test_a_restart_of_the_server_keeps_running_jobs(api_service):
         assert job["id"] in {j["id"] for j in http.get("/v1/distillations", params={"limit": 100}).json()["jobs"]}
     run_dir = api_service.store / job["run_id"]
     assert len(events(run_dir, "run_started")) == 1  # one driver ran it, through the restart
+
+
+def test_evaluate_reports_the_students_accuracy(api_service):
+    body = {**request(classes=[0, 1], ipc=1, seed=41), "evaluate": True,
+            "evaluation": {"epochs": 2, "seeds": 1, "eval_every": 1}}
+    with api_service.client() as http:
+        job = http.post("/v1/distillations", json=body).json()
+        assert job["evaluate"] is True
+        assert wait_state(http, job["id"])["state"] == "succeeded"
+        evaluation = http.get(f"/v1/distillations/{job['id']}/report").json()["evaluation"]
+    assert 0 <= evaluation["top1_mean"] <= 100 and len(evaluation["top1_per_seed"]) == 1
 
 
 def _fields(body: dict) -> dict:
