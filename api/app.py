@@ -17,7 +17,7 @@ from typing import Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -199,7 +199,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
 
-    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    async def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if credentials is None:
             raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -263,17 +263,21 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                                 status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         return _job_response(service.view(job), 202)
 
-    @app.get("/v1/distillations", tags=["distillations"], dependencies=auth, responses=ERRORS)
-    def list_jobs(state: Literal[STATES] | None = None, limit: int = Query(20, ge=1, le=100),
-                  cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$")) -> JobList:
+    # The two endpoints clients poll run on the event loop (a few SQLite reads and a small file
+    # read each), and answer with the model serialized once.
+    @app.get("/v1/distillations", tags=["distillations"], dependencies=auth, responses=ERRORS,
+             response_model=JobList)
+    async def list_jobs(state: Literal[STATES] | None = None, limit: int = Query(20, ge=1, le=100),
+                        cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$")):
         page = service.db.page(state, limit + 1, int(cursor) if cursor else None)
         more = len(page) > limit
         page = page[:limit]
-        return JobList(jobs=[service.view(j) for j in page], next_cursor=str(page[-1].seq) if more else None)
+        return _json(JobList(jobs=[service.view(j) for j in page], next_cursor=str(page[-1].seq) if more else None))
 
-    @app.get("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth, responses=JOB_ERRORS)
-    def get_job(job_id: str = JobId) -> Job:
-        return service.view(service.job(job_id))
+    @app.get("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth, responses=JOB_ERRORS,
+             response_model=Job)
+    async def get_job(job_id: str = JobId):
+        return _json(service.view(service.job(job_id)))
 
     @app.delete("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth,
                 responses={**JOB_ERRORS, 409: {"model": Problem}})
@@ -341,6 +345,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         return {name: make_config(name).to_dict() for name in PRESETS}
 
     return app
+
+
+def _json(model) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def _job_response(job: Job, status: int) -> JSONResponse:

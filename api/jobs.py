@@ -102,27 +102,42 @@ class JobFiles:
 
 
 class JobDB:
-    """The job records; safe to use from the request threads and the scheduler at once."""
+    """The job records. Each thread (the event loop, the request pool, the scheduler) has its own
+    connection, so readers never wait for a writer (WAL) or for a Python lock held by another."""
 
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(state_dir / "jobs.sqlite"), check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self.path = state_dir / "jobs.sqlite"
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
         self._conn.executescript(_SCHEMA)
-        self._lock = threading.Lock()
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
 
     def files(self, job_id: str) -> JobFiles:
         return JobFiles(self.state_dir / "jobs" / job_id)
 
     def _query(self, sql: str, args: tuple = ()) -> list[JobRecord]:
-        with self._lock:
-            rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
+        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
         return [JobRecord.from_row(r) for r in rows]
 
     def get(self, job_id: str) -> JobRecord | None:
@@ -144,8 +159,7 @@ class JobDB:
         return self._query(f"WHERE state IN ({marks}) ORDER BY seq", states)
 
     def count(self, state: str) -> int:
-        with self._lock:
-            return self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
+        return self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
 
     def page(self, state: str | None, limit: int, before: int | None) -> list[JobRecord]:
         where, args = [], []
@@ -164,23 +178,23 @@ class JobDB:
         created already `succeeded` (its images were in the store) is finished at once."""
         job_id = f"job-{secrets.token_hex(12)}"
         now = time.time()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                if max_queued is not None and state == "queued":
-                    waiting = self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
-                    if waiting >= max_queued:
-                        self._conn.execute("ROLLBACK")
-                        return None
-                finished = now if state in ("succeeded", "failed", "cancelled") else None
-                self._conn.execute(
-                    "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, started_at, "
-                    "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job_id, fingerprint, key, state, int(reused), json.dumps(plan), now, finished, finished))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if max_queued is not None and state == "queued":
+                waiting = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
+                if waiting >= max_queued:
+                    conn.execute("ROLLBACK")
+                    return None
+            finished = now if state in ("succeeded", "failed", "cancelled") else None
+            conn.execute(
+                "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, started_at, "
+                "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, fingerprint, key, state, int(reused), json.dumps(plan), now, finished, finished))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
         return self.get(job_id)
 
     def update(self, job_id: str, *, only_from: tuple[str, ...] | None = None, **values) -> bool:
@@ -192,5 +206,4 @@ class JobDB:
         if only_from:
             sql += f" AND state IN ({', '.join('?' * len(only_from))})"
             args += list(only_from)
-        with self._lock:
-            return self._conn.execute(sql, args).rowcount == 1
+        return self._conn.execute(sql, args).rowcount == 1

@@ -73,8 +73,25 @@ def progress(run_dir: Path, plan: dict, state: str, started_at: float | None) ->
     return body, eta
 
 
+_LEDGER_CACHE: dict[tuple, tuple] = {}
+
+
 def _ledger_since(path: Path, since: float) -> tuple[dict | None, list[dict]]:
-    """The last `run_started` event at or after `since`, and the `stage_done` events after it."""
+    """The last `run_started` event at or after `since`, and the `stage_done` events after it
+    (kept while the ledger file is unchanged: clients poll far more often than stages end)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None, []
+    key = (str(path), stat.st_mtime_ns, stat.st_size, since)
+    if key not in _LEDGER_CACHE:
+        if len(_LEDGER_CACHE) > 256:
+            _LEDGER_CACHE.clear()
+        _LEDGER_CACHE[key] = _parse_ledger(path, since)
+    return _LEDGER_CACHE[key]
+
+
+def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
     started, done = None, []
     try:
         lines = path.read_text().splitlines()
