@@ -87,7 +87,12 @@ class LocalRay:
 
     def address(self, timeout: float = START_TIMEOUT_S) -> str:
         """The head's address, starting the head first when none is up."""
-        head = self.running() or self._start()
+        head = self.running()
+        if head is None:
+            gone = self._read()
+            if gone and str(gone.get("temp_dir", "")).startswith(tempfile.gettempdir()):
+                shutil.rmtree(gone["temp_dir"], ignore_errors=True)  # what a head that died left
+            head = self._start()
         address_file = Path(head["temp_dir"]) / "ray_current_cluster"
         deadline = time.time() + timeout
         while time.time() < deadline:
