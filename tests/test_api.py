@@ -160,6 +160,21 @@ def test_a_restart_of_the_server_keeps_running_jobs(api_service):
     assert len(events(run_dir, "run_started")) == 1  # one driver ran it, through the restart
 
 
+def test_a_cancel_after_a_restart_stops_the_driver_the_old_server_started(api_service):
+    body = request(classes=[2, 9], ipc=2, seed=51, iterations=1200)
+    with api_service.client() as http:
+        job = http.post("/v1/distillations", json=body).json()
+        wait_state(http, job["id"], states=("running",), until=lambda j: j["progress"]["stages_done"] >= 1)
+    api_service.stop()
+    api_service.start()
+    with api_service.client() as http:
+        assert http.get(f"/v1/distillations/{job['id']}").json()["state"] == "running"
+        assert http.delete(f"/v1/distillations/{job['id']}").json()["state"] == "cancelled"
+        wait_for(lambda: not raylet_children(api_service, "DistillWorker"), timeout=60)
+        assert http.get(f"/v1/distillations/{job['id']}").json()["state"] == "cancelled"
+    assert not (api_service.store / job["run_id"] / "manifest.json").exists()
+
+
 def test_evaluate_reports_the_students_accuracy(api_service):
     body = {**request(classes=[0, 1], ipc=1, seed=41), "evaluate": True,
             "evaluation": {"epochs": 2, "seeds": 1, "eval_every": 1}}
