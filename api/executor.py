@@ -225,6 +225,8 @@ class Executor:
     # ------------------------------------------------------------------ cancel
     def cancel(self, job: JobRecord) -> bool:
         """Cancel a queued or running job; True when it was (a finished job is left as it is)."""
+        if job.state == "running":
+            self._settle(job)  # a driver that already ended has its outcome: the job is not cancelled then
         if not self.db.update(job.id, only_from=("queued", "running"), state="cancelled",
                               error="cancelled by request", finished_at=time.time()):
             return False

@@ -101,7 +101,7 @@ def test_the_same_request_is_the_same_job_and_computes_nothing_again(api_service
 
 
 def test_queue_limit_cancel_and_a_fresh_request_after_it(api_service):
-    slow = request(classes=[4, 5], ipc=2, seed=21, iterations=1200)
+    slow = request(classes=[4, 5], ipc=2, seed=21, iterations=2000)
     with api_service.client() as http:
         job = http.post("/v1/distillations", json=slow).json()
         job = wait_state(http, job["id"], states=("running",), until=lambda j: j["progress"]["stages_done"] >= 1)
@@ -161,7 +161,7 @@ def test_a_restart_of_the_server_keeps_running_jobs(api_service):
 
 
 def test_a_cancel_after_a_restart_stops_the_driver_the_old_server_started(api_service):
-    body = request(classes=[2, 9], ipc=2, seed=51, iterations=1200)
+    body = request(classes=[2, 9], ipc=2, seed=51, iterations=4000)
     with api_service.client() as http:
         job = http.post("/v1/distillations", json=body).json()
         wait_state(http, job["id"], states=("running",), until=lambda j: j["progress"]["stages_done"] >= 1)
