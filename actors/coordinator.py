@@ -189,8 +189,11 @@ class Coordinator:
         result = DistillResult(self.store.run_id, self.store.run_dir, request_images(self.cfg, self.dataset.num_classes),
                                ipc=self.cfg.ipc)
         result.units_skipped = [u.unit_id for u in self.units if u.unit_id not in {t.unit.unit_id for t in tasks}]
+        # plan: every unit of this request with the stages it already has (progress reports read it).
+        plan = {u.unit_id: self.stages for u in self.units}
+        plan.update({t.unit.unit_id: t.stage for t in tasks})
         self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
-                 resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0})
+                 resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0}, stages=self.stages, plan=plan)
         workers = self.workers[:len(tasks)]
         try:
             for surplus in self.workers[len(tasks):]:  # more actors than units left to run

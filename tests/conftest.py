@@ -59,3 +59,13 @@ def run_copy(small_run, tmp_path):
     target = tmp_path / "store" / small_run.name
     shutil.copytree(small_run, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def api_service(digits_teacher, tmp_path_factory):
+    """A real `fadrm serve` (uvicorn, its own local Ray head) shared by the API tests."""
+    from tests.api_helpers import running_service
+
+    with running_service(digits_teacher[0], tmp_path_factory.mktemp("api"), max_ipc=5, max_images=20,
+                         max_running=1, max_queued=2) as server:
+        yield server

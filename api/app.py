@@ -1,0 +1,365 @@
+"""The REST service: `create_app(settings)` builds the FastAPI application `fadrm serve` runs.
+
+Every endpoint but /healthz requires `Authorization: Bearer <FADRM_API_TOKEN>` (compared in
+constant time; 401 without one, 403 for a wrong one). Bodies over `max_body_bytes` are refused
+(413) before they are read whole; ids and names are checked against their patterns (422) before
+anything touches the store. Work happens elsewhere: jobs are records (`api.jobs`), run by driver
+processes on Ray (`api.executor`), whose scheduler runs in a thread of this process.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import secrets
+import threading
+from typing import Literal
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from fadrm_ray.config import PRESETS, make_config
+
+from api.catalog import Catalog
+from api.config import ServiceSettings, SettingsError
+from api.executor import Executor
+from api.jobs import JobDB, JobRecord
+from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobList, Problem, Ready,
+                        Report, TeacherInfo)
+from api.outputs import progress, report, write_dataset, write_imagefolder_zip, write_preview
+from api.requests import RequestInvalid, fingerprint, images_in_store, plan_request, run_dir
+
+log = logging.getLogger("fadrm.api")
+TICK_S = 0.5
+RETRY_AFTER_S = 30
+JobId = PathParam(pattern=JOB_ID_PATTERN, description="a job id, as POST /v1/distillations returned it")
+ERRORS = {401: {"model": Problem}, 403: {"model": Problem}}
+JOB_ERRORS = {**ERRORS, 404: {"model": Problem}}
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a request body larger than `limit` bytes with 413, whether it
+    announces its length or not."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            return await _too_large(self.limit)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse({"detail": f"request body larger than {limit} bytes"}, status_code=413)
+
+
+class Scheduler(threading.Thread):
+    def __init__(self, executor: Executor):
+        super().__init__(name="fadrm-scheduler", daemon=True)
+        self.executor, self.stopping = executor, threading.Event()
+
+    def run(self) -> None:
+        with contextlib.suppress(Exception):
+            self.executor.ray_address()  # start (or find) the local head now, not at the first job
+        while not self.stopping.wait(TICK_S):
+            try:
+                self.executor.tick()
+            except Exception:  # keep scheduling; the next tick retries
+                log.exception("scheduler tick failed")
+
+
+class Service:
+    """What the endpoints share: settings, catalog, job records, executor."""
+
+    def __init__(self, settings: ServiceSettings):
+        self.settings = settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._server_lock = open(settings.state_dir / "server.lock", "w")
+        try:
+            fcntl.flock(self._server_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._server_lock.close()
+            raise SettingsError(f"another fadrm serve is using the store {settings.store}") from None
+        self.catalog = Catalog(settings)
+        self.db = JobDB(settings.state_dir)
+        self.executor = Executor(settings, self.db)
+        self.scheduler = Scheduler(self.executor)
+        self.submit_lock = threading.Lock()
+        self.build_locks: dict[str, threading.Lock] = {}
+        self.final_progress: dict[str, tuple] = {}
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stopping.set()
+        self.scheduler.join(timeout=30)
+        self.executor.shutdown()
+        self.db.close()
+        self._server_lock.close()
+
+    def view(self, job: JobRecord) -> Job:
+        plan = job.plan
+        if job.id in self.final_progress:  # a finished job's progress never changes
+            prog, eta = self.final_progress[job.id]
+        else:
+            prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
+            if job.state in FINAL_STATES:
+                self.final_progress[job.id] = (prog, eta)
+        end = job.finished_at
+        timings = {"created_at": _iso(job.created_at), "started_at": _iso(job.started_at), "finished_at": _iso(end),
+                   "queued_seconds": _span(job.created_at, job.started_at or end),
+                   "running_seconds": _span(job.started_at, end) if job.started_at else None}
+        base = f"/v1/distillations/{job.id}"
+        return Job(id=job.id, state=job.state, run_id=plan["run_id"], dataset=plan["dataset"], teachers=plan["teachers"],
+                   classes=plan["classes"], class_names=plan["class_names"], ipc=plan["ipc"], preset=plan["preset"],
+                   seed=plan["seed"], evaluate=plan["evaluate"], reused=job.reused, progress=prog, timings=timings,
+                   eta_seconds=eta, error=job.error,
+                   links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
+                          "report": f"{base}/report"})
+
+    def job(self, job_id: str) -> JobRecord:
+        job = self.db.get(job_id)
+        if job is None:
+            raise HTTPException(404, f"no job {job_id}")
+        return job
+
+    def finished(self, job_id: str) -> JobRecord:
+        job = self.job(job_id)
+        if job.state != "succeeded":
+            raise _Conflict(job)
+        return job
+
+    def build(self, job: JobRecord, path, writer):
+        """A job's file, written once (one writer at a time) and then served as it is."""
+        lock = self.build_locks.setdefault(job.id, threading.Lock())
+        with lock:
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writer(run_dir(self.settings, job.plan), job.plan, path)
+        return path
+
+
+class _Conflict(Exception):
+    def __init__(self, job: JobRecord):
+        self.job = job
+
+
+def _iso(t: float | None) -> str | None:
+    import datetime as dt
+
+    return None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    import time
+
+    return None if a is None else round((b or time.time()) - a, 3)
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    service = Service(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan,
+                  description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    bearer = HTTPBearer(auto_error=False)
+
+    async def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if credentials is None:
+            raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
+            raise HTTPException(403, "the bearer token is not valid for this service")
+
+    @app.exception_handler(RequestInvalid)
+    async def _invalid(request: Request, exc: RequestInvalid):
+        return JSONResponse({"detail": [{"loc": list(exc.loc), "msg": str(exc), "type": "value_error"}]},
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 405:  # name every method of the path, not only those of the first route
+            allowed = {m for route in app.router.routes if route.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(route, "methods", None) or ()}
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return await http_exception_handler(request, exc)
+
+    @app.exception_handler(_Conflict)
+    async def _conflict(request: Request, exc: _Conflict):
+        return JSONResponse({"detail": f"job {exc.job.id} is {exc.job.state}, not succeeded", "state": exc.job.state},
+                            status_code=409)
+
+    auth = [Depends(authorized)]
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/readyz", tags=["service"], dependencies=auth, responses={**ERRORS, 503: {"model": Ready}})
+    def readyz() -> Ready:
+        ray_ok = service.executor.ray_reachable()
+        store_ok = _writable(settings.state_dir)
+        ready = Ready(ready=ray_ok and store_ok, ray=ray_ok, store=store_ok,
+                      detail=None if ray_ok else "Ray is not reachable (yet)")
+        return ready if ready.ready else JSONResponse(ready.model_dump(), status_code=503)
+
+    @app.post("/v1/distillations", status_code=202, tags=["distillations"], dependencies=auth,
+              responses={**ERRORS, 200: {"model": Job, "description": "the same request: the job made before"},
+                         413: {"model": Problem}, 429: {"model": Problem}})
+    def submit(body: DistillationRequest,
+               idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
+        plan = plan_request(body, service.catalog, settings)
+        key = fingerprint(plan)
+        with service.submit_lock:
+            if idempotency_key is not None and (same := service.db.by_key(idempotency_key)) is not None:
+                if same.fingerprint != key:
+                    raise RequestInvalid(("header", "Idempotency-Key"),
+                                         "Idempotency-Key was used before for a different request")
+                return _job_response(service.view(same), 200)
+            existing = service.db.live_with(key)
+            if existing is not None:
+                return _job_response(service.view(existing), 200)
+            if not plan["evaluate"] and images_in_store(settings, plan):
+                job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
+            else:
+                job = service.db.create(key, plan, "queued", key=idempotency_key, max_queued=settings.max_queued)
+        if job is None:
+            return JSONResponse({"detail": f"{settings.max_queued} jobs are waiting already; retry later"},
+                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+        return _job_response(service.view(job), 202)
+
+    # The two endpoints clients poll run on the event loop (a few SQLite reads and a small file
+    # read each), and answer with the model serialized once.
+    @app.get("/v1/distillations", tags=["distillations"], dependencies=auth, responses=ERRORS,
+             response_model=JobList)
+    async def list_jobs(state: Literal[STATES] | None = None, limit: int = Query(20, ge=1, le=100),
+                        cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$")):
+        page = service.db.page(state, limit + 1, int(cursor) if cursor else None)
+        more = len(page) > limit
+        page = page[:limit]
+        return _json(JobList(jobs=[service.view(j) for j in page], next_cursor=str(page[-1].seq) if more else None))
+
+    @app.get("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth, responses=JOB_ERRORS,
+             response_model=Job)
+    async def get_job(job_id: str = JobId):
+        return _json(service.view(service.job(job_id)))
+
+    @app.delete("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth,
+                responses={**JOB_ERRORS, 409: {"model": Problem}})
+    def cancel(job_id: str = JobId) -> Job:
+        job = service.job(job_id)
+        if not service.executor.cancel(job):
+            raise _Conflict(service.job(job_id))
+        return service.view(service.job(job_id))
+
+    @app.get("/v1/distillations/{job_id}/dataset", tags=["results"], dependencies=auth, response_class=FileResponse,
+             responses={**JOB_ERRORS, 409: {"model": Problem},
+                        200: {"content": {"application/vnd.apache.parquet": {}, "application/zip": {}},
+                              "description": "the dataset file (Range requests resume it)"}})
+    def dataset(job_id: str = JobId, format: Literal["parquet", "imagefolder"] = "parquet"):
+        job = service.finished(job_id)
+        files = service.db.files(job.id)
+        if format == "imagefolder":
+            path = service.build(job, files.imagefolder, write_imagefolder_zip)
+            return FileResponse(path, media_type="application/zip", filename=f"{job.id}-imagefolder.zip")
+        path = service.build(job, files.dataset, write_dataset)
+        return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.parquet")
+
+    @app.get("/v1/distillations/{job_id}/preview.png", tags=["results"], dependencies=auth,
+             response_class=FileResponse,
+             responses={**JOB_ERRORS, 409: {"model": Problem}, 200: {"content": {"image/png": {}}}})
+    def preview(job_id: str = JobId):
+        job = service.finished(job_id)
+        return FileResponse(service.build(job, service.db.files(job.id).preview, write_preview), media_type="image/png")
+
+    @app.get("/v1/distillations/{job_id}/report", tags=["results"], dependencies=auth,
+             responses={**JOB_ERRORS, 409: {"model": Problem}})
+    def job_report(job_id: str = JobId) -> Report:
+        job = service.finished(job_id)
+        return Report(**report(run_dir(settings, job.plan), job.plan, service.db.files(job.id).evaluation))
+
+    @app.get("/v1/datasets", tags=["catalog"], dependencies=auth, responses=ERRORS)
+    def datasets() -> list[DatasetInfo]:
+        out = []
+        for name in service.catalog.dataset_names():
+            try:
+                d = service.catalog.dataset(name).describe()
+            except Exception as exc:  # an operator's dataset that cannot be read now: listed by name only
+                log.warning("dataset %s: %s", name, exc)
+                continue
+            out.append(DatasetInfo(**{**d, "name": name}))
+        return out
+
+    @app.get("/v1/teachers", tags=["catalog"], dependencies=auth, responses=ERRORS)
+    def teachers() -> list[TeacherInfo]:
+        out = []
+        for name in service.catalog.teacher_names():
+            try:
+                info = service.catalog.teacher(name).info
+            except Exception as exc:  # not a readable fadrm checkpoint: not offered
+                log.warning("teacher %s: %s", name, exc)
+                continue
+            accuracy = info.test_accuracy if info.test_accuracy == info.test_accuracy else None
+            out.append(TeacherInfo(name=name, model=info.model_name, dataset=info.dataset, num_classes=info.num_classes,
+                                   class_names=list(info.class_names), image_size=info.image_size,
+                                   in_chans=info.in_chans, test_accuracy=accuracy))
+        return out
+
+    @app.get("/v1/presets", tags=["catalog"], dependencies=auth, responses=ERRORS)
+    def presets() -> dict[str, dict]:
+        return {name: make_config(name).to_dict() for name in PRESETS}
+
+    return app
+
+
+def _json(model) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _job_response(job: Job, status: int) -> JSONResponse:
+    return JSONResponse(job.model_dump(mode="json"), status_code=status, headers={"Location": job.links.self})
+
+
+def _writable(folder) -> bool:
+    try:
+        probe = folder / f".probe-{secrets.token_hex(4)}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,151 @@
+"""A small Python client of the REST service.
+
+    from api.client import FadrmClient
+
+    client = FadrmClient("http://127.0.0.1:8000", token)
+    path = client.distill(dataset="digits", teacher="digits-convnet", classes=[3, 7], ipc=10, out="digits-3-7.parquet")
+
+`distill` submits (idempotently: a retried submit returns the same job), waits with exponential
+backoff while the job is queued or running, and downloads the Parquet file, resuming a download
+that was cut off with an HTTP Range request. Errors of the service raise `ServiceError` with its
+status and message.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+class ServiceError(RuntimeError):
+    def __init__(self, status: int, detail: Any):
+        self.status, self.detail = status, detail
+        super().__init__(f"HTTP {status}: {detail}")
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, job: dict):
+        self.job = job
+        super().__init__(f"job {job['id']} {job['state']}: {job.get('error')}")
+
+
+class FadrmClient:
+    def __init__(self, url: str, token: str, timeout: float = 60.0):
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
+                                 timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "FadrmClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail")
+            except ValueError:
+                detail = response.text
+            raise ServiceError(response.status_code, detail)
+        return response
+
+    def submit(self, *, dataset: str, classes: Sequence[int | str], ipc: int, teacher: str | None = None,
+               teachers: Sequence[str] | None = None, preset: str = "fadrm", seed: int = 0,
+               overrides: dict | None = None, evaluate: bool = False, evaluation: dict | None = None,
+               idempotency_key: str | None = None) -> dict:
+        body = {"dataset": dataset, "classes": list(classes), "ipc": ipc, "preset": preset, "seed": seed,
+                "overrides": overrides or {}, "evaluate": evaluate}
+        if teacher is not None:
+            body["teacher"] = teacher
+        if teachers is not None:
+            body["teachers"] = list(teachers)
+        if evaluation:
+            body["evaluation"] = evaluation
+        key = idempotency_key or uuid.uuid4().hex
+        for attempt in range(6):  # the same key makes a retried submit return the same job
+            try:
+                return self._call("POST", "/v1/distillations", json=body, headers={"Idempotency-Key": key}).json()
+            except ServiceError as exc:
+                if exc.status != 429 or attempt == 5:
+                    raise
+                time.sleep(min(30.0, 2.0 ** attempt))
+            except httpx.TransportError:
+                if attempt == 5:
+                    raise
+                time.sleep(min(30.0, 2.0 ** attempt))
+        raise AssertionError("unreachable")
+
+    def job(self, job_id: str) -> dict:
+        return self._call("GET", f"/v1/distillations/{job_id}").json()
+
+    def jobs(self, state: str | None = None, limit: int = 20) -> list[dict]:
+        """Every job (of `state`), newest first, following the pages."""
+        out, cursor = [], None
+        while True:
+            params = {"limit": limit, **({"state": state} if state else {}), **({"cursor": cursor} if cursor else {})}
+            page = self._call("GET", "/v1/distillations", params=params).json()
+            out += page["jobs"]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return out
+
+    def cancel(self, job_id: str) -> dict:
+        return self._call("DELETE", f"/v1/distillations/{job_id}").json()
+
+    def wait(self, job_id: str, timeout: float = 3600.0, first: float = 0.5, longest: float = 15.0) -> dict:
+        """Poll until the job ends, the interval doubling from `first` to `longest`; JobFailed
+        unless it succeeded."""
+        deadline, delay = time.monotonic() + timeout, first
+        while True:
+            job = self.job(job_id)
+            if job["state"] in FINAL:
+                if job["state"] != "succeeded":
+                    raise JobFailed(job)
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout:.0f} s")
+            time.sleep(delay)
+            delay = min(longest, delay * 2)
+
+    def download(self, job_id: str, out: str | Path, format: str = "parquet") -> Path:
+        """The job's dataset file; a partial `out` left by a cut download is resumed."""
+        out = Path(out)
+        partial = out.with_name(out.name + ".part")
+        for attempt in range(5):
+            have = partial.stat().st_size if partial.exists() else 0
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            try:
+                with self.http.stream("GET", f"/v1/distillations/{job_id}/dataset", params={"format": format},
+                                      headers=headers) as response:
+                    if response.status_code == 416:  # nothing left to fetch
+                        break
+                    if response.status_code >= 400:
+                        response.read()
+                        raise ServiceError(response.status_code, response.json().get("detail"))
+                    mode = "ab" if response.status_code == 206 else "wb"
+                    with open(partial, mode) as f:
+                        for chunk in response.iter_bytes():
+                            f.write(chunk)
+                break
+            except httpx.TransportError:
+                if attempt == 4:
+                    raise
+                time.sleep(2.0 ** attempt)
+        partial.replace(out)
+        return out
+
+    def distill(self, *, out: str | Path, timeout: float = 3600.0, **request: Any) -> Path:
+        """Submit, wait, download: the path of the Parquet file (`submit` takes the request's fields)."""
+        job = self.submit(**request)
+        self.wait(job["id"], timeout=timeout)
+        return self.download(job["id"], out)

@@ -1,0 +1,270 @@
+"""Where jobs run: a Ray cluster, and one driver process per job.
+
+With FADRM_RAY_ADDRESS the drivers join that cluster. Without it the service starts a local Ray
+head (`LocalRay`) as a process group of its own, with a private temporary folder, token
+authentication (a token file in the service's state folder) and no dashboard. Neither the head
+nor the drivers are children that die with the HTTP process: a restarted service finds the head
+by its record (pid and start time) and reuses it, and finds each running job's driver by the pid
+its record holds. The head is stopped by pid when the service stops with no job queued or
+running, or by `fadrm serve --stop-ray`.
+
+`Executor.tick` is the scheduler, called about twice a second by the service: it settles the
+jobs whose driver ended (from the outcome file the driver writes, checked against the store:
+a run is complete only when its manifest says so), starts queued jobs while fewer than
+FADRM_MAX_RUNNING run, and finishes off cancelled drivers that did not stop in time.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.runtime import heavy_process_env
+
+from api.config import ServiceSettings
+from api.jobs import JobDB, JobRecord
+from api.requests import images_in_store
+
+CANCEL_GRACE_S = 10.0
+START_TIMEOUT_S = 180.0
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def proc_start(pid: int | None) -> str | None:
+    """The start time of a live (not zombie) process, from /proc; None when it is gone."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode(errors="replace").rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if not fields or fields[0] in ("Z", "X") else fields[19]
+
+
+def alive(pid: int | None, started: str | None) -> bool:
+    now = proc_start(pid)
+    return now is not None and (started is None or now == started)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class LocalRay:
+    """The service's own Ray head: started once, reused across restarts of the service."""
+
+    def __init__(self, state_dir: Path, cpus: int | None):
+        self.record = state_dir / "ray-head.json"
+        self.token = state_dir / "ray-auth-token"
+        self.cpus = cpus or os.cpu_count() or 1
+
+    def env(self) -> dict[str, str]:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token)}
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def running(self) -> dict | None:
+        """The record of the head if it is still up."""
+        head = self._read()
+        if head and alive(head.get("pid"), head.get("pid_start")):
+            return head
+        return None
+
+    def address(self, timeout: float = START_TIMEOUT_S) -> str:
+        """The head's address, starting the head first when none is up."""
+        head = self.running()
+        if head is None:
+            gone = self._read()
+            if gone and str(gone.get("temp_dir", "")).startswith(tempfile.gettempdir()):
+                shutil.rmtree(gone["temp_dir"], ignore_errors=True)  # what a head that died left
+            head = self._start()
+        address_file = Path(head["temp_dir"]) / "ray_current_cluster"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if address_file.is_file() and address_file.read_text().strip():
+                return address_file.read_text().strip()
+            if not alive(head["pid"], head["pid_start"]):
+                raise RuntimeError(f"the local Ray head exited while starting; see {head['temp_dir']}/head.log")
+            time.sleep(0.5)
+        raise RuntimeError(f"the local Ray head did not start in {timeout:.0f} s")
+
+    def _start(self) -> dict:
+        if not self.token.is_file():
+            self.token.touch(mode=0o600)
+            self.token.write_text(secrets.token_hex(32))
+        temp_dir = tempfile.mkdtemp(prefix="fadrm-ray-")  # short: Ray's socket paths have a length limit
+        log = open(Path(temp_dir) / "head.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0",
+             "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+             f"--object-store-memory={512 * 1024 * 1024}", "--block"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**_clean_env(), **self.env()})
+        log.close()
+        head = {"pid": process.pid, "pid_start": proc_start(process.pid), "temp_dir": temp_dir}
+        atomic_write_text(self.record, json.dumps(head))
+        return head
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """Stop the head (its whole process group) and remove its folder; False when none was up."""
+        head = self.running()
+        if head is None:
+            return False
+        _signal_group(head["pid"], signal.SIGTERM)
+        deadline = time.time() + timeout
+        while time.time() < deadline and alive(head["pid"], head["pid_start"]):
+            time.sleep(0.2)
+        _signal_group(head["pid"], signal.SIGKILL)
+        shutil.rmtree(head["temp_dir"], ignore_errors=True)
+        self.record.unlink(missing_ok=True)
+        return True
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without the service's secret: drivers and Ray never see it."""
+    return {k: v for k, v in os.environ.items() if k != "FADRM_API_TOKEN"}
+
+
+class Executor:
+    def __init__(self, settings: ServiceSettings, db: JobDB):
+        self.settings = settings
+        self.db = db
+        self.local = None if settings.ray_address else LocalRay(settings.state_dir, settings.ray_cpus)
+        self.children: list[subprocess.Popen] = []
+        self.killing: dict[int, tuple[str | None, float]] = {}  # pid -> (start time, SIGKILL deadline)
+
+    # ------------------------------------------------------------------ ray
+    def ray_address(self) -> str:
+        return self.settings.ray_address or self.local.address()
+
+    def ray_reachable(self) -> bool:
+        if self.local is not None:
+            head = self.local.running()
+            return bool(head) and (Path(head["temp_dir"]) / "ray_current_cluster").is_file()
+        return _tcp_reachable(self.settings.ray_address)
+
+    # ------------------------------------------------------------------ scheduling
+    def tick(self) -> None:
+        for proc in list(self.children):
+            if proc.poll() is not None:
+                self.children.remove(proc)
+        for job in self.db.in_state("running"):
+            self._settle(job)
+        for pid, (start, deadline) in list(self.killing.items()):
+            if not alive(pid, start):
+                del self.killing[pid]
+            elif time.time() > deadline:
+                _signal_group(pid, signal.SIGKILL)
+        queued = self.db.in_state("queued")
+        if queued:
+            free = self.settings.max_running - self.db.count("running")
+            for job in queued[:max(0, free)]:
+                self._start(job)
+
+    def _settle(self, job: JobRecord) -> None:
+        files = self.db.files(job.id)
+        outcome = _read_json(files.outcome)
+        if outcome is None:
+            if job.pid is None or alive(job.pid, job.pid_start):
+                if job.pid is None and job.started_at and time.time() - job.started_at > START_TIMEOUT_S:
+                    self._finish(job, "failed", "the job's driver did not start")
+                return
+            outcome = _read_json(files.outcome)  # it may have written it just before it ended
+            if outcome is None:
+                self._finish(job, "failed", f"the job's driver ended without an outcome; see {files.log.name}")
+                return
+        state, error = outcome.get("state"), outcome.get("error")
+        if state == "succeeded" and not images_in_store(self.settings, job.plan):
+            state, error = "failed", "the driver ended, but the store's run is not complete"
+        self._finish(job, state if state in ("succeeded", "failed", "cancelled") else "failed", error)
+
+    def _finish(self, job: JobRecord, state: str, error: str | None) -> None:
+        self.db.update(job.id, only_from=("running",), state=state, error=error, finished_at=time.time())
+
+    def _start(self, job: JobRecord) -> None:
+        if not self.db.update(job.id, only_from=("queued",), state="running", started_at=time.time()):
+            return  # cancelled meanwhile
+        files = self.db.files(job.id)
+        try:
+            address = self.ray_address()
+            files.root.mkdir(parents=True, exist_ok=True)
+            runtime = {"ray_address": address, "store": str(self.settings.store), "workers": self.settings.workers,
+                       "threads": self.settings.threads, "device": self.settings.device}
+            atomic_write_text(files.plan, json.dumps({**job.plan, "runtime": runtime}))
+            env = {**_clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
+            if self.local is not None:
+                env.update(self.local.env())
+            with open(files.log, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "api.runner", str(files.root)], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        except Exception as exc:
+            self._finish(job, "failed", f"the job could not start: {' '.join(str(exc).split())}"[:2000])
+            return
+        self.children.append(proc)
+        start = proc_start(proc.pid)
+        if not self.db.update(job.id, only_from=("running",), pid=proc.pid, pid_start=start):
+            self._stop_driver(proc.pid, start)  # cancelled while it started
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, job: JobRecord) -> bool:
+        """Cancel a queued or running job; True when it was (a finished job is left as it is)."""
+        if job.state == "running":
+            self._settle(job)  # a driver that already ended has its outcome: the job is not cancelled then
+        if not self.db.update(job.id, only_from=("queued", "running"), state="cancelled",
+                              error="cancelled by request", finished_at=time.time()):
+            return False
+        fresh = self.db.get(job.id)
+        if fresh and fresh.pid:
+            self._stop_driver(fresh.pid, fresh.pid_start)
+        return True
+
+    def _stop_driver(self, pid: int, start: str | None) -> None:
+        """SIGTERM the driver (it kills its actors and leaves Ray); SIGKILL after a grace period."""
+        if alive(pid, start):
+            _signal_group(pid, signal.SIGTERM)
+            self.killing[pid] = (start, time.time() + CANCEL_GRACE_S)
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stop the local head unless jobs still need it (a restarted service reuses it)."""
+        if self.local is not None and not self.db.in_state("queued", "running"):
+            self.local.stop()
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tcp_reachable(address: str | None) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    if not address:
+        return False
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 6379), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,209 @@
+"""Job records: one SQLite database beside the store (`STORE/.fadrm-api/jobs.sqlite`).
+
+A record holds what was asked (the plan the driver runs), its state, and the driver process
+that runs it (pid and start time, so a reused pid is never taken for it). Records outlive the
+HTTP process: a restarted service lists every job with its state and picks up the drivers still
+running. Each job also has a folder (`JobFiles`) for what its driver and the service write:
+the plan, the driver's log and outcome, the dataset file, the preview.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    fingerprint TEXT NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    state TEXT NOT NULL,
+    reused INTEGER NOT NULL DEFAULT 0,
+    plan TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    pid INTEGER,
+    pid_start TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_fingerprint ON jobs (fingerprint, state);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
+"""
+_COLUMNS = ("seq", "id", "fingerprint", "idempotency_key", "state", "reused", "plan", "created_at", "started_at",
+            "finished_at", "pid", "pid_start", "error")
+
+
+@dataclass
+class JobRecord:
+    seq: int
+    id: str
+    fingerprint: str
+    idempotency_key: str | None
+    state: str
+    reused: bool
+    plan: dict[str, Any]
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "JobRecord":
+        values = dict(zip(_COLUMNS, row))
+        values["plan"] = json.loads(values["plan"])
+        values["reused"] = bool(values["reused"])
+        return cls(**values)
+
+
+@dataclass
+class JobFiles:
+    """The folder of one job: `STATE/jobs/<id>/`."""
+
+    root: Path
+    paths: dict = field(default_factory=dict)
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def outcome(self) -> Path:
+        """Written once by the driver when it ends: {state, error, result}."""
+        return self.root / "outcome.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "driver.log"
+
+    @property
+    def evaluation(self) -> Path:
+        return self.root / "evaluation.json"
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset.parquet"
+
+    @property
+    def imagefolder(self) -> Path:
+        return self.root / "imagefolder.zip"
+
+    @property
+    def preview(self) -> Path:
+        return self.root / "preview.png"
+
+
+class JobDB:
+    """The job records. Each thread (the event loop, the request pool, the scheduler) has its own
+    connection, so readers never wait for a writer (WAL) or for a Python lock held by another."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / "jobs.sqlite"
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._conn.executescript(_SCHEMA)
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    def files(self, job_id: str) -> JobFiles:
+        return JobFiles(self.state_dir / "jobs" / job_id)
+
+    def _query(self, sql: str, args: tuple = ()) -> list[JobRecord]:
+        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
+        return [JobRecord.from_row(r) for r in rows]
+
+    def get(self, job_id: str) -> JobRecord | None:
+        found = self._query("WHERE id = ?", (job_id,))
+        return found[0] if found else None
+
+    def by_key(self, key: str) -> JobRecord | None:
+        found = self._query("WHERE idempotency_key = ?", (key,))
+        return found[0] if found else None
+
+    def live_with(self, fingerprint: str) -> JobRecord | None:
+        """The newest job of the same request that has not failed or been cancelled."""
+        found = self._query("WHERE fingerprint = ? AND state IN ('queued', 'running', 'succeeded') "
+                            "ORDER BY seq DESC LIMIT 1", (fingerprint,))
+        return found[0] if found else None
+
+    def in_state(self, *states: str) -> list[JobRecord]:
+        marks = ", ".join("?" * len(states))
+        return self._query(f"WHERE state IN ({marks}) ORDER BY seq", states)
+
+    def count(self, state: str) -> int:
+        return self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
+
+    def page(self, state: str | None, limit: int, before: int | None) -> list[JobRecord]:
+        where, args = [], []
+        if state:
+            where.append("state = ?")
+            args.append(state)
+        if before is not None:
+            where.append("seq < ?")
+            args.append(before)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        return self._query(f"{clause}ORDER BY seq DESC LIMIT ?", (*args, limit))
+
+    def create(self, fingerprint: str, plan: dict, state: str, *, key: str | None = None,
+               reused: bool = False, max_queued: int | None = None) -> JobRecord | None:
+        """A new job; None when `max_queued` jobs already wait (the caller answers 429). A job
+        created already `succeeded` (its images were in the store) is finished at once."""
+        job_id = f"job-{secrets.token_hex(12)}"
+        now = time.time()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if max_queued is not None and state == "queued":
+                waiting = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
+                if waiting >= max_queued:
+                    conn.execute("ROLLBACK")
+                    return None
+            finished = now if state in ("succeeded", "failed", "cancelled") else None
+            conn.execute(
+                "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, started_at, "
+                "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, fingerprint, key, state, int(reused), json.dumps(plan), now, finished, finished))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return self.get(job_id)
+
+    def update(self, job_id: str, *, only_from: tuple[str, ...] | None = None, **values) -> bool:
+        """Set columns of a job; with `only_from`, only while its state is one of those (a
+        transition that lost a race with another does nothing). True when the row changed."""
+        sets = ", ".join(f"{k} = ?" for k in values)
+        args: list = list(values.values()) + [job_id]
+        sql = f"UPDATE jobs SET {sets} WHERE id = ?"
+        if only_from:
+            sql += f" AND state IN ({', '.join('?' * len(only_from))})"
+            args += list(only_from)
+        return self._conn.execute(sql, args).rowcount == 1

@@ -1,0 +1,142 @@
+"""The request and response bodies of the REST service (pydantic; FastAPI derives the OpenAPI schema).
+
+A request names everything (dataset, teachers, classes); nothing in it is a path. Its settings
+are checked twice: the shapes here (types, names, unknown keys), then against the operator's
+catalog and limits and `DistillConfig` itself (`api.requests.plan_request`), each failure a 422
+naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fadrm_ray.config import PRESETS
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
+CLASS_NAME_MAX = 200
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+Name = Field(pattern=NAME_PATTERN, description="a name from GET /v1/datasets or GET /v1/teachers")
+ClassRef = int | str  # a class index, or a class name
+
+
+class DistillationRequest(BaseModel):
+    """POST /v1/distillations."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"dataset": "digits", "teacher": "digits-convnet", "classes": [3, 7], "ipc": 10, "preset": "fadrm"}]})
+
+    dataset: str = Field(pattern=NAME_PATTERN, description="a dataset name (GET /v1/datasets)")
+    teacher: str | None = Field(None, pattern=NAME_PATTERN, description="a teacher name (GET /v1/teachers)")
+    teachers: list[str] | None = Field(None, min_length=1, max_length=8,
+                                       description="several teachers (preset fadrm+); instead of `teacher`")
+    classes: list[ClassRef] = Field(min_length=1, max_length=1000,
+                                    description="class indices or class names, each once")
+    ipc: int = Field(10, strict=True, ge=1, description="images per class (at most the service's max_ipc)")
+    preset: Literal[tuple(PRESETS)] = "fadrm"
+    seed: int = Field(0, strict=True, ge=0, le=2**31 - 1)
+    overrides: dict[str, Any] = Field(default_factory=dict, max_length=64,
+                                      description="DistillConfig settings (GET /v1/presets lists them)")
+    evaluate: bool = Field(False, strict=True, description="train students on the images and report their top-1")
+    evaluation: dict[str, Any] = Field(default_factory=dict, max_length=32,
+                                       description="EvalConfig settings of the evaluation")
+
+
+class ClassProgress(BaseModel):
+    index: int
+    name: str
+    stages_done: int
+    stages_total: int
+
+
+class Progress(BaseModel):
+    stages_done: int = 0
+    stages_total: int = 0
+    classes: list[ClassProgress] = []
+
+
+class Timings(BaseModel):
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    queued_seconds: float | None = None
+    running_seconds: float | None = None
+
+
+class Links(BaseModel):
+    self: str
+    dataset: str
+    preview: str
+    report: str
+
+
+class Job(BaseModel):
+    """A distillation job as the service reports it."""
+
+    id: str
+    state: Literal[STATES]
+    run_id: str
+    dataset: str
+    teachers: list[str]
+    classes: list[int]
+    class_names: list[str]
+    ipc: int
+    preset: str
+    seed: int
+    evaluate: bool
+    reused: bool = Field(description="true when the images were already in the store (nothing was computed)")
+    progress: Progress
+    timings: Timings
+    eta_seconds: float | None = None
+    error: str | None = None
+    links: Links
+
+
+class JobList(BaseModel):
+    jobs: list[Job]
+    next_cursor: str | None = None
+
+
+class DatasetInfo(BaseModel):
+    name: str
+    num_classes: int
+    class_names: list[str]
+    image_size: int
+    channels: int
+    train_size: int
+    test_size: int
+
+
+class TeacherInfo(BaseModel):
+    name: str
+    model: str
+    dataset: str
+    num_classes: int
+    class_names: list[str]
+    image_size: int
+    in_chans: int
+    test_accuracy: float | None
+
+
+class Report(BaseModel):
+    run_id: str
+    ipc: int
+    losses: dict[str, Any]
+    evaluation: dict[str, Any] | None = None
+
+
+class Ready(BaseModel):
+    ready: bool
+    ray: bool
+    store: bool
+    detail: str | None = None
+
+
+class Problem(BaseModel):
+    """Every error other than a 422: what went wrong, in one line."""
+
+    detail: str
+    state: str | None = None

@@ -1,0 +1,205 @@
+"""What a job gives back, built from the store's run (every read verified against its manifests):
+progress from the run's ledger, the dataset file, the ImageFolder zip, the preview, the report.
+
+The dataset file is one Parquet table of the requested classes at the requested IPC, in the
+store's own part layout (`fadrm_ray.store.records.part_schema`: an `image` struct of PNG bytes and
+path, `label` the dataset's class index, `ipc_index`, the losses), with the class names as a
+`ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`. Each file is
+written once per job, atomically, beside the job record, and served from there.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fadrm_ray.distill import Unit
+from fadrm_ray.fileio import atomic_write_bytes
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.store import export_imagefolder, open_run
+from fadrm_ray.store.records import part_schema
+
+LOSS_POINTS = 200
+
+
+# --------------------------------------------------------------------------- progress
+def progress(run_dir: Path, plan: dict, state: str, started_at: float | None) -> tuple[dict, float | None]:
+    """Stages done / total, overall and per class, from the run's ledger (the coordinator writes
+    one event per stage), and an ETA from the pace since this job's run started."""
+    classes, names, stages = plan["classes"], plan["class_names"], plan["stages"]
+    per_batch = plan.get("classes_per_batch") or len(classes)
+    shards = [classes[i:i + per_batch] for i in range(0, len(classes), per_batch)]
+    started, done_events = _ledger_since(RunLayout(run_dir).ledger, started_at) if started_at else (None, [])
+    per_class = {c: [0, 0] for c in classes}
+    overall = [0, 0]
+    if started is not None and isinstance(started.get("plan"), dict):
+        done_now: dict[str, int] = dict(started["plan"])
+        for event in done_events:
+            unit = event.get("unit")
+            if unit in done_now:
+                done_now[unit] = max(done_now[unit], int(event.get("stage", 0)) + 1)
+        for unit_id, done in done_now.items():
+            parsed = Unit.parse_id(unit_id)
+            if parsed is None or parsed[0] >= len(shards):
+                continue
+            overall[0] += min(done, stages)
+            overall[1] += stages
+            for c in shards[parsed[0]]:
+                per_class[c][0] += min(done, stages)
+                per_class[c][1] += stages
+    if state == "succeeded":  # finished, or reused from the store: everything is done
+        per_class = {c: [max(t, stages)] * 2 for c, (_, t) in per_class.items()}
+        overall = [max(overall[1], stages * len(shards))] * 2
+    body = {
+        "stages_done": overall[0],
+        "stages_total": overall[1],
+        "classes": [{"index": c, "name": n, "stages_done": per_class[c][0], "stages_total": per_class[c][1]}
+                    for c, n in zip(classes, names)],
+    }
+    eta = None
+    if state == "running" and started is not None and done_events:
+        elapsed = time.time() - float(started["t"])
+        remaining = body["stages_total"] - body["stages_done"]
+        if elapsed > 0 and remaining >= 0:
+            eta = round(remaining * elapsed / len(done_events), 1)
+    return body, eta
+
+
+_LEDGER_CACHE: dict[tuple, tuple] = {}
+
+
+def _ledger_since(path: Path, since: float) -> tuple[dict | None, list[dict]]:
+    """The last `run_started` event at or after `since`, and the `stage_done` events after it
+    (kept while the ledger file is unchanged: clients poll far more often than stages end)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None, []
+    key = (str(path), stat.st_mtime_ns, stat.st_size, since)
+    if key not in _LEDGER_CACHE:
+        if len(_LEDGER_CACHE) > 256:
+            _LEDGER_CACHE.clear()
+        _LEDGER_CACHE[key] = _parse_ledger(path, since)
+    return _LEDGER_CACHE[key]
+
+
+def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
+    started, done = None, []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None, []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if not isinstance(event, dict) or float(event.get("t", 0)) < since - 1:
+            continue
+        if event.get("event") == "run_started":
+            started, done = event, []
+        elif event.get("event") == "stage_done" and started is not None:
+            done.append(event)
+    return started, done
+
+
+# --------------------------------------------------------------------------- files
+def write_dataset(run_dir: Path, plan: dict, out: Path) -> Path:
+    """The requested classes at the requested IPC as one Parquet file (module docstring)."""
+    classes, ipc = plan["classes"], plan["ipc"]
+    reader = open_run(run_dir, ipc=ipc)
+    images = reader.encoded(classes)
+    losses = {(r["label"], r["ipc_index"]): (r["ce_loss"], r["bn_loss"]) for r in reader.records(classes)}
+    names = reader.class_names
+    about = {"run_id": plan["run_id"], "dataset": plan["dataset"], "teachers": plan["teachers"], "ipc": ipc,
+             "classes": classes, "class_names": plan["class_names"], "preset": plan["preset"], "seed": plan["seed"]}
+    table = pa.Table.from_pydict(
+        {
+            "image": [{"bytes": png, "path": f"{names[label]}/ipc{index:05d}.png"} for label, index, png in images],
+            "label": [label for label, _, _ in images],
+            "ipc_index": [index for _, index, _ in images],
+            "ce_loss": [losses[(label, index)][0] for label, index, _ in images],
+            "bn_loss": [losses[(label, index)][1] for label, index, _ in images],
+        },
+        schema=part_schema(names, about),
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="none")  # PNG bytes are compressed already
+    return atomic_write_bytes(out, sink.getvalue().to_pybytes())
+
+
+def write_imagefolder_zip(run_dir: Path, plan: dict, out: Path) -> Path:
+    """The same images as a zip of an ImageFolder (`fadrm export --format imagefolder`)."""
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".imagefolder-") as tmp:
+        folder = Path(tmp) / "imagefolder"
+        export_imagefolder(run_dir, folder, plan["classes"], ipc=plan["ipc"])
+        partial = Path(tmp) / "out.zip"
+        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as zf:
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    zf.write(path, path.relative_to(folder).as_posix())
+        os.replace(partial, out)
+    return out
+
+
+def write_preview(run_dir: Path, plan: dict, out: Path) -> Path:
+    """The image grid of the request: its classes, IPC indices 0..ipc-1 (at most 20 of each)."""
+    from fadrm_ray.report import write_grid
+
+    partial = out.with_name(f".{out.name}.{os.getpid()}.png")
+    write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan["ipc"], 20))
+    os.replace(partial, out)
+    return out
+
+
+def report(run_dir: Path, plan: dict, evaluation_file: Path) -> dict:
+    """Recover losses (averaged over the run's units, at most LOSS_POINTS points each) and the
+    evaluation when the job made one."""
+    from fadrm_ray.report import loss_curves
+
+    curves = loss_curves(run_dir)
+    step = max(1, math.ceil(len(curves["ce"]) / LOSS_POINTS))
+    losses = {
+        "iterations": len(curves["ce"]),
+        "every": step,
+        "ce": [finite(v) for v in curves["ce"][::step].tolist()],
+        "bn": [finite(v) for v in curves["bn"][::step].tolist()],
+        "final_ce": finite(curves["ce"][-1]) if len(curves["ce"]) else None,
+        "final_bn": finite(curves["bn"][-1]) if len(curves["bn"]) else None,
+        "arc_merges_after": [int(m) for m in curves["merges"]],
+        "units": int(curves["units"]),
+    }
+    evaluation = None
+    if evaluation_file.is_file():
+        full = json.loads(evaluation_file.read_text())
+        evaluation = clean({k: full.get(k) for k in ("student", "top1_mean", "top1_std", "top1_per_seed", "seeds",
+                                                    "epochs", "config", "baselines", "gains") if k in full})
+    return {"run_id": plan["run_id"], "ipc": plan["ipc"], "losses": losses, "evaluation": evaluation}
+
+
+def finite(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def clean(obj):
+    """JSON-safe: NaN and infinities become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+def remove_partial(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

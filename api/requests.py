@@ -1,0 +1,160 @@
+"""A request, checked and turned into the plan its driver runs.
+
+Everything a request names is checked against what the operator offers (datasets, teachers,
+classes by index or name) and the service's limits, then its settings are built the way the
+CLI builds them (`make_config`: preset -> overrides -> ipc/classes/seed) and resolved for the
+dataset, so a bad value fails here as a 422 naming the field, before any job exists. The plan
+records the run id the store will use (`make_run_id`), which makes a repeated request find its
+images: a run that holds them at the same or a larger IPC is served at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from fadrm_ray.config import ConfigError, make_config
+from fadrm_ray.distill import make_run_id
+from fadrm_ray.models import ModelError, check_teacher_fits
+from fadrm_ray.settings import EvalConfig
+from fadrm_ray.store import StoreError, open_run
+
+from api.catalog import Catalog, UnknownName
+from api.config import ServiceSettings
+from api.models import CLASS_NAME_MAX, DistillationRequest
+
+# Set by the request's own fields, never through `overrides`.
+_TOP_LEVEL = ("ipc", "classes", "seed", "preset")
+
+
+class RequestInvalid(ValueError):
+    """A request the service refuses (422): `field` is where, the message says what."""
+
+    def __init__(self, field: str | tuple, message: str):
+        self.loc = ("body", *((field,) if isinstance(field, str) else field))
+        super().__init__(message)
+
+
+def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings) -> dict[str, Any]:
+    """The plan of a request (JSON-ready), or RequestInvalid."""
+    try:
+        dataset = catalog.dataset(body.dataset)
+    except UnknownName as exc:
+        raise RequestInvalid("dataset", str(exc)) from None
+    names = _teacher_names(body)
+    teachers = []
+    for i, name in enumerate(names):
+        where = "teacher" if body.teacher is not None else ("teachers", i)
+        try:
+            teacher = catalog.teacher(name)
+            check_teacher_fits(teacher.info, dataset)
+        except UnknownName as exc:
+            raise RequestInvalid(where, str(exc)) from None
+        except ModelError as exc:
+            raise RequestInvalid(where, f"teacher {name!r} does not fit dataset {body.dataset!r}: {exc}") from None
+        teachers.append(teacher)
+    classes = _class_indices(body.classes, dataset.class_names)
+    if body.ipc > settings.max_ipc:
+        raise RequestInvalid("ipc", f"ipc must be at most {settings.max_ipc} on this service, got {body.ipc}")
+    if body.ipc * len(classes) > settings.max_images:
+        raise RequestInvalid("ipc", f"{len(classes)} classes x ipc {body.ipc} = {body.ipc * len(classes)} images; "
+                                    f"this service makes at most {settings.max_images} per request")
+    for key in body.overrides:
+        if key in _TOP_LEVEL:
+            raise RequestInvalid(("overrides", key), f"overrides.{key}: set {key} as a field of the request itself")
+    try:
+        cfg = make_config(body.preset, overrides=dict(body.overrides), ipc=body.ipc, classes=classes, seed=body.seed)
+        resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, settings.device)
+    except ConfigError as exc:
+        raise RequestInvalid(("overrides", _field_of(str(exc))), f"overrides: {exc}") from None
+    if body.preset == "fadrm+" and len(teachers) < 2:
+        raise RequestInvalid("teachers", "preset fadrm+ needs at least two teachers (teachers: [a, b])")
+    try:
+        evaluation = EvalConfig.model_validate(dict(body.evaluation)).model_dump(mode="json") if body.evaluate else None
+    except ConfigError as exc:
+        raise RequestInvalid(("evaluation", _field_of(str(exc))), f"evaluation: {exc}") from None
+    if body.evaluation and not body.evaluate:
+        raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
+    run_id = make_run_id(resolved, dataset.fingerprint(), [t.info.sha256 for t in teachers])
+    return {
+        "dataset": body.dataset,
+        "dataset_spec": catalog.dataset_specs[body.dataset],
+        "teachers": [t.name for t in teachers],
+        "teacher_paths": [str(t.path) for t in teachers],
+        "teacher_sha256": [t.info.sha256 for t in teachers],
+        "classes": classes,
+        "class_names": [str(dataset.class_names[c]) for c in classes],
+        "all_class_names": [str(n) for n in dataset.class_names],
+        "ipc": body.ipc,
+        "preset": body.preset,
+        "seed": body.seed,
+        "config": cfg.to_dict(),
+        "stages": resolved.k + 1,
+        "classes_per_batch": resolved.classes_per_batch,
+        "run_id": run_id,
+        "evaluate": body.evaluate,
+        "evaluation": evaluation,
+    }
+
+
+def fingerprint(plan: dict) -> str:
+    """Same images and same evaluation -> same job."""
+    key = {k: plan[k] for k in ("run_id", "ipc", "classes", "evaluate", "evaluation")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def run_dir(settings: ServiceSettings, plan: dict) -> Path:
+    return settings.store / plan["run_id"]
+
+
+def images_in_store(settings: ServiceSettings, plan: dict) -> bool:
+    """True when the store's run is complete and holds IPC indices 0..ipc-1 of every class asked
+    for (checked against its manifests as it is read)."""
+    path = run_dir(settings, plan)
+    if not path.is_dir():
+        return False
+    try:
+        held = open_run(path, ipc=plan["ipc"]).info()["images_per_class"]
+    except StoreError:
+        return False
+    return all(held.get(c, 0) >= plan["ipc"] for c in plan["classes"])
+
+
+def _teacher_names(body: DistillationRequest) -> list[str]:
+    if (body.teacher is None) == (body.teachers is None):
+        raise RequestInvalid("teacher", "give exactly one of teacher (a name) or teachers (a list of names)")
+    names = [body.teacher] if body.teacher is not None else list(body.teachers)
+    if len(set(names)) != len(names):
+        raise RequestInvalid("teachers", f"teachers names a teacher more than once: {names}")
+    return names
+
+
+def _class_indices(refs: list, class_names: list[str]) -> list[int]:
+    by_name = {str(n): i for i, n in enumerate(class_names)}
+    out = []
+    for pos, ref in enumerate(refs):
+        if isinstance(ref, bool):
+            raise RequestInvalid(("classes", pos), f"classes[{pos}] must be a class index or name, got {ref!r}")
+        if isinstance(ref, int):
+            if not 0 <= ref < len(class_names):
+                raise RequestInvalid(("classes", pos), f"classes[{pos}]: no class {ref}; the dataset has classes "
+                                                       f"0..{len(class_names) - 1}")
+            out.append(ref)
+        elif ref in by_name:
+            out.append(by_name[ref])
+        else:
+            shown = ref if len(ref) <= CLASS_NAME_MAX else ref[:CLASS_NAME_MAX] + "..."
+            raise RequestInvalid(("classes", pos), f"classes[{pos}]: no class named {shown!r} in this dataset")
+    repeated = sorted({c for c in out if out.count(c) > 1})
+    if repeated:
+        raise RequestInvalid("classes", f"classes names class {repeated[0]} more than once")
+    return out
+
+
+def _field_of(message: str) -> str:
+    """The field a settings message starts with (settings.error_message puts it first)."""
+    if message.startswith("unknown config key(s) "):
+        return message.removeprefix("unknown config key(s) ").split(";")[0].split(",")[0].strip()
+    first = message.split(" ", 1)[0]
+    return first if first.isidentifier() else "__root__"

@@ -1,0 +1,134 @@
+"""A real `fadrm serve` for the API tests: uvicorn on 127.0.0.1 on a free port, its own local Ray
+head, a store and a teacher folder under a temporary directory."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-" + "0123456789abcdef"
+TEACHER = "digits-tiny"
+# Tiny budgets: 4 stages of a few iterations, fp32 so the run is the same on any CPU.
+FAST = {"iterations": 8, "precision": "fp32"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiServer:
+    def __init__(self, root: Path, **limits):
+        self.root = root
+        self.store = root / "store"
+        self.teachers = root / "teachers"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(self.store),
+                    "FADRM_TEACHERS": str(self.teachers), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
+                    "FADRM_RAY_CPUS": "2", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                    **{f"FADRM_{k.upper()}": str(v) for k, v in limits.items()}}
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 180) -> None:
+        self.starts += 1
+        log = open(self.root / f"serve-{self.starts}.log", "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", "--port", str(self.port)],
+                                        env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+                                        start_new_session=True)
+        log.close()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"fadrm serve exited: {self.log()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise TimeoutError("fadrm serve did not answer /healthz")
+
+    def stop(self, timeout: float = 90) -> None:
+        """SIGTERM, as an operator restarting the service would; jobs keep running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout)
+        self.process = None
+
+    def log(self) -> str:
+        return (self.root / f"serve-{self.starts}.log").read_text(errors="replace")
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def stop_ray(self) -> None:
+        subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=self.env, cwd=self.root,
+                       capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def running_service(teacher: Path, root: Path, **limits):
+    server = ApiServer(root, **limits)
+    server.teachers.mkdir(parents=True)
+    shutil.copy(teacher, server.teachers / f"{TEACHER}.pt")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        server.stop_ray()
+
+
+def request(classes=(3, 7), ipc: int = 2, seed: int = 0, **overrides) -> dict:
+    return {"dataset": "digits", "teacher": TEACHER, "classes": list(classes), "ipc": ipc, "seed": seed,
+            "overrides": {**FAST, **overrides}}
+
+
+def wait_state(client: httpx.Client, job_id: str, states=("succeeded", "failed", "cancelled"),
+               timeout: float = 300, until=None) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.get(f"/v1/distillations/{job_id}").json()
+        if job["state"] in states and (until is None or until(job)):
+            return job
+        time.sleep(0.3)
+    raise TimeoutError(f"job {job_id} stayed {job['state']}: {job}")
+
+
+def raylet_children(server: ApiServer, title: str) -> list[int]:
+    """Pids of this service's Ray worker processes whose title holds `title` (e.g. DistillWorker)."""
+    import json
+
+    head = json.loads((server.store / ".fadrm-api" / "ray-head.json").read_text())
+    members = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == head["pid"]:
+                members.add(int(entry.name))
+        except OSError:
+            continue
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat and stat[0] != "Z" and int(stat[1]) in members and title in cmd:
+            found.append(int(entry.name))
+    return found
