@@ -17,7 +17,7 @@ from fadrm_ray.data import get_dataset  # noqa: E402
 from fadrm_ray.runtime import ExecutionSpec  # noqa: E402
 from fadrm_ray.distill import distill_local  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import events, only_run_dir, wait_for  # noqa: E402
+from tests.ray_helpers import events, wait_for  # noqa: E402
 
 CFG = {"ipc": 2, "iterations": 16, "precision": "fp32", "classes_per_batch": 5}
 
