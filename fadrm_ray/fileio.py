@@ -53,13 +53,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     and starts with a dot so that part-file globs never pick it up.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _temp_beside(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, data)
         os.replace(tmp, path)
     except BaseException as exc:
         try:
@@ -70,6 +66,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new hidden temporary name in `path`'s directory (created if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _write_synced(tmp: Path, data: bytes) -> None:
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _name(exc: BaseException, path: Path) -> None:
@@ -89,13 +98,9 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> Path:
     two writers racing for one name cannot overwrite each other and no check-then-write gap opens.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _temp_beside(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, data)
         os.link(tmp, path)
     except OSError as exc:
         _name(exc, path)
