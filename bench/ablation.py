@@ -36,6 +36,7 @@ from fadrm_ray.store import open_run
 PUBLISHED = {"lr": 0.25, "crop_scale_min": 0.08, "patch_crop_scale": [0.5, 1.0], "patch_crops": 5}
 WHOLE = {"patch_crop_scale": [1.0, 1.0], "patch_crops": 1}   # lowest-CE whole images
 SMALL = {"lr": 0.05, "crop_scale_min": 0.5}                    # gentler steps, larger crops
+DEFAULTS = {"lr": 0.01, "crop_scale_min": 0.5, **WHOLE}        # the small-image defaults (AUTO_BY_SIZE)
 # name -> overrides of PUBLISHED: the published settings first, then one change at a time.
 VARIANTS = {
     "published settings": {},
@@ -52,7 +53,9 @@ VARIANTS = {
     "lr 0.05, crops >= 0.5, whole patches, alpha 0.3": {**SMALL, **WHOLE, "alpha": 0.3},
     "lr 0.05, crops >= 0.5, whole patches, r_bn 0": {**SMALL, **WHOLE, "r_bn": 0.0},
     "lr 0.05, crops >= 0.8, whole patches": {"lr": 0.05, "crop_scale_min": 0.8, **WHOLE},
-    "lr 0.01, crops >= 0.5, whole patches (small-image defaults)": {"lr": 0.01, "crop_scale_min": 0.5, **WHOLE},
+    "lr 0.01, crops >= 0.5, whole patches (small-image defaults)": DEFAULTS,
+    "small-image defaults, medium patches": {**DEFAULTS, "patch_selection": "medium"},
+    "small-image defaults, alpha 0.3": {**DEFAULTS, "alpha": 0.3},
 }
 SETTINGS = {
     "mnist-sample": {"dataset": "mnist-sample", "image_size": None, "teacher_model": None, "teacher_epochs": None,
