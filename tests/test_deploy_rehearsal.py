@@ -14,7 +14,7 @@ that the rehearsal's head takes work (1 CPU, so that trials land on both raylets
 
 Everything this module starts carries a marker in its environment; at the end every such process
 is stopped by its id (the process groups of `ray start`, then what is left, by pid), never with
-`ray stop`, and the module fails if any is left.
+Ray's own stop command (it would end every Ray process on the machine), and the module fails if any is left.
 """
 from __future__ import annotations
 
