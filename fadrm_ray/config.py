@@ -23,7 +23,7 @@ from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indice
 # docs/method.md section 7: the baselines are settings of the same loop.
 _NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
 # The published recover step and crops, for the presets that must keep them at every size.
-_PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08}
+_PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08, "bound": "clamp"}
 # RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate.
 _RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -43,13 +43,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 # SMALL_IMAGE px, value at or above). Large images get the published recover settings. On the
 # small offline datasets those settings move the images far from their patches and train worse
 # students than the patches themselves; smaller steps, larger crops and whole lowest-CE images
-# keep recovered images at least as good as the real images they start from.
+# keep recovered images at least as good as the real images they start from. Small data sets
+# (digits) have many pixels at exactly 0 or 1, which a clamp lets drift (docs/method.md
+# section 3); the sigmoid bound keeps them.
 SMALL_IMAGE = 64
 AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
     "lr": (0.01, 0.25),
     "crop_scale_min": (0.5, 0.08),
     "patch_crop_scale": ((1.0, 1.0), (0.5, 1.0)),
     "patch_crops": (1, 5),
+    "bound": ("sigmoid", "clamp"),
 }
 
 NonNegative = Annotated[float, Field(strict=True, ge=0)]
@@ -58,6 +61,9 @@ NonNegative = Annotated[float, Field(strict=True, ge=0)]
 SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile")
 # Left out of the run id: the speed fields, and the IPC (a run grows or is read at any IPC).
 NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc")
+# Fields added after runs were stored, with the value that gives the images those runs have:
+# at that value a field is left out of the run id, so the older runs keep theirs.
+LATER_FIELDS = {"bound": "clamp"}
 
 
 class DistillConfig(Settings):
@@ -102,6 +108,9 @@ class DistillConfig(Settings):
     arc_timing: Literal["fixed", "converged"] = "fixed"
     arc_ce_threshold: NonNegative = 0.01
     arc_bn_threshold: NonNegative = 60.0
+    # How images stay in [0, 1]: "clamp" after every step (as published), or "sigmoid": optimize
+    # the logits of the pixels, so a pixel at 0 or 1 moves only when its gradient keeps pushing.
+    bound: Literal["auto", "clamp", "sigmoid"] = "auto"
     # auto = bf16 on a CPU that has it, fp16 + GradScaler on CUDA.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
 
@@ -140,7 +149,8 @@ class DistillConfig(Settings):
         and `ipc`. An image depends on its class set, its IPC index, the seed and these settings,
         not on how many images were asked for (docs/method.md section 2), so one run holds every
         IPC of the same settings: a larger IPC adds images to it, a smaller one reads a prefix."""
-        return {k: v for k, v in self.to_dict().items() if k not in NOT_IN_IDENTITY}
+        return {k: v for k, v in self.to_dict().items()
+                if k not in NOT_IN_IDENTITY and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
     # ------------------------------------------------------------------ resolution
     def stage_budgets(self) -> list[int]:

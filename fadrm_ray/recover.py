@@ -32,6 +32,10 @@ from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
 
+# With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
+# a pixel that starts saturated is written back as 0 or 255.
+EDGE = 1.0 / 1024
+
 
 # --------------------------------------------------------------------------- teachers
 class FrozenTeacher:
@@ -250,7 +254,12 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     losses = [teacher_loss(t, cfg) for t in teachers]
     converge = cfg.arc_timing == "converged" and s < last
 
-    x = state.x.to(device).clone().requires_grad_(True)
+    sigmoid = cfg.bound == "sigmoid"
+    if sigmoid:
+        # The parameters are the logits of the [0, 1] pixels; a saturated pixel starts at logit(EDGE).
+        x = torch.logit((state.x.to(device) * std + mean).clamp(EDGE, 1 - EDGE)).requires_grad_(True)
+    else:
+        x = state.x.to(device).clone().requires_grad_(True)
     # A fresh Adam per stage: its moments are reset, the cosine keeps the global counter (section 4).
     # The fused kernel does Adam's update in one pass over x on CUDA.
     opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9), fused=device.type == "cuda")
@@ -261,7 +270,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         t = state.iteration
         opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
         scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
-        view = augment(x, groups, gens, res, scale_min, flip, jitter)
+        view = augment((torch.sigmoid(x) - mean) / std if sigmoid else x, groups, gens, res, scale_min, flip, jitter)
         loss_fn = losses[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
         with autocast():
             ce, bn = loss_fn(view, labels, groups)
@@ -275,7 +284,8 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
             loss.backward()
             opt.step()
         with torch.no_grad():
-            x.clamp_(lo, hi)
+            if not sigmoid:
+                x.clamp_(lo, hi)
             curves[steps, 0] = ce.mean()
             curves[steps, 1] = bn.mean()
         state.iteration += 1
@@ -290,7 +300,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         state.budgets[s] = steps
 
     with torch.no_grad():
-        x = x.detach()
+        x = (torch.sigmoid(x.detach()) - mean) / std if sigmoid else x.detach()
         merged = False
         if s < last:
             next_res = state.resolutions[s + 1]

@@ -174,6 +174,28 @@ def test_recover_loss_falls_and_pixels_stay_in_range(digits, digits_teacher):
     assert images.dtype == torch.uint8 and images.shape == (10, 1, 8, 8)
 
 
+def test_sigmoid_bound_leaves_saturated_pixels_where_clamping_lets_them_drift(teacher_model):
+    # Patches with saturated pixels: a black left half and a white band. Adam moves every pixel by
+    # about lr per step whatever its gradient; a clamp keeps only the moves into [0, 1], so black
+    # and white pixels drift inward. Through a sigmoid they stay unless the loss keeps pushing them.
+    start = patches()
+    start[..., :4] = 0
+    start[..., 4:6] = 255
+    saturated = (start == 0) | (start == 255)
+    drift = {}
+    for bound in ("clamp", "sigmoid"):
+        cfg = cfg_for(bound=bound, lr=0.1, k=1, iterations=40)
+        state = init_state(cfg, list(range(10)), [0, 1], start, 8, 1, MEAN, STD)
+        recover(state, [FrozenTeacher(teacher_model)], cfg)
+        images, _, _ = final_images(state, [FrozenTeacher(teacher_model)])
+        change = (images.float() - start.view_as(images).float()).abs() / 255
+        drift[bound] = float(change[saturated.view_as(images)].mean())
+        assert float(change[~saturated.view_as(images)].mean()) > 0.01  # the other pixels are optimized
+        low, high = (0 - MEAN[0]) / STD[0], (1 - MEAN[0]) / STD[0]
+        assert state.x.min() >= low - 1e-5 and state.x.max() <= high + 1e-5
+    assert drift["sigmoid"] < drift["clamp"] / 4
+
+
 def test_bf16_autocast_runs_on_cpu(teacher_model):
     cfg = cfg_for(precision="bf16", k=1, iterations=4)
     state = recover(state_for(cfg), [FrozenTeacher(teacher_model)], cfg)
