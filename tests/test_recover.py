@@ -107,9 +107,14 @@ def test_mro_stages_run_at_their_resolutions(teacher_model):
 
 
 def plain_sre2l_plus_plus(x, labels, teacher_model, cfg, gen):
-    """A straightforward loop (docs/method.md section 3): one stage, one Adam, cosine, clamp."""
-    x = x.clone().requires_grad_(True)
-    opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9))
+    """A straightforward loop (docs/method.md section 3): one stage, one Adam, cosine, and a clamp
+    or (bound = sigmoid) pixel logits as the parameters."""
+    sigmoid = cfg.bound == "sigmoid"
+    if sigmoid:
+        z = torch.logit((x * STD[0] + MEAN[0]).clamp(1 / 1024, 1 - 1 / 1024)).requires_grad_(True)
+    else:
+        z = x.clone().requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=cfg.lr, betas=(0.5, 0.9))
     bns = [m for m in teacher_model.modules() if isinstance(m, nn.BatchNorm2d)]
     acts = []
     hooks = [bn.register_forward_hook(lambda m, i, o: acts.append((m, i[0]))) for bn in bns]
@@ -118,6 +123,7 @@ def plain_sre2l_plus_plus(x, labels, teacher_model, cfg, gen):
         for t in range(cfg.iterations):
             opt.param_groups[0]["lr"] = 0.5 * cfg.lr * (1 + math.cos(math.pi * t / cfg.iterations))
             acts.clear()
+            x = (torch.sigmoid(z) - MEAN[0]) / STD[0] if sigmoid else z
             view = augment(x, 1, [gen], 8, cfg.crop_scale_min, cfg.flip, cfg.jitter)  # the same random draws
             ce = F.cross_entropy(teacher_model(view), labels)
             bn_loss = 0
@@ -128,17 +134,20 @@ def plain_sre2l_plus_plus(x, labels, teacher_model, cfg, gen):
             opt.zero_grad()
             (ce + cfg.r_bn * bn_loss).backward()
             opt.step()
-            with torch.no_grad():
-                x.clamp_(lo, hi)
+            if not sigmoid:
+                with torch.no_grad():
+                    z.clamp_(lo, hi)
     finally:
         for h in hooks:
             h.remove()
-    return x.detach()
+    return ((torch.sigmoid(z) - MEAN[0]) / STD[0] if sigmoid else z).detach()
 
 
-def test_k0_and_alpha1_reduce_to_plain_sre2l_plus_plus(teacher_model):
+@pytest.mark.parametrize("bound", ["clamp", "sigmoid"])
+def test_k0_and_alpha1_reduce_to_plain_sre2l_plus_plus(teacher_model, bound):
     for overrides in ({"k": 0}, {"k": 0, "alpha": 1.0}):
-        cfg = make_config("sre2l++", overrides={"iterations": 12, "precision": "fp32", **overrides}).resolve(8, 10, hflip=False)
+        cfg = make_config("sre2l++", overrides={"iterations": 12, "precision": "fp32", "bound": bound,
+                                                **overrides}).resolve(8, 10, hflip=False)
         state = state_for(cfg, g=1)
         gen = torch.Generator().set_state(state.rng_states[0])
         expected = plain_sre2l_plus_plus(state.x, state.labels, teacher_model, cfg, gen)
