@@ -28,15 +28,16 @@ from pathlib import Path
 
 from bench.accuracy import STUDENT_STEPS, _dataset, method_config, run_grid
 from fadrm_ray.baselines import baseline_configs
+from fadrm_ray.config import SMALL_IMAGE, auto_values
 from fadrm_ray.distill import distill_local
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
 # The published recover settings, explicit (the fadrm preset's defaults depend on the image size).
-PUBLISHED = {"lr": 0.25, "crop_scale_min": 0.08, "patch_crop_scale": [0.5, 1.0], "patch_crops": 5}
+PUBLISHED = auto_values(SMALL_IMAGE)                           # the published recover settings
 WHOLE = {"patch_crop_scale": [1.0, 1.0], "patch_crops": 1}   # lowest-CE whole images
 SMALL = {"lr": 0.05, "crop_scale_min": 0.5}                    # gentler steps, larger crops
-DEFAULTS = {"lr": 0.01, "crop_scale_min": 0.5, **WHOLE}        # the small-image defaults (AUTO_BY_SIZE)
+DEFAULTS = auto_values(SMALL_IMAGE - 1)                        # the small-image defaults
 # name -> overrides of PUBLISHED: the published settings first, then one change at a time.
 VARIANTS = {
     "published settings": {},

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from bench.accuracy import STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
-from fadrm_ray.config import make_config
+from fadrm_ray.config import SMALL_IMAGE, auto_values, make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.distill import distill_local
@@ -43,7 +43,7 @@ CIFAR10 = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 GREY_WEIGHTS = (0.299, 0.587, 0.114)
 VARIANTS = {
     # The published recover settings, explicit (the preset's defaults depend on the image size).
-    "paper": {"lr": 0.25, "crop_scale_min": 0.08, "patch_crop_scale": [0.5, 1.0], "patch_crops": 5},
+    "paper": auto_values(SMALL_IMAGE),
     "defaults": {},
 }
 

@@ -66,6 +66,16 @@ NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc")
 LATER_FIELDS = {"bound": "clamp"}
 
 
+def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the LATER_FIELDS that hold the value of the runs stored before them."""
+    return {k: v for k, v in values.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+
+
+def auto_values(image_size: int) -> dict[str, Any]:
+    """What the AUTO_BY_SIZE fields resolve to at `image_size` (at >= SMALL_IMAGE: the published values)."""
+    return {name: small if image_size < SMALL_IMAGE else large for name, (small, large) in AUTO_BY_SIZE.items()}
+
+
 class DistillConfig(Settings):
     """Every knob of a distillation run; `resolve` fills in what depends on the dataset."""
 
@@ -149,8 +159,7 @@ class DistillConfig(Settings):
         and `ipc`. An image depends on its class set, its IPC index, the seed and these settings,
         not on how many images were asked for (docs/method.md section 2), so one run holds every
         IPC of the same settings: a larger IPC adds images to it, a smaller one reads a prefix."""
-        return {k: v for k, v in self.to_dict().items()
-                if k not in NOT_IN_IDENTITY and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        return without_later_fields({k: v for k, v in self.to_dict().items() if k not in NOT_IN_IDENTITY})
 
     # ------------------------------------------------------------------ resolution
     def stage_budgets(self) -> list[int]:
@@ -163,8 +172,7 @@ class DistillConfig(Settings):
 
     def sized(self, image_size: int) -> "DistillConfig":
         """This config with the resolution-aware "auto" values (AUTO_BY_SIZE) made explicit."""
-        changes = {name: small if image_size < SMALL_IMAGE else large
-                   for name, (small, large) in AUTO_BY_SIZE.items() if getattr(self, name) == "auto"}
+        changes = {name: value for name, value in auto_values(image_size).items() if getattr(self, name) == "auto"}
         return self.model_copy(update=changes) if changes else self
 
     def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu") -> "DistillConfig":

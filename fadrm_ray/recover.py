@@ -260,6 +260,11 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         x = torch.logit((state.x.to(device) * std + mean).clamp(EDGE, 1 - EDGE)).requires_grad_(True)
     else:
         x = state.x.to(device).clone().requires_grad_(True)
+
+    def normalized(params: torch.Tensor) -> torch.Tensor:
+        """The normalized images the parameters stand for."""
+        return (torch.sigmoid(params) - mean) / std if sigmoid else params
+
     # A fresh Adam per stage: its moments are reset, the cosine keeps the global counter (section 4).
     # The fused kernel does Adam's update in one pass over x on CUDA.
     opt = torch.optim.Adam([x], lr=cfg.lr, betas=(0.5, 0.9), fused=device.type == "cuda")
@@ -270,7 +275,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         t = state.iteration
         opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
         scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
-        view = augment((torch.sigmoid(x) - mean) / std if sigmoid else x, groups, gens, res, scale_min, flip, jitter)
+        view = augment(normalized(x), groups, gens, res, scale_min, flip, jitter)
         loss_fn = losses[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
         with autocast():
             ce, bn = loss_fn(view, labels, groups)
@@ -300,7 +305,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         state.budgets[s] = steps
 
     with torch.no_grad():
-        x = (torch.sigmoid(x.detach()) - mean) / std if sigmoid else x.detach()
+        x = normalized(x.detach())
         merged = False
         if s < last:
             next_res = state.resolutions[s + 1]

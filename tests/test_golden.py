@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from fadrm_ray.config import LATER_FIELDS, make_config
+from fadrm_ray.config import make_config, without_later_fields
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.settings import EvalConfig
@@ -80,7 +80,7 @@ def run_hashes(run_dir) -> dict:
     images, labels, ipc = open_run(run_dir).read()
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     # A field added since the hashes were taken is left out at the value that keeps the old images.
-    config = {k: v for k, v in config.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+    config = without_later_fields(config)
     return {"config": sha(json.dumps(config, sort_keys=True).encode()),
             "images": sha(images.numpy().tobytes()),
             "order": sha(labels.numpy().tobytes() + ipc.numpy().tobytes())}
