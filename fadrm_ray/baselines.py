@@ -26,7 +26,7 @@ from fadrm_ray.settings import EvalConfig, EvaluationError
 from fadrm_ray.store import open_run
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
-_PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates")
+_PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group")
 
 
 def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, DistillConfig]:

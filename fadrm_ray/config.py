@@ -63,7 +63,7 @@ SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile")
 NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc")
 # Fields added after runs were stored, with the value that gives the images those runs have:
 # at that value a field is left out of the run id, so the older runs keep theirs.
-LATER_FIELDS = {"bound": "clamp"}
+LATER_FIELDS = {"bound": "clamp", "patch_group": 4}
 
 
 def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -88,12 +88,14 @@ class DistillConfig(Settings):
     # Initialization (docs/method.md section 2).
     init: Literal["real", "noise"] = "real"  # "real" patches or Gaussian "noise" (SRe2L, CDA)
     # easy = lowest teacher CE first; medium = middle of the ranking; random = random crops;
-    # whole = random whole images (random-real)
-    patch_selection: Literal["easy", "medium", "random", "whole"] = "easy"
+    # grouped = the lowest-CE image of each group of `patch_group` shuffled images (typical, yet as
+    # varied as random ones); whole = random whole images (random-real)
+    patch_selection: Literal["easy", "medium", "grouped", "random", "whole"] = "easy"
     # "auto" fields take their value from the image size (AUTO_BY_SIZE).
     patch_crops: Count | Literal["auto"] = "auto"  # random square crops scored per candidate image
     patch_crop_scale: ScaleRange | Literal["auto"] = "auto"  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
+    patch_group: Count = 4               # images per group for patch_selection = grouped
 
     # The optimization loop (docs/method.md section 3).
     iterations: Index = 2000             # T, over all stages

@@ -33,6 +33,7 @@ from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 
 Box = tuple[int, int, int]  # (top, left, side) of a square crop
+SCORED = ("easy", "medium", "grouped")  # the selections that rank the candidates by teacher CE
 
 # Input pixels per scoring forward (512 crops of 32 px on a CPU): large batches keep the device
 # busy; the cap keeps the activations of large images within memory.
@@ -41,7 +42,7 @@ _SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
 
 def scored(cfg: DistillConfig) -> bool:
     """Whether the config's patches come from teacher scores (easy, medium), the costly kind."""
-    return cfg.init == "real" and cfg.patch_selection in ("easy", "medium")
+    return cfg.init == "real" and cfg.patch_selection in SCORED
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,17 @@ def rank_position(selection: str, i: int, n: int) -> int:
     return n // 2 + (i // 2 if i % 2 == 0 else -(i + 1) // 2)
 
 
+def grouped_order(selection: ClassSelection, shuffled: Sequence[int], group: int) -> list[int]:
+    """The rank each IPC index takes for patch_selection = grouped: the shuffled candidates are cut
+    into consecutive groups of `group`; index i takes the best-ranked image of group i, and once
+    every group has given its best, the second best of each group follows, and so on. The groups
+    come from the (seed, class) shuffle, so the patches are as varied as random images while each
+    is the most typical of a few."""
+    rank = {index: r for r, index in enumerate(selection.ranked)}
+    groups = [sorted(rank[c] for c in shuffled[start:start + group]) for start in range(0, len(shuffled), group)]
+    return [g[level] for level in range(group) for g in groups if level < len(g)]
+
+
 def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[int], cfg: DistillConfig,
                        selection: ClassSelection | None = None) -> torch.Tensor:
     """uint8 (len(ipc_indices), C, D, D): the patches of these IPC indices of class `label`.
@@ -142,11 +154,15 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
     indices = [int(i) for i in ipc_indices]
     size = dataset.image_size
     cfg = cfg.sized(size)
-    if cfg.patch_selection in ("easy", "medium"):
+    if cfg.patch_selection in SCORED:
         if selection is None:
             raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")
         n = len(selection.ranked)
-        positions = [rank_position(cfg.patch_selection, i, n) for i in indices]
+        if cfg.patch_selection == "grouped":
+            order = grouped_order(selection, _candidates(dataset, label, cfg)[0].tolist(), cfg.patch_group)
+            positions = [order[i % n] for i in indices]
+        else:
+            positions = [rank_position(cfg.patch_selection, i, n) for i in indices]
         images = dataset.train.load(torch.tensor([selection.ranked[p] for p in positions], dtype=torch.long))
         return cut(images, [selection.boxes[p] for p in positions], size)
     candidates, gen = _candidates(dataset, label, cfg)
@@ -162,7 +178,7 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
 def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
                   teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu") -> torch.Tensor:
     """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, in order."""
-    selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in ("easy", "medium") else None
+    selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in SCORED else None
     return class_patch_images(dataset, label, range(cfg.ipc), cfg, selection)
 
 
@@ -177,7 +193,7 @@ def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: S
     per_class = []
     for label in classes:
         selection = None
-        if cfg.patch_selection in ("easy", "medium"):
+        if cfg.patch_selection in SCORED:
             selection = None if cache is None else cache.get(label)
             if selection is None:
                 selection = score_class(dataset, label, cfg, teachers, device)

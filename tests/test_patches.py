@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.models import load_teacher
-from fadrm_ray.patches import ClassSelection, class_patches, cut, rank_position, score_class, select_patches
+from fadrm_ray.patches import (ClassSelection, _candidates, class_patches, cut, grouped_order, rank_position, score_class,
+                               select_patches)
 from fadrm_ray.recover import FrozenTeacher
 
 
@@ -90,7 +91,7 @@ def test_cache_is_used(digits, teacher):
     assert torch.equal(select_patches(digits, [5], [1], cfg, [teacher], cache=cache)[0, 0], digits.train.load([17])[0])
 
 
-@pytest.mark.parametrize("selection", ["easy", "medium", "random", "whole"])
+@pytest.mark.parametrize("selection", ["easy", "medium", "grouped", "random", "whole"])
 def test_the_patch_of_an_ipc_index_does_not_depend_on_the_ipc(digits, teacher, selection):
     small = class_patches(digits, 3, DistillConfig(ipc=4, patch_selection=selection), [teacher])
     large = class_patches(digits, 3, DistillConfig(ipc=9, patch_selection=selection), [teacher])
@@ -117,3 +118,24 @@ def test_a_selection_travels_as_plain_data_and_cuts_like_one_crop_at_a_time(digi
     boxes = list(selection.boxes[:20])
     one_by_one = torch.cat([cut(images[j:j + 1], boxes[j:j + 1], 8) for j in range(20)])
     assert torch.equal(cut(images, boxes, 8), one_by_one)
+
+
+def test_grouped_takes_the_lowest_ce_image_of_each_group_of_shuffled_candidates(digits, teacher):
+    cfg = DistillConfig(ipc=5, patch_selection="grouped", patch_group=3, seed=2)
+    patches = class_patches(digits, 6, cfg, [teacher])
+    shuffled, _ = _candidates(digits, 6, cfg.sized(digits.image_size))
+    for i in range(5):
+        group = digits.train.load(shuffled[3 * i:3 * i + 3])
+        ce = ce_of(group, 6, digits, teacher)
+        assert torch.equal(patches[i], group[int(ce.argmin())])  # whole images below 64 px
+    # The groups are drawn from the seed: another seed, other groups; group size 1 is random images.
+    assert not torch.equal(class_patches(digits, 6, cfg.model_copy(update={"seed": 3}), [teacher]), patches)
+    single = class_patches(digits, 6, cfg.model_copy(update={"patch_group": 1}), [teacher])
+    assert torch.equal(single, digits.train.load(shuffled[:5]))
+
+
+def test_grouped_order_gives_each_group_its_best_then_its_second_best():
+    selection = ClassSelection(0, (5, 3, 9, 1, 7, 2, 8, 0, 4, 6), ((0, 0, 1),) * 10)
+    # groups of shuffled images {0..3}, {4..7}, {8, 9}: ranks {7, 3, 5, 1}, {8, 0, 9, 4}, {6, 2}
+    assert grouped_order(selection, list(range(10)), 4) == [1, 0, 2, 3, 4, 6, 5, 8, 7, 9]
+    assert grouped_order(selection, list(range(10)), 10) == list(range(10))  # one group: easy
