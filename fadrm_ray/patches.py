@@ -3,8 +3,8 @@
 RDED-style: for class c, cut a few random square crops from each candidate image, score every
 crop by the teacher's cross-entropy for c, keep each image's best crop, rank the images by that
 score and take them in rank order ("easy": lowest CE first; "medium": from the middle of the
-ranking outwards). "random" takes one random crop of a random image, "whole" a random whole
-image (the random-real baseline).
+ranking outwards; "grouped": the best of each small group of shuffled images). "random" takes
+one random crop of a random image, "whole" a random whole image (the random-real baseline).
 
 The patch of (class c, IPC index i) is a function of the dataset, the teacher(s), the config and
 the seed only: not of the IPC asked for, nor of the worker that computes it. So a run can grow
@@ -41,7 +41,7 @@ _SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
 
 
 def scored(cfg: DistillConfig) -> bool:
-    """Whether the config's patches come from teacher scores (easy, medium), the costly kind."""
+    """Whether the config's patches come from teacher scores (easy, medium, grouped), the costly kind."""
     return cfg.init == "real" and cfg.patch_selection in SCORED
 
 
