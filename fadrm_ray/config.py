@@ -30,8 +30,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
     # The released FADRM scripts' recover settings at every image size, whatever this project's
-    # defaults are: lr 0.25, crops down to 8% of the image, "medium" RDED patches, flips.
-    "fadrm-paper": {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "flip": True},
+    # defaults are: lr 0.25, crops down to 8% of the image, "medium" RDED patches, flips, T = 2000.
+    "fadrm-paper": {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "flip": True, "iterations": 2000},
     "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 1000},
     "cda": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 4000, "crop_curriculum": True},
     "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
@@ -53,6 +53,7 @@ AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
     "patch_crop_scale": ((1.0, 1.0), (0.5, 1.0)),
     "patch_crops": (1, 5),
     "bound": ("sigmoid", "clamp"),
+    "iterations": (500, 2000),
 }
 
 NonNegative = Annotated[float, Field(strict=True, ge=0)]
@@ -98,7 +99,7 @@ class DistillConfig(Settings):
     patch_group: Count = 4               # images per group for patch_selection = grouped
 
     # The optimization loop (docs/method.md section 3).
-    iterations: Index = 2000             # T, over all stages
+    iterations: Index | Literal["auto"] = "auto"  # T, over all stages
     lr: Annotated[float, Field(strict=True, gt=0)] | Literal["auto"] = "auto"
     r_bn: NonNegative = 0.01
     first_bn_weight: NonNegative = 10.0
@@ -144,7 +145,8 @@ class DistillConfig(Settings):
             values = getattr(self, name)
             if values is not None and len(values) != self.k + 1:
                 raise ValueError(f"{name} must have k + 1 = {self.k + 1} entries, got {len(values)}")
-        if self.stage_iterations is not None and sum(self.stage_iterations) != self.iterations:
+        if self.stage_iterations is not None and self.iterations != "auto" and \
+                sum(self.stage_iterations) != self.iterations:
             raise ValueError(f"stage_iterations must sum to iterations = {self.iterations}, "
                              f"got {sum(self.stage_iterations)}")
         if self.init == "noise" and self.uses_arc:
@@ -175,6 +177,8 @@ class DistillConfig(Settings):
     def sized(self, image_size: int) -> "DistillConfig":
         """This config with the resolution-aware "auto" values (AUTO_BY_SIZE) made explicit."""
         changes = {name: value for name, value in auto_values(image_size).items() if getattr(self, name) == "auto"}
+        if "iterations" in changes and self.stage_iterations is not None:
+            changes["iterations"] = sum(self.stage_iterations)  # explicit stage budgets decide T
         return self.model_copy(update=changes) if changes else self
 
     def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu") -> "DistillConfig":
@@ -198,12 +202,13 @@ class DistillConfig(Settings):
         jitter = self.jitter
         if jitter == "auto":
             jitter = 32 if image_size >= 128 else min(4, max(1, image_size // 8))
+        sized = self.sized(image_size)
         changes = {
-            **self.sized(image_size).model_dump(include=set(AUTO_BY_SIZE)),
+            **sized.model_dump(include=set(AUTO_BY_SIZE)),
             "jitter": jitter,
             "flip": bool(hflip) if self.flip == "auto" else self.flip,
             "precision": default_precision(device_type) if self.precision == "auto" else self.precision,
-            "stage_iterations": self.stage_budgets(),
+            "stage_iterations": sized.stage_budgets(),
             "downsample_size": downsample,
             "stage_resolutions": resolutions,
         }

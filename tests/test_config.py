@@ -24,7 +24,10 @@ def test_stage_lists_must_fit_k_and_iterations():
     with pytest.raises(ConfigError, match="stage_iterations must have k \\+ 1 = 4"):
         DistillConfig(stage_iterations=[100, 100])
     with pytest.raises(ConfigError, match="stage_iterations must sum to iterations = 2000"):
-        DistillConfig(stage_iterations=[100, 100, 100, 100])
+        DistillConfig(iterations=2000, stage_iterations=[100, 100, 100, 100])
+    # With T left to "auto", explicit stage budgets decide it.
+    staged = DistillConfig(stage_iterations=[100, 100, 100, 50]).resolve(8, 10)
+    assert (staged.iterations, staged.stage_iterations) == (350, [100, 100, 100, 50])
     with pytest.raises(ConfigError, match="stage_resolutions must have k \\+ 1 = 2"):
         DistillConfig(k=1, stage_resolutions=[8, 8, 8])
 
@@ -96,7 +99,11 @@ def test_baseline_presets_match_the_table():
     assert make_config("cda").crop_curriculum is True
     assert make_config("rded").iterations == 0 and make_config("random-real").patch_selection == "whole"
     fadrm = make_config("fadrm")
-    assert (fadrm.iterations, fadrm.k, fadrm.alpha) == (2000, 3, 0.5)
+    assert (fadrm.iterations, fadrm.k, fadrm.alpha) == ("auto", 3, 0.5)
+    # T by image size: shorter on small images (README, "The recover budget on small images");
+    # the paper's preset keeps the published T at every size.
+    assert (fadrm.sized(28).iterations, fadrm.sized(64).iterations) == (500, 2000)
+    assert make_config("fadrm-paper").sized(28).iterations == 2000
 
 
 def test_overrides_and_file_layering(tmp_path):
@@ -205,7 +212,7 @@ def test_settings_are_frozen_and_resolve_returns_a_new_validated_config():
     with pytest.raises(ValueError):
         cfg.ipc = 3
     resolved = cfg.resolve(8, 10, hflip=False)
-    assert resolved is not cfg and cfg.stage_iterations is None and resolved.stage_iterations == [500] * 4
+    assert resolved is not cfg and cfg.stage_iterations is None and resolved.stage_iterations == [125] * 4
     assert DistillConfig.from_dict(resolved.to_dict()) == resolved
 
 
