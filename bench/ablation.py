@@ -34,16 +34,10 @@ from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
 # The published recover settings, explicit (the fadrm preset's defaults depend on the image size).
-def _step(image_size: int) -> dict:
-    """The size-dependent recover settings at `image_size`, less T: every row here takes the
-    setting's own budget."""
-    return {k: v for k, v in auto_values(image_size).items() if k != "iterations"}
-
-
-PUBLISHED = _step(SMALL_IMAGE)                                 # the published recover settings
+PUBLISHED = auto_values(SMALL_IMAGE)                           # the published recover settings
 WHOLE = {"patch_crop_scale": [1.0, 1.0], "patch_crops": 1}   # lowest-CE whole images
 SMALL = {"lr": 0.05, "crop_scale_min": 0.5}                    # gentler steps, larger crops
-DEFAULTS = _step(SMALL_IMAGE - 1)                              # the small-image defaults
+DEFAULTS = auto_values(SMALL_IMAGE - 1)                        # the small-image defaults
 # name -> overrides of PUBLISHED: the published settings first, then one change at a time.
 VARIANTS = {
     "published settings": {},
@@ -105,7 +99,8 @@ def main(argv=None) -> dict:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
-    variants = {n: ("fadrm", {**PUBLISHED, **setting["fixed"], "iterations": setting["t"], **VARIANTS[n]})
+    # Every row takes the setting's budget T, whatever its values (auto_values include one).
+    variants = {n: ("fadrm", {**PUBLISHED, **setting["fixed"], **VARIANTS[n], "iterations": setting["t"]})
                 for n in names}
     out = Path(args.out or f"bench-results/ablation-{args.setting}")
     evaluation = EvalConfig(seeds=args.seeds, protocol=args.protocol)
