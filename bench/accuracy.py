@@ -28,6 +28,10 @@ the job count. `--set KEY=VALUE` overrides the recover config of every distilled
 example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in the
 README); such runs get their own run ids and cache entries.
 
+`--datasets` also takes any dataset spec, such as the `parquet:PATH` of a Fashion-MNIST sample
+that `python -m bench.fashion_sample` writes (grey clothing photos: harder than the digits);
+such datasets take mnist-sample's budgets and teacher epochs (`--teacher-epochs` overrides).
+
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table
 (or, with --json, one JSON object). Teachers, distilled runs (the store) and evaluations
 (DIR/evaluations/) are cached, so a rerun only computes what changed.
@@ -69,6 +73,12 @@ TEACHERS = {  # name -> (model, kwargs)
 # Budget T of fadrm per dataset; sre2l++ gets 2T and sre2l T/2 (the published ratios).
 BUDGETS = {"full": {"digits": 1000, "mnist-sample": 500}, "quick": {"digits": 200, "mnist-sample": 100}}
 TEACHER_EPOCHS = {"full": {"digits": 15, "mnist-sample": 8}, "quick": {"digits": 10, "mnist-sample": 3}}
+
+
+def per_dataset(table: dict, mode: str, dataset: str) -> int:
+    """A BUDGETS or TEACHER_EPOCHS entry; any other dataset (a `parquet:PATH` such as
+    bench.fashion_sample's) takes mnist-sample's."""
+    return table[mode].get(dataset, table[mode]["mnist-sample"])
 # Student optimizer steps per evaluation. The library default (about 600) keeps `fadrm evaluate`
 # under a minute; the full grid trains longer because synthesized images need it: on
 # mnist-sample IPC 10 (FADRM images, full cosine) 600 steps gave 73.3 +- 4.5 over 3 seeds and
@@ -179,7 +189,8 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
     tnames = list(TEACHERS) if several else ["t1"]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
-        teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t, teacher_epochs or TEACHER_EPOCHS[mode][d],
+        teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t,
+                                    teacher_epochs or per_dataset(TEACHER_EPOCHS, mode, d),
                                     teacher_model if t == "t1" else None)
                         for d in datasets for t in tnames if not (teacher and t == "t1")]
         paths: dict = {d: ({"t1": Path(teacher)} if teacher else {}) for d in datasets}
@@ -199,7 +210,7 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
                         update={"epochs": epochs_for_steps(num_classes * ipc, STUDENT_STEPS[mode])})
                 for method in methods:
                     cells.append({"dataset": d, "image_size": image_size, "ipc": ipc, "method": method,
-                                  "t": BUDGETS[mode][d], "teachers": paths[d], "store": store, "out": out,
+                                  "t": per_dataset(BUDGETS, mode, d), "teachers": paths[d], "store": store, "out": out,
                                   "evaluation": cell_eval, "control": control and method == "fadrm+",
                                   "recover_overrides": dict(recover_overrides or {}), "variants": variants})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
@@ -259,7 +270,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="digits only, smaller budgets (about 3 minutes)")
     parser.add_argument("--out", default="bench-results/accuracy")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--datasets", default=None, help="comma-separated (default: digits,mnist-sample; quick: digits)")
+    parser.add_argument("--datasets", default=None, help="comma-separated dataset specs (default: digits,mnist-sample; quick: digits)")
     parser.add_argument("--image-size", type=int, default=None, help="resize the datasets to this size (default: native)")
     parser.add_argument("--ipc", default="1,10", help="comma-separated IPC values")
     parser.add_argument("--methods", default=",".join(METHODS),
@@ -320,7 +331,7 @@ def main(argv=None) -> dict:
     table = markdown(grid["results"], methods)
     report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
               "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
-              "recover_overrides": recover_overrides, "budgets": {d: BUDGETS[mode][d] for d in datasets},
+              "recover_overrides": recover_overrides, "budgets": {d: per_dataset(BUDGETS, mode, d) for d in datasets},
               "budget_rule": "fadrm/fadrm+ T, sre2l++ 2T, sre2l T/2, rded/random-real/patches 0",
               "student": evaluation.student, "protocol": args.protocol,
               "student_steps": STUDENT_STEPS[mode] if args.protocol == "short" else None,

@@ -361,3 +361,37 @@ def test_cifar_failed_download_is_one_line(tmp_path, monkeypatch):
         get_dataset("cifar10", root=str(tmp_path / "c"))
     msg = str(err.value)
     assert "download failed: URLError" in msg and "\n" not in msg and str(tmp_path / "c") in msg
+
+
+def test_fashion_sample_builds_a_parquet_dataset_the_reader_splits(tmp_path):
+    """bench.fashion_sample on a package tarball of its layout (no npm call: the tarball is cached)."""
+    import io
+    import tarfile
+
+    from bench.fashion_sample import CLASS_NAMES, PACKAGE, build
+
+    cache = tmp_path / "npm"
+    cache.mkdir()
+    name, version = PACKAGE.rsplit("@", 1)
+    with tarfile.open(cache / f"{name}-{version}.tgz", "w:gz") as tar:
+        for label in range(10):
+            # Image j of class c is flat at 20 * c + j; class 0 ends in two empty rows, as the package's does.
+            rows = [[20 * label + j] * 784 for j in range(8)] + ([[], []] if label == 0 else [])
+            data = json.dumps({"data": rows}).encode()
+            info = tarfile.TarInfo(f"package/src/clothes/{label}.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path = build(tmp_path / "out", per_class=5, cache=cache)
+    assert build(tmp_path / "again", per_class=5, cache=cache).read_bytes() == path.read_bytes()  # seeded
+
+    d = get_dataset(f"parquet:{path}")
+    assert d.class_names == CLASS_NAMES and d.hflip and d.channels == 1 and d.image_size == 28
+    for split, per_class in ((d.train, 4), (d.test, 1)):
+        for label in range(10):
+            images = split.load(split.indices_of_class(label))
+            assert images.shape == (per_class, 1, 28, 28)
+            values = images.flatten(1)
+            assert (values == values[:, :1]).all()  # each image came through whole
+            assert all(20 * label <= v < 20 * label + 8 for v in values[:, 0].tolist())
+    drawn = {int(v) for split in (d.train, d.test) for v in split.load(torch.arange(len(split)))[:, 0, 0, 0]}
+    assert len(drawn) == 50  # five different images of each class
