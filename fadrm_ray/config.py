@@ -24,16 +24,19 @@ from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indice
 _NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
 # The published recover step and crops, for the presets that must keep them at every size.
 _PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08, "bound": "clamp"}
-# RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate.
-_RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5}
+# Noise init uses no patches; the patch selection is fixed so that the saved config (and the run
+# id) of a noise run does not follow the patch defaults.
+_NOISE = {"init": "noise", "patch_selection": "easy"}
+# RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate, lowest CE first.
+_RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5, "patch_selection": "easy"}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
     # The released FADRM scripts' recover settings at every image size, whatever this project's
     # defaults are: lr 0.25, crops down to 8% of the image, "medium" RDED patches, flips, T = 2000.
     "fadrm-paper": {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "flip": True, "iterations": 2000},
-    "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 1000},
-    "cda": {**_NO_ARC, **_PUBLISHED_STEP, "init": "noise", "iterations": 4000, "crop_curriculum": True},
+    "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 1000},
+    "cda": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 4000, "crop_curriculum": True},
     "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
     "rded": {**_NO_ARC, **_RDED_PATCHES, "iterations": 0},
     "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
@@ -45,7 +48,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # students than the patches themselves; smaller steps, larger crops and whole lowest-CE images
 # keep recovered images at least as good as the real images they start from. Small data sets
 # (digits) have many pixels at exactly 0 or 1, which a clamp lets drift (docs/method.md
-# section 3); the sigmoid bound keeps them.
+# section 3); the sigmoid bound keeps them. At IPC 10 the ten most typical images of a class are
+# alike and random ones train better students; at IPC 1 the most typical one does: `spread` takes
+# that one first and then the most typical of small random groups. Large images keep "easy"
+# (there was no large-image data to measure it on).
 SMALL_IMAGE = 64
 AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
     "lr": (0.01, 0.25),
@@ -54,6 +60,7 @@ AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
     "patch_crops": (1, 5),
     "bound": ("sigmoid", "clamp"),
     "iterations": (500, 2000),
+    "patch_selection": ("spread", "easy"),
 }
 
 NonNegative = Annotated[float, Field(strict=True, ge=0)]
@@ -90,13 +97,14 @@ class DistillConfig(Settings):
     init: Literal["real", "noise"] = "real"  # "real" patches or Gaussian "noise" (SRe2L, CDA)
     # easy = lowest teacher CE first; medium = middle of the ranking; random = random crops;
     # grouped = the lowest-CE image of each group of `patch_group` shuffled images (typical, yet as
-    # varied as random ones); whole = random whole images (random-real)
-    patch_selection: Literal["easy", "medium", "grouped", "random", "whole"] = "easy"
+    # varied as random ones); spread = the class's lowest-CE image first, then grouped;
+    # whole = random whole images (random-real); auto = by image size (AUTO_BY_SIZE)
+    patch_selection: Literal["easy", "medium", "grouped", "spread", "random", "whole", "auto"] = "auto"
     # "auto" fields take their value from the image size (AUTO_BY_SIZE).
     patch_crops: Count | Literal["auto"] = "auto"  # random square crops scored per candidate image
     patch_crop_scale: ScaleRange | Literal["auto"] = "auto"  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
-    patch_group: Count = 4               # images per group for patch_selection = grouped
+    patch_group: Count = 4               # images per group for patch_selection = grouped or spread
 
     # The optimization loop (docs/method.md section 3).
     iterations: Index | Literal["auto"] = "auto"  # T, over all stages

@@ -3,7 +3,8 @@
 RDED-style: for class c, cut a few random square crops from each candidate image, score every
 crop by the teacher's cross-entropy for c, keep each image's best crop, rank the images by that
 score and take them in rank order ("easy": lowest CE first; "medium": from the middle of the
-ranking outwards; "grouped": the best of each small group of shuffled images). "random" takes
+ranking outwards; "grouped": the best of each small group of shuffled images; "spread": the
+class's best image first, then as grouped). "random" takes
 one random crop of a random image, "whole" a random whole image (the random-real baseline).
 
 The patch of (class c, IPC index i) is a function of the dataset, the teacher(s), the config and
@@ -33,7 +34,7 @@ from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 
 Box = tuple[int, int, int]  # (top, left, side) of a square crop
-SCORED = ("easy", "medium", "grouped")  # the selections that rank the candidates by teacher CE
+SCORED = ("easy", "medium", "grouped", "spread")  # the selections that rank the candidates by teacher CE
 
 # Input pixels per scoring forward (512 crops of 32 px on a CPU): large batches keep the device
 # busy; the cap keeps the activations of large images within memory.
@@ -41,8 +42,9 @@ _SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
 
 
 def scored(cfg: DistillConfig) -> bool:
-    """Whether the config's patches come from teacher scores (easy, medium, grouped), the costly kind."""
-    return cfg.init == "real" and cfg.patch_selection in SCORED
+    """Whether the config's patches come from teacher scores (easy, medium, grouped, spread), the costly
+    kind. "auto" is scored at every image size."""
+    return cfg.init == "real" and (cfg.patch_selection in SCORED or cfg.patch_selection == "auto")
 
 
 @dataclass(frozen=True)
@@ -134,15 +136,20 @@ def rank_position(selection: str, i: int, n: int) -> int:
     return n // 2 + (i // 2 if i % 2 == 0 else -(i + 1) // 2)
 
 
-def grouped_order(selection: ClassSelection, shuffled: Sequence[int], group: int) -> list[int]:
+def grouped_order(selection: ClassSelection, shuffled: Sequence[int], group: int, best_first: bool = False) -> list[int]:
     """The rank each IPC index takes for patch_selection = grouped: the shuffled candidates are cut
     into consecutive groups of `group`; index i takes the best-ranked image of group i, and once
     every group has given its best, the second best of each group follows, and so on. The groups
     come from the (seed, class) shuffle, so the patches are as varied as random images while each
-    is the most typical of a few."""
+    is the most typical of a few.
+
+    `best_first` (patch_selection = spread): index 0 takes the class's best image (rank 0) and the
+    others follow in grouped order without it. One image per class is best spent on the most
+    typical; more are best spent on variety."""
     rank = {index: r for r, index in enumerate(selection.ranked)}
     groups = [sorted(rank[c] for c in shuffled[start:start + group]) for start in range(0, len(shuffled), group)]
-    return [g[level] for level in range(group) for g in groups if level < len(g)]
+    order = [g[level] for level in range(group) for g in groups if level < len(g)]
+    return [0] + [r for r in order if r != 0] if best_first else order
 
 
 def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[int], cfg: DistillConfig,
@@ -158,8 +165,9 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
         if selection is None:
             raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")
         n = len(selection.ranked)
-        if cfg.patch_selection == "grouped":
-            order = grouped_order(selection, _candidates(dataset, label, cfg)[0].tolist(), cfg.patch_group)
+        if cfg.patch_selection in ("grouped", "spread"):
+            order = grouped_order(selection, _candidates(dataset, label, cfg)[0].tolist(), cfg.patch_group,
+                                  best_first=cfg.patch_selection == "spread")
             positions = [order[i % n] for i in indices]
         else:
             positions = [rank_position(cfg.patch_selection, i, n) for i in indices]
@@ -178,6 +186,7 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
 def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
                   teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu") -> torch.Tensor:
     """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, in order."""
+    cfg = cfg.sized(dataset.image_size)
     selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in SCORED else None
     return class_patch_images(dataset, label, range(cfg.ipc), cfg, selection)
 
@@ -190,6 +199,7 @@ def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: S
     `cache` (label -> ClassSelection, a dict the caller keeps) saves re-scoring a class for every
     unit that needs it; classes scored here are added to it.
     """
+    cfg = cfg.sized(dataset.image_size)
     per_class = []
     for label in classes:
         selection = None

@@ -104,6 +104,12 @@ def test_baseline_presets_match_the_table():
     # the paper's preset keeps the published T at every size.
     assert (fadrm.sized(28).iterations, fadrm.sized(64).iterations) == (500, 2000)
     assert make_config("fadrm-paper").sized(28).iterations == 2000
+    # Patches by image size: spread on small images, easy (lowest CE) at 64 px and up. RDED keeps
+    # its lowest-CE patches, the noise presets a fixed value, the paper's preset "medium".
+    assert (fadrm.sized(28).patch_selection, fadrm.sized(64).patch_selection) == ("spread", "easy")
+    assert make_config("sre2l++").resolve(28, 10).patch_selection == "spread"
+    for preset, selection in (("rded", "easy"), ("sre2l", "easy"), ("cda", "easy"), ("fadrm-paper", "medium")):
+        assert make_config(preset).resolve(28, 10).patch_selection == selection
 
 
 def test_overrides_and_file_layering(tmp_path):

@@ -43,14 +43,20 @@ def test_selection_is_deterministic_per_seed(digits, teacher):
 
 
 def test_small_images_start_from_whole_images_of_lowest_teacher_ce(digits, teacher):
-    cfg = DistillConfig(ipc=4)  # digits are 8 px: whole images, one "crop" each (AUTO_BY_SIZE)
+    cfg = DistillConfig(ipc=4, patch_selection="easy")  # digits are 8 px: whole images, one "crop" each
     patches = class_patches(digits, 3, cfg, [teacher])
     real = digits.train.load(digits.train.indices_of_class(3))
     ce = ce_of(real, 3, digits, teacher)
     lowest = real[ce.argsort(stable=True)[:4]]
     assert torch.equal(patches, lowest)
     # The ranking of whole images does not depend on the seed (only ties could).
-    assert torch.equal(class_patches(digits, 3, DistillConfig(ipc=4, seed=5), [teacher]), patches)
+    assert torch.equal(class_patches(digits, 3, cfg.model_copy(update={"seed": 5}), [teacher]), patches)
+    # The default below 64 px is spread: the lowest-CE image first, then the groups' best.
+    default = DistillConfig(ipc=4)
+    assert default.sized(digits.image_size).patch_selection == "spread"
+    spread = class_patches(digits, 3, default, [teacher])
+    assert torch.equal(spread, class_patches(digits, 3, default.model_copy(update={"patch_selection": "spread"}), [teacher]))
+    assert torch.equal(spread[0], lowest[0])
 
 
 def test_whole_images_are_real_training_images_of_the_class(digits):
@@ -83,7 +89,7 @@ def test_more_ipc_than_candidates_reuses_the_ranking(digits, teacher):
 
 def test_cache_is_used(digits, teacher):
     cache = {}
-    cfg = DistillConfig(ipc=2)
+    cfg = DistillConfig(ipc=2, patch_selection="easy")
     select_patches(digits, [5], [0], cfg, [teacher], cache=cache)
     assert isinstance(cache[5], ClassSelection)
     whole = (0, 0, 8)  # a cached ranking is used as it is: here one image, uncropped
@@ -91,7 +97,7 @@ def test_cache_is_used(digits, teacher):
     assert torch.equal(select_patches(digits, [5], [1], cfg, [teacher], cache=cache)[0, 0], digits.train.load([17])[0])
 
 
-@pytest.mark.parametrize("selection", ["easy", "medium", "grouped", "random", "whole"])
+@pytest.mark.parametrize("selection", ["easy", "medium", "grouped", "spread", "random", "whole"])
 def test_the_patch_of_an_ipc_index_does_not_depend_on_the_ipc(digits, teacher, selection):
     small = class_patches(digits, 3, DistillConfig(ipc=4, patch_selection=selection), [teacher])
     large = class_patches(digits, 3, DistillConfig(ipc=9, patch_selection=selection), [teacher])
@@ -139,3 +145,16 @@ def test_grouped_order_gives_each_group_its_best_then_its_second_best():
     # groups of shuffled images {0..3}, {4..7}, {8, 9}: ranks {7, 3, 5, 1}, {8, 0, 9, 4}, {6, 2}
     assert grouped_order(selection, list(range(10)), 4) == [1, 0, 2, 3, 4, 6, 5, 8, 7, 9]
     assert grouped_order(selection, list(range(10)), 10) == list(range(10))  # one group: easy
+    # spread: rank 0 first, then the grouped order without it
+    assert grouped_order(selection, list(range(10)), 4, best_first=True) == [0, 1, 2, 3, 4, 6, 5, 8, 7, 9]
+    assert grouped_order(selection, list(range(10)), 2, best_first=True)[:3] == [0, 3, 1]  # {7,3} {5,1} {8,0}...
+
+
+def test_spread_starts_with_the_easy_patch_and_goes_on_with_the_groups(digits, teacher):
+    cfg = DistillConfig(ipc=6, patch_selection="spread", patch_group=3, seed=2)
+    spread = class_patches(digits, 6, cfg, [teacher])
+    easy = class_patches(digits, 6, cfg.model_copy(update={"patch_selection": "easy"}), [teacher])
+    grouped = class_patches(digits, 6, cfg.model_copy(update={"patch_selection": "grouped"}), [teacher])
+    assert torch.equal(spread[0], easy[0])  # IPC 1: the class's most typical image
+    rest = [p for p in grouped if not torch.equal(p, easy[0])]
+    assert all(torch.equal(a, b) for a, b in zip(spread[1:], rest))
