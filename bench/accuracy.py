@@ -79,6 +79,8 @@ def per_dataset(table: dict, mode: str, dataset: str) -> int:
     """A BUDGETS or TEACHER_EPOCHS entry; any other dataset (a `parquet:PATH` such as
     bench.fashion_sample's) takes mnist-sample's."""
     return table[mode].get(dataset, table[mode]["mnist-sample"])
+
+
 # Student optimizer steps per evaluation. The library default (about 600) keeps `fadrm evaluate`
 # under a minute; the full grid trains longer because synthesized images need it: on
 # mnist-sample IPC 10 (FADRM images, full cosine) 600 steps gave 73.3 +- 4.5 over 3 seeds and
