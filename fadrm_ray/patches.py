@@ -42,9 +42,9 @@ _SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
 
 
 def scored(cfg: DistillConfig) -> bool:
-    """Whether the config's patches come from teacher scores (easy, medium, grouped, spread), the costly
-    kind. "auto" is scored at every image size."""
-    return cfg.init == "real" and (cfg.patch_selection in SCORED or cfg.patch_selection == "auto")
+    """Whether a resolved config's patches come from teacher scores (easy, medium, grouped, spread),
+    the costly kind."""
+    return cfg.init == "real" and cfg.patch_selection in SCORED
 
 
 @dataclass(frozen=True)
