@@ -180,8 +180,9 @@ def report(run_dir: Path, plan: dict, evaluation_file: Path) -> dict:
     evaluation = None
     if evaluation_file.is_file():
         full = json.loads(evaluation_file.read_text())
-        evaluation = clean({k: full.get(k) for k in ("student", "top1_mean", "top1_std", "top1_per_seed", "seeds",
-                                                    "epochs", "config", "baselines", "gains") if k in full})
+        keys = ("student", "top1_mean", "top1_std", "top1_per_seed", "seeds", "epochs", "config", "baselines",
+                "gains", "paired_gains")
+        evaluation = clean({k: full.get(k) for k in keys if k in full})
     return {"run_id": plan["run_id"], "ipc": plan["ipc"], "losses": losses, "evaluation": evaluation}
 
 

@@ -32,9 +32,10 @@ README); such runs get their own run ids and cache entries.
 that `python -m bench.fashion_sample` writes (grey clothing photos: harder than the digits);
 such datasets take mnist-sample's budgets and teacher epochs (`--teacher-epochs` overrides).
 
-Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table
-(or, with --json, one JSON object). Teachers, distilled runs (the store) and evaluations
-(DIR/evaluations/) are cached, so a rerun only computes what changed.
+Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table and,
+below it, fadrm minus every other row seed by seed (or, with --json, one JSON object). Teachers,
+distilled runs (the store) and evaluations (DIR/evaluations/) are cached, so a rerun only
+computes what changed.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.baselines import baseline_configs
+from fadrm_ray.baselines import baseline_configs, gain_text, paired_gain
 from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import distill_local
@@ -165,7 +166,7 @@ def _cell_job(cell: dict) -> list[dict]:
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False,
                           ipc=run.ipc)
-        rows.append({"dataset": cell["dataset"], "ipc": ipc, "method": method, "iterations": cfg.iterations,
+        rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method, "iterations": cfg.iterations,
                      "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),
                      "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
@@ -231,29 +232,60 @@ def _cost(cell: dict) -> float:
     return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
 
 
-def markdown(results: list[dict], methods: list[str]) -> str:
-    cols = [m for m in methods if any(r["method"] == m for r in results)] + \
+def _columns(results: list[dict], methods: list[str]) -> list[str]:
+    return [m for m in methods if any(r["method"] == m for r in results)] + \
         ([CONTROL] if any(r["method"] == CONTROL for r in results) else [])
+
+
+def _cells(results: list[dict]) -> list[tuple[str, int, str, dict[str, dict]]]:
+    """(dataset spec, IPC, the dataset's name, {method: row}) per cell of the table."""
     keys = sorted({(r["dataset"], r["ipc"]) for r in results})
-    lines = ["| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    out = []
     for ds, ipc in keys:
-        cells = []
+        rows = {r["method"]: r for r in results if r["dataset"] == ds and r["ipc"] == ipc}
+        out.append((ds, ipc, next(iter(rows.values())).get("dataset_name", ds), rows))
+    return out
+
+
+def markdown(results: list[dict], methods: list[str]) -> str:
+    cols = _columns(results, methods)
+    lines = ["| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for _, ipc, name, rows in _cells(results):
+        cells = ["-" if m not in rows else f"{rows[m]['top1_mean']:.2f} ± {rows[m]['top1_std']:.2f}" for m in cols]
+        lines.append(f"| {name} | {ipc} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_markdown(results: list[dict], methods: list[str], against: str = "fadrm") -> str:
+    """`against` minus every other row, seed by seed (baselines.paired_gain: the students of one
+    seed share their initial weights and augmentation stream, which cancels most of the spread
+    between seeds); empty when `against` is not in the table."""
+    cols = [m for m in _columns(results, methods) if m != against]
+    cells = [c for c in _cells(results) if against in c[3]]
+    if not cols or not cells:
+        return ""
+    lines = [f"{against} minus each row, seed by seed: mean ± standard error (seeds on which {against} is higher)",
+             "", "| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for _, ipc, name, rows in cells:
+        texts = []
         for m in cols:
-            r = next((r for r in results if r["dataset"] == ds and r["ipc"] == ipc and r["method"] == m), None)
-            cells.append("-" if r is None else f"{r['top1_mean']:.2f} ± {r['top1_std']:.2f}")
-        lines.append(f"| {ds} | {ipc} | " + " | ".join(cells) + " |")
+            if m not in rows:
+                texts.append("-")
+                continue
+            gain = paired_gain(rows[against]["top1_per_seed"], rows[m]["top1_per_seed"])
+            texts.append(f"{gain_text(gain, seeds=False)} ({gain['higher']}/{gain['seeds']})")
+        lines.append(f"| {name} | {ipc} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
 def bar_chart(results: list[dict], path: Path) -> None:
     plt = pyplot()
-    keys = sorted({(r["dataset"], r["ipc"]) for r in results})
+    cells = _cells(results)
     methods = list(dict.fromkeys(r["method"] for r in results))
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(5.0, 3.6 * len(keys)), 3.8), dpi=120, squeeze=False)
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(5.0, 3.6 * len(cells)), 3.8), dpi=120, squeeze=False)
     colors = plt.get_cmap("tab10")
-    for ax, (ds, ipc) in zip(axes[0], keys):
-        rows = [next((r for r in results if r["dataset"] == ds and r["ipc"] == ipc and r["method"] == m), None)
-                for m in methods]
+    for ax, (_, ipc, name, by_method) in zip(axes[0], cells):
+        rows = [by_method.get(m) for m in methods]
         xs = [i for i, r in enumerate(rows) if r is not None]
         ax.bar(xs, [rows[i]["top1_mean"] for i in xs], yerr=[rows[i]["top1_std"] for i in xs], capsize=3,
                color=[colors(i % 10) for i in xs])
@@ -261,7 +293,7 @@ def bar_chart(results: list[dict], path: Path) -> None:
         ax.set_ylim(max(0.0, low - 5), 100)
         ax.set_xticks(range(len(methods)))
         ax.set_xticklabels(methods, rotation=45, ha="right", fontsize=7)
-        ax.set_title(f"{ds}, IPC {ipc}", fontsize=9)
+        ax.set_title(f"{name}, IPC {ipc}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("student test top-1 (%)")
     save_figure(fig, path)
@@ -331,6 +363,8 @@ def main(argv=None) -> dict:
                     recover_overrides=recover_overrides, variants=variants, image_size=args.image_size,
                     teacher=args.teacher, teacher_model=args.teacher_model, teacher_epochs=args.teacher_epochs)
     table = markdown(grid["results"], methods)
+    paired = paired_markdown(grid["results"], methods)
+    table += f"\n\n{paired}" if paired else ""
     report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
               "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
               "recover_overrides": recover_overrides, "budgets": {d: per_dataset(BUDGETS, mode, d) for d in datasets},

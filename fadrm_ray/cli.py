@@ -195,7 +195,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from fadrm_ray.baselines import BASELINES, evaluate_with_baselines
+    from fadrm_ray.baselines import BASELINES, evaluate_with_baselines, gain_text
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
@@ -229,7 +229,7 @@ def cmd_evaluate(args) -> None:
             lines.append(f"  {BASELINES[name]}: not available ({base['error']})")
         else:
             lines.append(f"  {BASELINES[name]}: {base['top1_mean']:.2f} ± {base['top1_std']:.2f}% "
-                         f"(gain {result['gains'][name]:+.2f})")
+                         f"(gain {gain_text(result['paired_gains'][name])})")
     lines.append(f"report: {result['report'].get('evaluation_plot', result['report'].get('grid', ''))}")
     _emit(args, result, "\n".join(lines))
 

@@ -224,23 +224,29 @@ def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
 
 def _baseline_bars(ax, evaluation: dict, baselines: dict) -> None:
     """Final top-1 of the run and of each baseline: bars at the mean, dots per seed, gains above."""
-    from fadrm_ray.baselines import BASELINES
+    from fadrm_ray.baselines import BASELINES, gain_text
 
-    rows = [("this run", evaluation, None)] + [(BASELINES.get(k, k), v, (evaluation.get("gains") or {}).get(k))
-                                               for k, v in baselines.items()]
+    paired, gains = evaluation.get("paired_gains") or {}, evaluation.get("gains") or {}
+    # (gain, its label) per baseline; an evaluation.json written before paired gains were
+    # recorded has the plain gain only.
+    labels = {k: (paired[k]["mean"], gain_text(paired[k], seeds=False)) for k in paired}
+    labels.update({k: (g, f"{g:+.2f}") for k, g in gains.items() if k not in paired})
+    rows = [("this run", evaluation, None)] + [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
     colors = ["tab:blue", "tab:gray", "tab:olive"]
-    for i, (label, ev, gain) in enumerate(rows):
+    for i, (label, ev, key) in enumerate(rows):
         ax.bar(i, ev["top1_mean"], yerr=ev.get("top1_std") or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
         seeds = ev.get("top1_per_seed") or []
         ax.plot([i] * len(seeds), seeds, "k.", ms=4)
-        if gain is not None:
-            ax.annotate(f"{gain:+.2f}", (i, ev["top1_mean"]), xytext=(0, 12), textcoords="offset points",
+        if key in labels:
+            gain, text = labels[key]
+            ax.annotate(text, (i, ev["top1_mean"]), xytext=(0, 12), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
     lows = [ev["top1_mean"] - (ev.get("top1_std") or 0) for _, ev, _ in rows]
     ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev["top1_mean"] for _, ev, _ in rows) + 8))
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=8, rotation=15)
-    ax.set_title("final top-1 against the baselines\n(number: this run minus the baseline)", fontsize=9)
+    ax.set_title("final top-1 against the baselines\n(this run minus the baseline, seed by seed: mean ± s.e.)",
+                 fontsize=9)
     ax.grid(axis="y", alpha=0.3)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fadrm_ray import evaluate as evaluate_module
-from fadrm_ray.baselines import baseline_configs, evaluate_with_baselines
+from fadrm_ray.baselines import baseline_configs, evaluate_with_baselines, gain_text, paired_gain
 from fadrm_ray.config import make_config
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import default_epochs, evaluate_run, images_per_class, resolve_protocol
@@ -86,6 +86,11 @@ def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digi
     for name, base in result["baselines"].items():
         assert base["run_id"] != result["run_id"]
         assert result["gains"][name] == pytest.approx(result["top1_mean"] - base["top1_mean"], abs=1e-3)
+        diffs = [a - b for a, b in zip(result["top1_per_seed"], base["top1_per_seed"])]
+        paired = result["paired_gains"][name]
+        assert paired["mean"] == pytest.approx(result["gains"][name], abs=2e-3) and paired["seeds"] == 2
+        assert paired["higher"] == sum(d > 0 for d in diffs)
+        assert paired["stderr"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2, abs=1e-3)  # s.d. / sqrt(2), n = 2
         images, labels, ipc = open_run(base["run_dir"]).read()
         assert sorted(set(labels.tolist())) == [0, 1, 2, 3] and images.shape[0] == 8  # same classes and IPC
     # The starting patches are the run's own patches: recover changed the pixels, not the choice.
@@ -96,7 +101,23 @@ def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digi
     files = write_report(run_dir, evaluation=result)
     saved = json.loads(open_run(run_dir).layout.report_files()["evaluation"].read_text())
     assert saved["gains"] == result["gains"] and set(saved["baselines"]) == set(result["baselines"])
+    assert saved["paired_gains"] == result["paired_gains"]
     assert files["evaluation_plot"].endswith(".png")
+    # An evaluation saved before paired gains were recorded still plots, with the plain gains.
+    older = {k: v for k, v in result.items() if k != "paired_gains"}
+    assert write_report(run_dir, evaluation=older)["evaluation_plot"].endswith(".png")
+
+
+def test_a_paired_gain_is_the_mean_seed_by_seed_difference_with_its_standard_error():
+    gain = paired_gain([90.0, 88.0, 92.0, 85.0], [89.0, 88.5, 90.0, 84.0])  # differences 1, -0.5, 2, 1
+    assert gain == {"mean": 0.875, "stderr": pytest.approx(0.515, abs=1e-3), "higher": 3, "seeds": 4}
+    assert gain_text(gain) == "+0.88 ± 0.52 s.e., higher on 3 of 4 seeds"
+    assert gain_text(gain, seeds=False) == "+0.88 ± 0.52"
+    one = paired_gain([80.0], [81.5])
+    assert one == {"mean": -1.5, "stderr": None, "higher": 0, "seeds": 1}
+    assert gain_text(one) == "-1.50, higher on 0 of 1 seed"
+    with pytest.raises(ValueError, match="paired seeds must match"):
+        paired_gain([1.0, 2.0], [1.0])
 
 
 def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path):

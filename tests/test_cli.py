@@ -1,5 +1,6 @@
 """The `fadrm` command end to end: squeeze -> distill -> info -> export, and its errors."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,12 @@ def test_squeeze_distill_info_export(teacher_path, tmp_path, capsys):
     evaluation = json.loads(out)
     assert len(evaluation["top1_per_seed"]) == 2 and 10.0 < evaluation["top1_mean"] <= 100.0
     assert evaluation["top1_std"] >= 0 and set(evaluation["report"]) >= {"grid", "losses", "evaluation"}
+    # The same evaluation as text (read back from the caches): each baseline with its paired gain.
+    code, out, err = run_cli(capsys, "evaluate", "--run", result["run_dir"], "--epochs", "3", "--seeds", "2",
+                             "--quiet", "--threads", "1")
+    assert code == 0, err
+    for name in ("random real images", "its starting patches"):
+        assert re.search(rf"{name}: .*\(gain [+-]\d+\.\d\d ± \d+\.\d\d s\.e\., higher on [012] of 2 seeds\)", out), out
     code, out, _ = run_cli(capsys, "info", "--run", result["run_dir"], "--json")
     assert set(json.loads(out)["report"]) >= {"grid", "losses", "evaluation"}  # info lists the report
 
