@@ -237,9 +237,10 @@ def _baseline_bars(ax, evaluation: dict, baselines: dict) -> None:
         ax.bar(i, ev["top1_mean"], yerr=ev.get("top1_std") or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
         seeds = ev.get("top1_per_seed") or []
         ax.plot([i] * len(seeds), seeds, "k.", ms=4)
-        if key in labels:
+        if key in labels:  # above the error bar and the seeds' dots, so that neither hides it
             gain, text = labels[key]
-            ax.annotate(text, (i, ev["top1_mean"]), xytext=(0, 12), textcoords="offset points",
+            top = max([ev["top1_mean"] + (ev.get("top1_std") or 0), *seeds])
+            ax.annotate(text, (i, top), xytext=(0, 5), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
     lows = [ev["top1_mean"] - (ev.get("top1_std") or 0) for _, ev, _ in rows]
     ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev["top1_mean"] for _, ev, _ in rows) + 8))
