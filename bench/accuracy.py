@@ -166,14 +166,14 @@ def _cell_job(cell: dict) -> list[dict]:
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False,
                           ipc=run.ipc)
-        rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method, "iterations": cfg.iterations,
-                     "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
+        rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
+                     "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),
                      "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
                      "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
                      "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
                      "teachers": [Path(p).parent.name for p in eval_teachers]})
-        log(f"  {cell['dataset']} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
+        log(f"  {dataset.name} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
             f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
     return rows
 
