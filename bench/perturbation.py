@@ -56,6 +56,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--protocol", choices=["short", "published"], default="published")
     parser.add_argument("--epochs", type=int, default=None, help="student epochs (default: the protocol's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per student (1, as bench.accuracy: the float rounding, and so each "
+                             "student, depends on it)")
     parser.add_argument("--out", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     try:
@@ -80,15 +83,17 @@ def main(argv=None) -> dict:
     results = {}
     for name, images in sets.items():
         print(f"scoring {name} ...", file=sys.stderr, flush=True)
-        results[name] = evaluate_images(images, labels, dataset, teachers, cfg, progress=False)["top1_per_seed"]
+        results[name] = evaluate_images(images, labels, dataset, teachers, cfg, num_threads=args.threads,
+                                        progress=False)["top1_per_seed"]
     lines = ["| set | pixel change | top-1 | minus the patches, seed by seed |", "|---|---|---|---|"]
     for name, per_seed in results.items():
         gain = "" if name == "patches" else gain_text(paired_gain(per_seed, results["patches"]))
         lines.append(f"| {name} | {change[name]:.4f} | {sum(per_seed) / len(per_seed):.2f} | {gain} |")
     table = "\n".join(lines)
     print(table)
-    report = {"run": str(reader.run_dir), "ipc": args.ipc, "evaluation": cfg.model_dump(mode="json"),
-              "pixel_change": change, "top1_per_seed": results, "table": table}
+    report = {"run": str(reader.run_dir), "ipc": args.ipc, "threads": args.threads,
+              "evaluation": cfg.model_dump(mode="json"), "pixel_change": change, "top1_per_seed": results,
+              "table": table}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     return report
