@@ -237,20 +237,19 @@ def _columns(results: list[dict], methods: list[str]) -> list[str]:
         ([CONTROL] if any(r["method"] == CONTROL for r in results) else [])
 
 
-def _cells(results: list[dict]) -> list[tuple[str, int, str, dict[str, dict]]]:
-    """(dataset spec, IPC, the dataset's name, {method: row}) per cell of the table."""
-    keys = sorted({(r["dataset"], r["ipc"]) for r in results})
+def _cells(results: list[dict]) -> list[tuple[int, str, dict[str, dict]]]:
+    """(IPC, the dataset's name, {method: row}) per cell of the table, by dataset spec and IPC."""
     out = []
-    for ds, ipc in keys:
+    for ds, ipc in sorted({(r["dataset"], r["ipc"]) for r in results}):
         rows = {r["method"]: r for r in results if r["dataset"] == ds and r["ipc"] == ipc}
-        out.append((ds, ipc, next(iter(rows.values())).get("dataset_name", ds), rows))
+        out.append((ipc, next(iter(rows.values())).get("dataset_name", ds), rows))
     return out
 
 
 def markdown(results: list[dict], methods: list[str]) -> str:
     cols = _columns(results, methods)
     lines = ["| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-    for _, ipc, name, rows in _cells(results):
+    for ipc, name, rows in _cells(results):
         cells = ["-" if m not in rows else f"{rows[m]['top1_mean']:.2f} ± {rows[m]['top1_std']:.2f}" for m in cols]
         lines.append(f"| {name} | {ipc} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -261,12 +260,12 @@ def paired_markdown(results: list[dict], methods: list[str], against: str = "fad
     seed share their initial weights and augmentation stream, which cancels most of the spread
     between seeds); empty when `against` is not in the table."""
     cols = [m for m in _columns(results, methods) if m != against]
-    cells = [c for c in _cells(results) if against in c[3]]
+    cells = [c for c in _cells(results) if against in c[2]]
     if not cols or not cells:
         return ""
     lines = [f"{against} minus each row, seed by seed: mean ± standard error (seeds on which {against} is higher)",
              "", "| dataset | IPC | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-    for _, ipc, name, rows in cells:
+    for ipc, name, rows in cells:
         texts = []
         for m in cols:
             if m not in rows:
@@ -284,7 +283,7 @@ def bar_chart(results: list[dict], path: Path) -> None:
     methods = list(dict.fromkeys(r["method"] for r in results))
     fig, axes = plt.subplots(1, len(cells), figsize=(max(5.0, 3.6 * len(cells)), 3.8), dpi=120, squeeze=False)
     colors = plt.get_cmap("tab10")
-    for ax, (_, ipc, name, by_method) in zip(axes[0], cells):
+    for ax, (ipc, name, by_method) in zip(axes[0], cells):
         rows = [by_method.get(m) for m in methods]
         xs = [i for i, r in enumerate(rows) if r is not None]
         ax.bar(xs, [rows[i]["top1_mean"] for i in xs], yerr=[rows[i]["top1_std"] for i in xs], capsize=3,

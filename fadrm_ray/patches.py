@@ -4,8 +4,8 @@ RDED-style: for class c, cut a few random square crops from each candidate image
 crop by the teacher's cross-entropy for c, keep each image's best crop, rank the images by that
 score and take them in rank order ("easy": lowest CE first; "medium": from the middle of the
 ranking outwards; "grouped": the best of each small group of shuffled images; "spread": the
-class's best image first, then as grouped). "random" takes
-one random crop of a random image, "whole" a random whole image (the random-real baseline).
+class's best image first, then as grouped). "random" takes one random crop of a random image,
+"whole" a random whole image (the random-real baseline).
 
 The patch of (class c, IPC index i) is a function of the dataset, the teacher(s), the config and
 the seed only: not of the IPC asked for, nor of the worker that computes it. So a run can grow
@@ -136,7 +136,8 @@ def rank_position(selection: str, i: int, n: int) -> int:
     return n // 2 + (i // 2 if i % 2 == 0 else -(i + 1) // 2)
 
 
-def grouped_order(selection: ClassSelection, shuffled: Sequence[int], group: int, best_first: bool = False) -> list[int]:
+def grouped_order(selection: ClassSelection, shuffled: Sequence[int], group: int,
+                  best_first: bool = False) -> list[int]:
     """The rank each IPC index takes for patch_selection = grouped: the shuffled candidates are cut
     into consecutive groups of `group`; index i takes the best-ranked image of group i, and once
     every group has given its best, the second best of each group follows, and so on. The groups
