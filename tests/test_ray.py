@@ -79,11 +79,9 @@ def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digit
 
 
 def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path):
-    """Ctrl-C the `fadrm distill` driver mid-run, run the same command again: it resumes. Six
-    units of four stages, stopped after five stages, leave the first run far from its end even
-    on a busy machine."""
+    """Ctrl-C the `fadrm distill` driver mid-run, run the same command again: it resumes."""
     command = [sys.executable, "-m", "actors.cli", "distill", "--dataset", "digits", "--teacher", digits_teacher[0],
-               "--ipc", "6", "--set", "iterations=200", "--set", "precision=fp32", "--set", "ipc_per_unit=1",
+               "--ipc", "3", "--set", "iterations=200", "--set", "precision=fp32", "--set", "ipc_per_unit=1",
                "--workers", "1",
                "--out", str(tmp_path), "--quiet", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -105,11 +103,11 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
     assert len(starts) == 2 and starts[1]["stages_done"] >= len(before) > 0
     runs_after = [(e["unit"], e["stage"]) for e in events(run_dir, "stage_done")][len(before):]
     assert not set(runs_after) & before                           # nothing finished was recomputed
-    assert len(runs_after) == 6 * 4 - starts[1]["stages_done"]    # only the missing stages ran
+    assert len(runs_after) == 3 * 4 - starts[1]["stages_done"]    # only the missing stages ran
     for unit, stage in starts[1]["resumed"].items():              # partial units restart mid-way
         assert min(s for u, s in runs_after if u == unit) == stage
     _, labels, ipc = read(run_dir)
-    assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(6)]
+    assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(3)]
 
 
 def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, digits_teacher, tmp_path):
