@@ -22,7 +22,8 @@ Two protocols choose the epochs and the stretch when `EvalConfig` leaves them un
 for tests, quick looks and benchmarks that must fit a CPU; and "published": 300 epochs (1000 at
 IPC 1) and eta = 2 up to IPC 10 (1 above), the schedule of the published ResNet-18 students.
 Evaluations of a store run are cached inside the run (`evaluate_run`), keyed by everything that
-decides the result: the resolved settings, the teachers, the test data and the run's images.
+decides the result: the resolved settings, the teachers, the test data and the run's images. Each
+student is kept on its own as well, so more seeds later train only the new students.
 
 Two details differ from that script and are stated here so numbers can be compared: the KD loss
 is multiplied by T^2 (the usual Hinton scaling; the published script has that line commented
@@ -227,12 +228,16 @@ def _summarize(per_seed: list[dict]) -> dict:
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
                     teachers, cfg: EvalConfig, *, num_threads: int | None = None, device: str = "cpu",
                     progress: bool = True, soft_label_dir: str | Path | None = None,
-                    on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
+                    on_eval: Callable[[int, int, int, float], None] | None = None,
+                    known: dict[int, dict] | None = None, on_seed: Callable[[dict], None] | None = None) -> dict:
     """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real test split.
 
     `teachers`: checkpoint path(s) or a SoftLabeler. `labels` are only counted (images per
     class); the targets come from the teachers. The result carries `config`: `cfg` with the
     epochs it ran made explicit. `on_eval` is passed to every student (`train_student`).
+    `known` maps seeds to students already trained on these images with these settings (their
+    `train_student` results): they are not trained again. `on_seed` sees each new student's result
+    as soon as it is trained (`evaluate_run` keeps it, so an interrupted evaluation resumes).
     """
     tune_allocator()
     dataset = _as_dataset(dataset)
@@ -243,11 +248,17 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
     n = images_uint8.shape[0]
     cfg = resolve_protocol(cfg, n, images_per_class(labels, n, dataset.num_classes))
     started = time.perf_counter()
+    known = {s: r for s, r in (known or {}).items() if s in cfg.seed_list}
+    per_seed = dict(known)
     with torch_threads(num_threads):
         labeler = _as_labeler(teachers, dataset, device)
-        per_seed = [train_student(images_uint8, dataset, labeler, cfg, s, device=device, soft_label_dir=soft_label_dir,
-                                  progress=progress, on_eval=on_eval)
-                    for s in cfg.seed_list]
+        for s in cfg.seed_list:
+            if s not in per_seed:
+                per_seed[s] = train_student(images_uint8, dataset, labeler, cfg, s, device=device,
+                                            soft_label_dir=soft_label_dir, progress=progress, on_eval=on_eval)
+                if on_seed is not None:
+                    on_seed(per_seed[s])
+    per_seed = [per_seed[s] for s in cfg.seed_list]
     per_class = None
     if labels is not None:
         per_class = torch.bincount(torch.as_tensor(labels).long(), minlength=dataset.num_classes).tolist()
@@ -258,7 +269,9 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
         "epochs": cfg.epochs,
         "steps_per_seed": per_seed[0]["steps"],
         "seeds": cfg.seed_list,
-        "seconds": round(time.perf_counter() - started, 2),
+        "seeds_reused": sorted(known),
+        # The students trained now, plus the training time of those reused.
+        "seconds": round(time.perf_counter() - started + sum(r.get("seconds", 0.0) for r in known.values()), 2),
         "images": int(images_uint8.shape[0]),
         "images_per_class": per_class,
         "dataset": dataset.name,
@@ -316,6 +329,22 @@ def run_teachers(reader) -> list[str]:
     return [_check_teacher_file(e) for e in entries]
 
 
+def _digest(key_source: dict) -> str:
+    return hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _keep_students(result: dict, seed_files: dict[int, Path]) -> None:
+    """Write each student of a cached evaluation to its own file, where it is not there yet."""
+    for i, seed in enumerate(result["seeds"]):
+        path = seed_files.get(seed)
+        if path is None or path.is_file():
+            continue
+        student = {"final_top1": result["top1_per_seed"][i], "best_top1": result["best_top1_per_seed"][i],
+                   "curve": result["curves"][i], "epochs": result["epochs"], "steps": result["steps_per_seed"],
+                   "seconds": result["seconds"] / len(result["seeds"]), "seed": seed}
+        atomic_write_text(path, json.dumps(to_plain(student)))
+
+
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
                  progress: bool = True, cache: bool = True, incomplete: bool = False,
@@ -347,14 +376,34 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     key_source = {"config": cfg.model_dump(mode="json"), "teachers": list(labeler.ids), "data": dataset.fingerprint(),
                   "images": reader.content_hash(), "device": torch.device(device).type,
                   "version": EVALUATION_CACHE_VERSION}
-    cached = reader.layout.evaluation(hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:32])
+    cached = reader.layout.evaluation(_digest(key_source))
+    # Each student is kept on its own too, keyed by the same things but its seed instead of the
+    # seed list: asking for more seeds later, or again after an interruption, trains only the new ones.
+    per_seed_source = {**key_source, "config": {k: v for k, v in key_source["config"].items() if k != "seeds"}}
+    seed_files = {s: reader.layout.evaluation(_digest({**per_seed_source, "seed": s})) for s in cfg.seed_list}
     if cache and cached.is_file():
         try:
-            return {**json.loads(cached.read_text()), "cached": True}
-        except (OSError, ValueError):
+            result = json.loads(cached.read_text())
+            _keep_students(result, seed_files)  # an evaluation cached before students were kept apart
+            return {**result, "cached": True}
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
             pass  # unreadable: evaluate again and write it anew
+    known = {}
+    for seed, path in (seed_files.items() if cache else ()):
+        try:
+            student = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # not trained yet, or unreadable: train it
+        if isinstance(student, dict) and student.get("seed") == seed:
+            known[seed] = student
+
+    def keep(student: dict) -> None:
+        if cache:
+            atomic_write_text(seed_files[student["seed"]], json.dumps(to_plain(student)))
+
     result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
-                             progress=progress, soft_label_dir=reader.layout.soft_labels, on_eval=on_eval)
+                             progress=progress, soft_label_dir=reader.layout.soft_labels, on_eval=on_eval,
+                             known=known, on_seed=keep)
     result.update(run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
                   ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
                   complete=reader.complete)

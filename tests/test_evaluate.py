@@ -1,6 +1,7 @@
 """Relabel and student evaluation (docs/method.md section 6) on the real digits data."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -16,6 +17,7 @@ from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, 
 from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, StoredSoftLabels, apply_plan,
                                draw_plan, epoch_generator, precompute_soft_labels)
 from fadrm_ray.settings import EvalConfig
+from fadrm_ray.store import open_run
 
 DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}
 
@@ -180,6 +182,33 @@ def test_evaluate_run_returns_the_documented_keys(tiny_run):
     assert all(b >= f for b, f in zip(result["best_top1_per_seed"], result["top1_per_seed"]))
     assert result["top1_mean"] == pytest.approx(sum(result["top1_per_seed"]) / 2, abs=1e-3)
     assert result["dataset"] == "digits" and result["run_id"] == run_dir.name and result["ipc"] == 2
+
+
+def test_more_seeds_later_train_only_the_new_students(tiny_run):
+    run_dir, _ = tiny_run
+    trained = []
+    seen = lambda seed, epoch, epochs, top1: trained.append(seed) if epoch == epochs else None  # noqa: E731
+    two = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=2), progress=False, on_eval=seen)
+    assert trained == [0, 1] and two["seeds_reused"] == []
+    three = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)
+    assert trained == [0, 1, 2] and three["seeds_reused"] == [0, 1] and not three.get("cached")
+    assert three["top1_per_seed"][:2] == two["top1_per_seed"]
+    # The reused students are the ones a fresh evaluation trains.
+    fresh = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, cache=False)
+    assert fresh["top1_per_seed"] == three["top1_per_seed"] and fresh["curves"] == [list(map(tuple, c)) for c in three["curves"]]
+    # A seed list alone, and a whole evaluation read back from its cache, train nothing.
+    evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[2, 0]), progress=False, on_eval=seen)
+    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)["cached"]
+    assert trained == [0, 1, 2]
+    # A whole evaluation cached before students were kept apart gives them up when it is read.
+    files = list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
+    students = [f for f in files if (lambda r: "seeds" not in r and r["epochs"] == 2)(json.loads(f.read_text()))]
+    assert len(students) == 3  # this test's; the run is shared with other tests
+    for f in students:
+        f.unlink()
+    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False)["cached"]
+    one = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[1]), progress=False, on_eval=seen)
+    assert trained == [0, 1, 2] and one["top1_per_seed"] == three["top1_per_seed"][1:2]
 
 
 def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
