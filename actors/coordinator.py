@@ -22,7 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.lifeline import Lifeline
+from actors.lifeline import Lifeline, interrupt_mark
 from actors.worker import DistillWorker, latest_checkpoints, run_context
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
@@ -114,6 +114,7 @@ class Coordinator:
         self.units: list[Unit] = []  # planned by run(), once it holds the run's writer lock
         self.stages = self.cfg.k + 1
         self.ledger_path = self.store.layout.ledger
+        self.interrupted = lambda: False  # whether Ctrl-C came during run() (interrupt_mark)
 
     def close(self) -> None:
         """Stop the worker actors (idempotent)."""
@@ -168,7 +169,7 @@ class Coordinator:
         """Run every unfinished stage as the run's only writer (`RunStore.session`: a second
         command for the same run waits here, then finds the units done) and finish the manifest."""
         try:
-            with self.store.session(run_config(self.cfg, self.store.layout)):
+            with interrupt_mark() as self.interrupted, self.store.session(run_config(self.cfg, self.store.layout)):
                 self.units = self.plan()
                 return self._run()
         finally:
@@ -250,7 +251,9 @@ class Coordinator:
                 inflight[self._submit(worker, task)] = (worker, task)
             if not inflight and not probes:
                 raise RuntimeError(f"no distill worker is left alive; see {self.ledger_path}")
-            ready, _ = ray.wait(list(starting) + list(inflight) + list(probes), num_returns=1, timeout=60)
+            ready, _ = ray.wait(list(starting) + list(inflight) + list(probes), num_returns=1, timeout=1.0)
+            if self.interrupted():  # Ctrl-C, even where Ray dropped its KeyboardInterrupt (run())
+                raise KeyboardInterrupt
             for ref in ready:
                 if ref in starting:  # a worker's first answer: record where it runs
                     worker = starting.pop(ref)

@@ -25,6 +25,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -133,6 +134,33 @@ class Lifeline:
             self.process.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout)
+
+
+@contextlib.contextmanager
+def interrupt_mark():
+    """Inside the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as usual and also leaves a mark;
+    yields a function that tells whether it came.
+
+    A driver spends its time inside Ray's calls, and Ray looks for signals from its own native
+    code; a KeyboardInterrupt raised in a callback that cannot pass it on is printed ("Exception
+    ignored in ...") and dropped, and the run would go on to the end. A loop that checks the mark
+    after every wait stops anyway. Outside the main thread, or where SIGINT is not the usual
+    KeyboardInterrupt (ignored, say, in a background job), nothing is changed."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is not signal.default_int_handler:
+        yield lambda: False
+        return
+    came = threading.Event()
+
+    def handler(signum, frame):
+        came.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield came.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def main(argv: list[str]) -> int:

@@ -88,14 +88,16 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None), timeout=120)
-        wait_for(lambda: len(events(run_dir, "stage_done")) >= 5, timeout=180)
+        # Two stages of the first unit: mid-way through a unit, nine stages from the end. Generous
+        # time, since a loaded machine starts Ray and its worker slowly (minutes beside benchmarks).
+        wait_for(lambda: len(events(run_dir, "stage_done")) >= 2, timeout=600)
     finally:
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=120)
-    assert first.returncode != 0 and not (run_dir / "manifest.json").exists(), err
+    assert first.returncode != 0 and not (run_dir / "manifest.json").exists(), f"rc {first.returncode}: {err}"
     before = {(e["unit"], e["stage"]) for e in events(run_dir, "stage_done")}
 
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
     starts = events(run_dir, "run_started")
     # the ledger rebuilt from the store knows every finished stage (a stage may have finished on the

@@ -74,3 +74,36 @@ def test_a_killed_driver_takes_its_embedded_ray_with_it(digits_teacher, tmp_path
     while survivors(cluster) and time.time() < deadline:
         time.sleep(0.2)
     assert survivors(cluster) == {}
+
+
+def _ctrl_c_dropped(seconds: float) -> bool:
+    """Ctrl-C this process and wait, like a native callback that drops the KeyboardInterrupt it gets:
+    True if one came (and was dropped)."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def test_ctrl_c_leaves_a_mark_even_where_the_keyboard_interrupt_is_dropped():
+    from actors.lifeline import interrupt_mark
+
+    with interrupt_mark() as interrupted:
+        assert not interrupted()
+        assert _ctrl_c_dropped(5.0) and interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert _ctrl_c_dropped(5.0)  # outside the block Ctrl-C is the usual KeyboardInterrupt
+
+
+def test_the_mark_leaves_an_ignored_ctrl_c_alone():
+    from actors.lifeline import interrupt_mark
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt_mark() as interrupted:
+            assert not _ctrl_c_dropped(0.2) and not interrupted()
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
