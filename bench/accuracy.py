@@ -19,8 +19,8 @@ settings change:
 
 Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++ 4000, SRe2L
 1000 on CIFAR), scaled down to T for FADRM/FADRM+, 2T for SRe2L++ and T/2 for SRe2L.
-Distillation uses seed 0; the 3 seeds are the students' (initial weights and augmentation
-stream).
+Distillation uses seed 0; the --seeds seeds (3 by default) are the students' (initial weights and
+augmentation stream).
 
 Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
 single-threaded process per CPU); every cell is deterministic, so the table does not depend on
@@ -34,8 +34,8 @@ such datasets take mnist-sample's budgets and teacher epochs (`--teacher-epochs`
 
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table and,
 below it, fadrm minus every other row seed by seed (or, with --json, one JSON object). Teachers,
-distilled runs (the store) and evaluations (DIR/evaluations/) are cached, so a rerun only
-computes what changed.
+distilled runs (the store) and evaluations (inside each run, student by student) are cached, so a
+rerun only computes what changed, and a rerun with more --seeds trains only the new students.
 """
 from __future__ import annotations
 
@@ -310,7 +310,9 @@ def main(argv=None) -> dict:
                         help=f"comma-separated rows among {', '.join(METHODS)} and the --variant names")
     parser.add_argument("--variant", action="append", default=[], metavar="'NAME: PRESET key=value ...'",
                         help="an extra row: a preset with its own overrides (repeatable)")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="student seeds 0..N-1 per row; students a run already has are read back, so "
+                             "raising N later trains only the new seeds")
     parser.add_argument("--protocol", choices=["short", "published"], default="short",
                         help="student schedule: short (--student-steps steps, full cosine) or published "
                              "(300 epochs, 1000 at IPC 1, stretched cosine)")
