@@ -33,6 +33,7 @@ seen, which selects on the test set; it is reported too, as best_top1_*).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -384,10 +385,13 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     if cache and cached.is_file():
         try:
             result = json.loads(cached.read_text())
-            _keep_students(result, seed_files)  # an evaluation cached before students were kept apart
+        except (OSError, ValueError):
+            result = None  # unreadable: evaluate again and write it anew
+        if isinstance(result, dict):
+            # An evaluation cached before students were kept apart gives them up now (where it can).
+            with contextlib.suppress(OSError, KeyError, IndexError, TypeError, ZeroDivisionError):
+                _keep_students(result, seed_files)
             return {**result, "cached": True}
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
-            pass  # unreadable: evaluate again and write it anew
     known = {}
     for seed, path in (seed_files.items() if cache else ()):
         try:
