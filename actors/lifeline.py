@@ -16,6 +16,8 @@ can linger the same way. An embedded cluster must not outlive its driver, so:
 
 Processes are found through /proc, so this is Linux only; elsewhere the embedded Ray runs
 without a lifeline. A cluster the driver only joins (`--address`) is never touched.
+
+`interrupt_mark` is the other end of a driver's life: it makes sure Ctrl-C stops the run.
 """
 from __future__ import annotations
 
