@@ -195,15 +195,16 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     assert three["top1_per_seed"][:2] == two["top1_per_seed"]
     # The reused students are the ones a fresh evaluation trains.
     fresh = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, cache=False)
-    assert fresh["top1_per_seed"] == three["top1_per_seed"] and fresh["curves"] == [list(map(tuple, c)) for c in three["curves"]]
+    assert fresh["top1_per_seed"] == three["top1_per_seed"]
+    assert fresh["curves"] == [[tuple(point) for point in curve] for curve in three["curves"]]  # JSON gave lists
     # A seed list alone, and a whole evaluation read back from its cache, train nothing.
     evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[2, 0]), progress=False, on_eval=seen)
     assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)["cached"]
     assert trained == [0, 1, 2]
     # A whole evaluation cached before students were kept apart gives them up when it is read.
-    files = list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
-    students = [f for f in files if (lambda r: "seeds" not in r and r["epochs"] == 2)(json.loads(f.read_text()))]
-    assert len(students) == 3  # this test's; the run is shared with other tests
+    cached = {f: json.loads(f.read_text()) for f in open_run(run_dir).layout.evaluations_dir.glob("*.json")}
+    students = [f for f, r in cached.items() if "seeds" not in r and r["epochs"] == 2]  # this test's only
+    assert len(students) == 3
     for f in students:
         f.unlink()
     assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False)["cached"]
