@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.baselines import baseline_configs, gain_text, paired_gain
-from fadrm_ray.distill import distill_local
-from fadrm_ray.evaluate import evaluate_images, run_dataset, run_teachers
+from fadrm_ray.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
+from fadrm_ray.evaluate import evaluate_images, evaluate_run, run_dataset, run_teachers
 from fadrm_ray.settings import ConfigError, EvalConfig
 from fadrm_ray.store import open_run
 
@@ -71,8 +70,7 @@ def main(argv=None) -> dict:
     if "starting_patches" not in baselines:
         parser.error(f"{args.run} starts from noise: it has no patches to compare with")
     dataset, teachers = run_dataset(reader), run_teachers(reader)
-    patches_run = distill_local(baselines["starting_patches"], dataset, teachers, Path(reader.run_dir).parent,
-                                progress=False)
+    patches_run = distill_baseline(reader, baselines["starting_patches"], dataset, num_threads=args.threads)
     patches, plabels, pindex = open_run(patches_run.run_dir, ipc=patches_run.ipc).read()
     recovered, labels, index = reader.read()
     if not (torch.equal(plabels, labels) and torch.equal(pindex, index)):
@@ -80,11 +78,19 @@ def main(argv=None) -> dict:
     sets = perturbed_sets(patches, recovered, labels, index)
     change = {name: round(float((s.float() - patches.float()).abs().mean() / 255), 4) for name, s in sets.items()}
 
+    # The patches and the run are store runs: their students come from (and go to) the runs'
+    # evaluation caches, shared with `fadrm evaluate` and bench.accuracy. The two controls are not.
+    stored = {"patches": (patches_run.run_dir, patches_run.ipc), "recovered": (reader.run_dir, args.ipc)}
     results = {}
     for name, images in sets.items():
         print(f"scoring {name} ...", file=sys.stderr, flush=True)
-        results[name] = evaluate_images(images, labels, dataset, teachers, cfg, num_threads=args.threads,
-                                        progress=False)["top1_per_seed"]
+        if name in stored:
+            run_dir, ipc = stored[name]
+            ev = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=args.threads,
+                              progress=False, ipc=ipc)
+        else:
+            ev = evaluate_images(images, labels, dataset, teachers, cfg, num_threads=args.threads, progress=False)
+        results[name] = ev["top1_per_seed"]
     lines = ["| set | pixel change | top-1 | minus the patches, seed by seed |", "|---|---|---|---|"]
     for name, per_seed in results.items():
         gain = "" if name == "patches" else gain_text(paired_gain(per_seed, results["patches"]))

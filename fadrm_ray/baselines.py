@@ -44,6 +44,15 @@ def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, Dist
     return out
 
 
+def distill_baseline(reader, bcfg: DistillConfig, dataset: ImageDataset, *, device: str = "cpu",
+                     num_threads: int | None = None):
+    """The baseline `bcfg` of the run `reader` reads, distilled (or found) beside it in the same
+    store with the run's own teachers, whose scores pick the patches; returns the DistillResult."""
+    with torch_threads(num_threads):
+        return distill_local(bcfg, dataset, run_teachers(reader), Path(reader.run_dir).parent, device=device,
+                             progress=False)
+
+
 def _summary(ev: dict) -> dict:
     keys = ("run_id", "run_dir", "preset", "top1_mean", "top1_std", "top1_per_seed", "best_top1_mean")
     return {k: ev.get(k) for k in keys}
@@ -93,9 +102,7 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
     baselines, gains, paired = {}, {}, {}
     for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:
-            with torch_threads(num_threads):
-                run = distill_local(bcfg, dataset, run_teachers(reader), Path(reader.run_dir).parent,
-                                    device=device, progress=False)
+            run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads)
             ev = result if run.run_id == reader.run_id else evaluate_run(
                 run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
                 progress=progress, ipc=run.ipc)
