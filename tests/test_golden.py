@@ -44,7 +44,12 @@ RUNS = {
 # config of "fadrm" and "rded" (which records the bound it does not use). And again when
 # `patch_selection` became size-dependent (spread below 64 px): the images and saved config of
 # "fadrm"; "fadrm published" asks for the easy patches it had.
-TEACHER_SHA = "734857e283de07062e5292a36f233986262561e87af21b4621378a899bd466be"
+# The teacher and the student train with several threads' worth of float reductions, whose
+# rounding follows the CPU's SIMD kernels: each CPU the suite has been recorded on has its value
+# (the first from the machine the hashes were first taken on, the second from an AVX-512 Xeon
+# with torch 2.13 and 2.14 alike). The images above are the same on both.
+TEACHER_SHAS = ("734857e283de07062e5292a36f233986262561e87af21b4621378a899bd466be",
+                "5ceb11dfdec0937c6462a54292512478aee3f75c8294558d21218b64dc6a6565")
 GOLDEN = {
     "fadrm": {"config": "7d32a3e629e02736c66dab6fad02efe9e24731f568b66535c1947994f1ca9c25",
               "images": "71eb97b2bc27bc121ae710d29a790ae2c3e89ca842ffdd44186d676edd7f8aa0",
@@ -61,8 +66,12 @@ GOLDEN = {
 }
 # A student on the sre2l run (20 images): 12 epochs of 2 steps, seed 0, every other setting at
 # its default. Long enough to leave chance, so a change of the student's training shows.
-STUDENT = {"top1_per_seed": [29.5265], "best_top1_per_seed": [29.5265], "epochs": 12, "steps_per_seed": 24,
-           "curves": [[(2, 10.0279), (4, 10.3064), (6, 17.8273), (8, 25.9053), (10, 25.6267), (12, 29.5265)]]}
+STUDENTS = (
+    {"top1_per_seed": [29.5265], "best_top1_per_seed": [29.5265], "epochs": 12, "steps_per_seed": 24,
+     "curves": [[(2, 10.0279), (4, 10.3064), (6, 17.8273), (8, 25.9053), (10, 25.6267), (12, 29.5265)]]},
+    {"top1_per_seed": [29.2479], "best_top1_per_seed": [29.2479], "epochs": 12, "steps_per_seed": 24,
+     "curves": [[(2, 10.0279), (4, 10.3064), (6, 17.5487), (8, 25.9053), (10, 25.9053), (12, 29.2479)]]},
+)
 
 
 def sha(data: bytes) -> str:
@@ -101,7 +110,7 @@ def golden_runs(digits, digits_teacher, tmp_path_factory):
 
 
 def test_teacher_weights_are_unchanged(digits_teacher):
-    assert weights_sha(digits_teacher[0]) == TEACHER_SHA
+    assert weights_sha(digits_teacher[0]) in TEACHER_SHAS
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -112,4 +121,6 @@ def test_images_are_bit_identical(golden_runs, name):
 def test_student_result_is_identical(golden_runs, digits, digits_teacher):
     result = evaluate_run(golden_runs["sre2l"], EvalConfig(epochs=12, seeds=[0]), teachers=[digits_teacher[0]],
                           dataset=digits, progress=False)
-    assert {k: result[k] for k in STUDENT} == STUDENT
+    # The same CPU as the teacher's: the pair recorded together.
+    expected = STUDENTS[TEACHER_SHAS.index(weights_sha(digits_teacher[0]))]
+    assert {k: result[k] for k in expected} == expected
