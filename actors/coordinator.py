@@ -9,7 +9,6 @@ run directory, which is what tests and operators read to see what ran where.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections import deque
@@ -23,12 +22,14 @@ from ray.util import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.lifeline import Lifeline, interrupt_mark
-from actors.worker import DistillWorker, latest_checkpoints, run_context
+from actors.worker import DistillWorker, RunContext, latest_checkpoints
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import (DistillResult, Unit, checkpointed_units, load_selections, needed_classes, plan_units,
-                               prepare_run, provenance, request_images, run_config)
-from fadrm_ray.runtime import ALLOCATOR_ENV, ExecutionSpec, heavy_process_env
+from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
+from fadrm_ray.events import LedgerEvent, append_event
+from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
+from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
+from fadrm_ray.store import RunStore
 
 
 @contextlib.contextmanager
@@ -78,21 +79,18 @@ class _Task:
 
 
 class Coordinator:
-    """Plans a run and schedules its stages on DistillWorker actors.
+    """The Ray executor of `fadrm_ray.distill.run_job`: schedules a job's stages on DistillWorker
+    actors, retries lost ones, and keeps the run's ledger.
 
     The actors start as soon as the coordinator is built, so their processes import torch while
-    the driver loads the dataset and checks the teachers. `run()` stops them when it returns;
-    call `close()` instead if the run is never started.
+    the driver loads the dataset and builds the job (whose config resolves for `device_type`).
+    `execute()` stops them when it returns; call `close()` instead if no job is run.
     """
 
-    def __init__(self, cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
-                 out_root: str | Path, workers: int | None = None, cpus_per_worker: float = 1.0,
-                 gpus_per_worker: float | None = None, data_root: str | None = None,
+    def __init__(self, workers: int | None = None, cpus_per_worker: float = 1.0, gpus_per_worker: float | None = None,
                  max_attempts: int = 3, progress: bool = True, share_patches: bool = True):
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.dataset_spec, self.data_root = dataset_spec, data_root
-        self.teacher_paths = [str(p) for p in teacher_paths]
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts
@@ -100,21 +98,15 @@ class Coordinator:
         self.share_patches = share_patches  # False: every worker scores the classes it needs (bench.scaling)
         if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
             self.gpus_per_worker = gpus_per_worker = 1.0  # one worker per GPU by default
-        self.device = "cuda" if gpus_per_worker else "cpu"
+        self.device = self.device_type = "cuda" if gpus_per_worker else "cpu"
         self.workers = self._start_workers(workers or self._default_workers())
-        try:
-            self.dataset = get_dataset(dataset_spec, root=data_root)
-            # The driver checks the teachers on its CPU; the config resolves for the workers' device.
-            self.cfg, _, infos, self.store = prepare_run(cfg, self.dataset, self.teacher_paths, out_root,
-                                                         device="cpu", run_device=self.device)
-        except BaseException:
-            self.close()
-            raise
-        self.provenance = provenance(self.cfg, self.dataset, infos, self.store.run_id)
-        self.units: list[Unit] = []  # planned by run(), once it holds the run's writer lock
-        self.stages = self.cfg.k + 1
-        self.ledger_path = self.store.layout.ledger
-        self.interrupted = lambda: False  # whether Ctrl-C came during run() (interrupt_mark)
+        self.parallelism = len(self.workers)
+        self.interrupted = lambda: False  # whether Ctrl-C came during execute() (interrupt_mark)
+
+    @classmethod
+    def from_spec(cls, spec: ExecutionSpec, **options) -> "Coordinator":
+        return cls(workers=spec.workers, cpus_per_worker=spec.cpus_per_worker, gpus_per_worker=spec.gpus_per_worker,
+                   progress=spec.progress, **options)
 
     def close(self) -> None:
         """Stop the worker actors (idempotent)."""
@@ -123,17 +115,15 @@ class Coordinator:
         self.workers, self.starting = [], {}
 
     # ------------------------------------------------------------------ ledger
-    def log(self, event: str, **fields) -> None:
-        line = json.dumps({"t": time.time(), "event": event, **fields})
-        with open(self.ledger_path, "a") as f:
-            f.write(line + "\n")
+    def log(self, event: LedgerEvent, **fields) -> None:
+        append_event(self.ledger_path, event, **fields)
 
-    def pending(self) -> tuple[list[_Task], int]:
+    def pending(self, units: list[Unit]) -> tuple[list[_Task], int]:
         """Tasks to run, rebuilt from the store, and the stages already done."""
         finished = self.store.finished_units()
         partial = latest_checkpoints(self.store)
         tasks, done = [], 0
-        for unit in self.units:
+        for unit in units:
             if unit.unit_id in finished:
                 done += self.stages
                 continue
@@ -165,63 +155,50 @@ class Coordinator:
         return workers
 
     # ------------------------------------------------------------------ run
-    def run(self) -> DistillResult:
-        """Run every unfinished stage as the run's only writer (`RunStore.session`: a second
-        command for the same run waits here, then finds the units done) and finish the manifest."""
+    def execute(self, job: DistillJob, store: RunStore, units: list[Unit], todo: list[Unit], result: DistillResult,
+                parts: JobParts | None) -> dict:
+        """Run every unfinished stage of `units` (the executor protocol of `run_job`, which holds
+        the run's lock around this)."""
         try:
-            with interrupt_mark() as self.interrupted, self.store.session(run_config(self.cfg, self.store.layout)):
-                self.units = self.plan()
-                return self._run()
+            with interrupt_mark() as self.interrupted:
+                return self._run(job, store, units, result, parts)
         finally:
             self.close()
 
-    def plan(self) -> list[Unit]:
-        """The run's units, around those it already has (finished or checkpointed): a request for
-        a larger IPC adds units for the missing IPC indices only."""
-        return plan_units(self.cfg, self.dataset.num_classes, image_size=self.dataset.image_size,
-                          workers=len(self.workers), finished=list(self.store.finished_units()),
-                          partial=checkpointed_units(self.store.layout), device_type=self.device)
-
-    def _run(self) -> DistillResult:
+    def _run(self, job: DistillJob, store: RunStore, units: list[Unit], result: DistillResult,
+             parts: JobParts | None) -> dict:
         from tqdm.auto import tqdm
 
+        self.cfg, self.store, self.stages = job.config, store, job.config.k + 1
+        self.ledger_path = store.layout.ledger
         started = time.perf_counter()
-        tasks, done_stages = self.pending()
-        result = DistillResult(self.store.run_id, self.store.run_dir, request_images(self.cfg, self.dataset.num_classes),
-                               ipc=self.cfg.ipc)
-        result.units_skipped = [u.unit_id for u in self.units if u.unit_id not in {t.unit.unit_id for t in tasks}]
+        tasks, done_stages = self.pending(units)
         # plan: every unit of this request with the stages it already has (progress reports read it).
-        plan = {u.unit_id: self.stages for u in self.units}
+        plan = {u.unit_id: self.stages for u in units}
         plan.update({t.unit.unit_id: t.stage for t in tasks})
-        self.log("run_started", units=len(self.units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
+        self.log(LedgerEvent.run_started, units=len(units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
                  resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0}, stages=self.stages, plan=plan)
         workers = self.workers[:len(tasks)]
-        try:
-            for surplus in self.workers[len(tasks):]:  # more actors than units left to run
-                ray.kill(surplus)
-            if tasks:
-                # One copy of config, dataset and teacher weights in the object store, read by every
-                # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
-                self.context = [ray.put(run_context(self.cfg, self.dataset, self.teacher_paths, self.store,
-                                                    self.provenance))]
-                if self.share_patches:
-                    self._share_patches([t.unit for t in tasks if t.stage == 0], workers, result)
-                bar = tqdm(total=len(self.units) * self.stages, initial=done_stages, unit="stage",
-                           desc=f"distill {self.store.run_id} ({len(workers)} workers)", disable=not self.progress)
-                try:
-                    self._schedule(deque(tasks), workers, bar, result)
-                finally:
-                    bar.close()
-        finally:
-            self.close()
-        seconds = time.perf_counter() - started
-        if result.units_run or not self.store.is_complete():
-            self.store.finalize({"seconds": seconds, "executor": "ray", "device": self.device, "ipc": self.cfg.ipc,
-                                 "workers": len(workers), "cpus_per_worker": self.cpus_per_worker,
-                                 "gpus_per_worker": self.gpus_per_worker})
-        self.log("run_finished", seconds=seconds)
-        result.seconds = seconds
-        return result
+        for surplus in self.workers[len(tasks):]:  # more actors than units left to run
+            ray.kill(surplus)
+        if tasks:
+            # The driver checks the dataset and teachers against the job (JobParts.load) before
+            # any worker reads them.
+            dataset = (parts or JobParts.load(job, "cpu")).dataset
+            # One copy of job, dataset and teacher weights in the object store, read by every
+            # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
+            self.context = [ray.put(RunContext.of(job, dataset))]
+            if self.share_patches:
+                self._share_patches([t.unit for t in tasks if t.stage == 0], workers, result)
+            bar = tqdm(total=len(units) * self.stages, initial=done_stages, unit="stage",
+                       desc=f"distill {store.run_id} ({len(workers)} workers)", disable=not self.progress)
+            try:
+                self._schedule(deque(tasks), workers, bar, result)
+            finally:
+                bar.close()
+        self.log(LedgerEvent.run_finished, seconds=time.perf_counter() - started)
+        return {"executor": "ray", "device": self.device, "workers": len(workers),
+                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus_per_worker}
 
     def _share_patches(self, units: list[Unit], workers: list, result: DistillResult) -> None:
         """Score each class the units need once, one task per class on the workers (the run keeps
@@ -259,9 +236,9 @@ class Coordinator:
                     worker = starting.pop(ref)
                     self.starting.pop(ref, None)
                     try:
-                        self.log("worker_started", worker=worker._actor_id.hex(), **ray.get(ref))
+                        self.log(LedgerEvent.worker_started, worker=worker._actor_id.hex(), **ray.get(ref))
                     except RayActorError as exc:
-                        self.log("worker_lost", worker=worker._actor_id.hex(), message=str(exc)[:500])
+                        self.log(LedgerEvent.worker_lost, worker=worker._actor_id.hex(), message=str(exc)[:500])
                     continue
                 if ref in probes:  # a worker that failed answers again: it restarted
                     worker = probes.pop(ref)
@@ -269,7 +246,7 @@ class Coordinator:
                         ray.get(ref)
                         idle.append(worker)
                     except RayActorError:
-                        self.log("worker_lost", worker=worker._actor_id.hex())
+                        self.log(LedgerEvent.worker_lost, worker=worker._actor_id.hex())
                     continue
                 worker, task = inflight.pop(ref)
                 try:
@@ -277,7 +254,7 @@ class Coordinator:
                 except (RayActorError, RayTaskError) as exc:
                     task.attempts += 1
                     where = {"label": task.label} if task.unit is None else {"unit": task.unit.unit_id, "stage": task.stage}
-                    self.log("stage_failed" if task.unit is not None else "patches_failed", **where,
+                    self.log(LedgerEvent.stage_failed if task.unit is not None else LedgerEvent.patches_failed, **where,
                              attempt=task.attempts, worker=worker._actor_id.hex(), error=type(exc).__name__,
                              message=str(exc)[:500])
                     if task.attempts >= self.max_attempts:
@@ -291,14 +268,14 @@ class Coordinator:
                     continue
                 if task.unit is None:
                     self.selections[reply["label"]] = reply["selection"]
-                    self.log("patches_scored", label=reply["label"], pid=reply["pid"], seconds=reply["seconds"])
+                    self.log(LedgerEvent.patches_scored, label=reply["label"], pid=reply["pid"], seconds=reply["seconds"])
                     idle.append(worker)
                     continue
                 bar.update(1)
-                self.log("stage_done", unit=task.unit.unit_id, stage=task.stage, pid=reply["pid"],
+                self.log(LedgerEvent.stage_done, unit=task.unit.unit_id, stage=task.stage, pid=reply["pid"],
                          seconds=reply["seconds"], patches_scored=reply["patches_scored"])
                 if reply["done"]:
-                    self.log("unit_done", unit=task.unit.unit_id, rows=reply["rows"], pid=reply["pid"])
+                    self.log(LedgerEvent.unit_done, unit=task.unit.unit_id, rows=reply["rows"], pid=reply["pid"])
                     result.units_run.append(task.unit.unit_id)
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
@@ -307,11 +284,24 @@ class Coordinator:
 
 
 def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequence[str | Path],
-                   out_root: str | Path, spec: ExecutionSpec | None = None) -> DistillResult:
-    """Distill through Ray: on the cluster at `spec.address`, or on an embedded local Ray."""
+                   out_root: str | Path, spec: ExecutionSpec | None = None, **options) -> DistillResult:
+    """Build the job of `cfg` and run it through Ray: on the cluster at `spec.address`, or on an
+    embedded local Ray (`options` go to the Coordinator)."""
     spec = spec or ExecutionSpec()
     with ray_session(spec.address):
-        coordinator = Coordinator(cfg, dataset_spec, teacher_paths, out_root, workers=spec.workers,
-                                  cpus_per_worker=spec.cpus_per_worker, gpus_per_worker=spec.gpus_per_worker,
-                                  data_root=spec.data_root, progress=spec.progress)
-        return coordinator.run()
+        coordinator = Coordinator.from_spec(spec, **options)
+        try:
+            # The driver checks the teachers on its CPU; the config resolves for the workers' device.
+            job, parts = prepare_job(cfg, get_dataset(dataset_spec, root=spec.data_root), dataset_spec, teacher_paths,
+                                     out_root, device="cpu", device_type=coordinator.device_type,
+                                     data_root=spec.data_root)
+        except BaseException:
+            coordinator.close()
+            raise
+        return run_job(job, coordinator, parts)
+
+
+def run_on_ray(job: DistillJob, spec: ExecutionSpec) -> DistillResult:
+    """Run a job built elsewhere (a service request) through Ray."""
+    with ray_session(spec.address):
+        return run_job(job, Coordinator.from_spec(spec))

@@ -3,7 +3,7 @@
 The actor is a plain class; `actors.coordinator` wraps it with `ray.remote` and the resource
 options of the run. Its constructor only sets up the process (threads, allocator), so actors can
 start while the driver is still planning. Everything a run needs (resolved config, dataset,
-teacher weights, store location, provenance) is one object in the object store, the *run
+teacher weights, store location, provenance) is one `RunContext` in the object store, the *run
 context*; its reference rides along with every call, and the worker unpacks it once, so a
 restarted actor simply unpacks it again on its next call. Then it runs stages of units: stage 0
 selects the unit's patches and builds its recover states, every stage ends with a checkpoint of
@@ -16,20 +16,21 @@ object-store reference beside the run context, so no worker scores a class anoth
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import torch
 
-from fadrm_ray.config import DistillConfig
-from fadrm_ray.distill import (Unit, load_teachers, run_unit_stage, save_selection, unit_records, unit_states,
-                               unit_stats)
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.distill import (Unit, frozen_teachers, provenance, run_unit_stage, save_selection, unit_records,
+                               unit_states, unit_stats)
 from fadrm_ray.fileio import atomic_write_bytes
+from fadrm_ray.job import DistillJob, JobParts
+from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState
 from fadrm_ray.runtime import process_info, tune_allocator
@@ -63,10 +64,20 @@ def latest_checkpoints(store: RunStore) -> dict[str, int]:
     return out
 
 
-def run_context(cfg: DistillConfig, dataset, teacher_paths, store: RunStore, prov: dict) -> dict:
-    """What every worker needs for one run, as one picklable object (put once, read by all)."""
-    return {"cfg": cfg.to_dict(), "dataset": dataset, "store_root": str(store.root), "run_id": store.run_id,
-            "provenance": prov, "teachers": [Path(p).read_bytes() for p in teacher_paths]}
+@dataclass(frozen=True)
+class RunContext:
+    """What every worker needs for one run, as one picklable object (put once, read by all):
+    the job, its dataset, the provenance its part files record and the teachers' bytes (a node
+    need not see the driver's files)."""
+
+    job: DistillJob
+    dataset: ImageDataset
+    provenance: dict
+    teacher_blobs: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, job: DistillJob, dataset: ImageDataset) -> "RunContext":
+        return cls(job, dataset, provenance(job, dataset), tuple(Path(p).read_bytes() for p in job.teacher_paths))
 
 
 class DistillWorker:
@@ -92,17 +103,14 @@ class DistillWorker:
         key = ref.hex()
         if key == self.context_key:
             return
-        ctx = ray.get(ref)
-        self.cfg = DistillConfig.from_dict(ctx["cfg"])
-        self.dataset = ctx["dataset"]
-        self.store = RunStore(ctx["store_root"], ctx["run_id"])
-        self.provenance = ctx["provenance"]
-        with tempfile.TemporaryDirectory(prefix="fadrm-teachers-") as folder:
-            paths = []
-            for blob in ctx["teachers"]:
-                paths.append(Path(folder) / f"{hashlib.sha256(blob).hexdigest()[:16]}.pt")
-                paths[-1].write_bytes(blob)
-            self.teachers, _ = load_teachers(paths, self.dataset, self.cfg, self.device)
+        ctx: RunContext = ray.get(ref)
+        self.cfg = ctx.job.config
+        self.dataset = ctx.dataset
+        self.store = RunStore(ctx.job.store, ctx.job.run_id)
+        self.provenance = ctx.provenance
+        loaded = [load_teacher(ref.path, self.device, blob=blob) for ref, blob in zip(ctx.job.teachers, ctx.teacher_blobs)]
+        parts = JobParts(self.dataset, [m for m, _ in loaded], [i for _, i in loaded], self.device)
+        self.teachers = frozen_teachers(parts, self.cfg)
         self.patch_cache: dict = {}
         self.live = {}
         self.context_key, self.selections_key = key, None

@@ -31,7 +31,7 @@ from api.jobs import JobDB, JobRecord
 from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobList, Problem, Ready,
                         Report, TeacherInfo)
 from api.outputs import progress, report, write_dataset, write_imagefolder_zip, write_preview
-from api.requests import RequestInvalid, fingerprint, images_in_store, plan_request, run_dir
+from api.requests import RequestInvalid, images_in_store, plan_request, run_dir
 
 log = logging.getLogger("fadrm.api")
 TICK_S = 0.5
@@ -136,9 +136,9 @@ class Service:
                    "queued_seconds": _span(job.created_at, job.started_at or end),
                    "running_seconds": _span(job.started_at, end) if job.started_at else None}
         base = f"/v1/distillations/{job.id}"
-        return Job(id=job.id, state=job.state, run_id=plan["run_id"], dataset=plan["dataset"], teachers=plan["teachers"],
-                   classes=plan["classes"], class_names=plan["class_names"], ipc=plan["ipc"], preset=plan["preset"],
-                   seed=plan["seed"], evaluate=plan["evaluate"], reused=job.reused, progress=prog, timings=timings,
+        return Job(id=job.id, state=job.state, run_id=plan.run_id, dataset=plan.dataset, teachers=plan.teachers,
+                   classes=plan.classes, class_names=plan.class_names, ipc=plan.ipc, preset=plan.preset,
+                   seed=plan.seed, evaluate=plan.evaluate, reused=job.reused, progress=prog, timings=timings,
                    eta_seconds=eta, error=job.error,
                    links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
                           "report": f"{base}/report"})
@@ -244,7 +244,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def submit(body: DistillationRequest,
                idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
         plan = plan_request(body, service.catalog, settings)
-        key = fingerprint(plan)
+        key = plan.fingerprint()
         with service.submit_lock:
             if idempotency_key is not None and (same := service.db.by_key(idempotency_key)) is not None:
                 if same.fingerprint != key:
@@ -254,7 +254,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             existing = service.db.live_with(key)
             if existing is not None:
                 return _job_response(service.view(existing), 200)
-            if not plan["evaluate"] and images_in_store(settings, plan):
+            if not plan.evaluate and images_in_store(settings, plan):
                 job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
             else:
                 job = service.db.create(key, plan, "queued", key=idempotency_key, max_queued=settings.max_queued)

@@ -14,9 +14,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from fadrm_ray.data import ImageDataset, get_dataset
+from fadrm_ray.fileio import read_yaml_mapping
 from fadrm_ray.models import TeacherInfo, load_teacher
 
 from api.config import ServiceSettings, SettingsError
@@ -81,9 +80,7 @@ class Catalog:
 
 
 def _read_dataset_specs(path: Path) -> dict[str, str]:
-    loaded = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise SettingsError(f"FADRM_DATASETS: {path} must map dataset names to specs")
+    loaded = read_yaml_mapping(path, f"FADRM_DATASETS: {path}", SettingsError)
     specs = {}
     for name, spec in loaded.items():
         if not isinstance(name, str) or not _NAME.match(name) or not isinstance(spec, str) or not spec.strip():

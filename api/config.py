@@ -1,7 +1,8 @@
 """The service's settings: environment variables, or one YAML file naming the same keys.
 
-`fadrm serve` reads them once at start (`ServiceSettings.load`); a missing token or a bad value
-stops the start with one line naming the key. The environment wins over the file.
+`fadrm serve` reads them once at start (`ServiceSettings.load`, pydantic-settings with the prefix
+FADRM_); a missing token or a bad value stops the start with one line naming the key. The
+environment wins over the file.
 
 | key | meaning |
 |---|---|
@@ -13,17 +14,21 @@ stops the start with one line naming the key. The environment wins over the file
 | FADRM_MAX_RUNNING / _QUEUED | jobs running at once / waiting (past it: 429) |
 | FADRM_MAX_IPC / _IMAGES | the largest IPC, and classes x IPC, one request may ask for |
 | FADRM_WORKERS, FADRM_THREADS | distill actors per job, torch threads of its driver |
+| FADRM_CPUS_PER_WORKER | CPUs each distill actor reserves (default 1) |
 | FADRM_RAY_CPUS | CPUs of the local Ray head (default: this machine's) |
 | FADRM_DEVICE | cpu, or cuda (one GPU per distill actor) |
 """
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from fadrm_ray.fileio import read_yaml_mapping
 
 ENV_PREFIX = "FADRM_"
 FILE_ENV = "FADRM_SERVE_CONFIG"  # a YAML file of the keys below (also `fadrm serve --config`)
@@ -33,8 +38,33 @@ class SettingsError(ValueError):
     """A service setting that is missing or bad (one line, names the key)."""
 
 
-class ServiceSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _SettingsFile(PydanticBaseSettingsSource):
+    """The YAML settings file: the same keys as the environment (`FADRM_STORE` or `store`)."""
+
+    def __init__(self, settings_cls, path: Path):
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field, field_name):  # the whole file is read in __call__
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        out = {}
+        for key, value in read_yaml_mapping(self.path, f"settings file {self.path}", SettingsError).items():
+            name = str(key).lower().removeprefix(ENV_PREFIX.lower())
+            if name not in self.settings_cls.model_fields:
+                raise SettingsError(f"settings file {self.path}: unknown key {key}")
+            out[name] = value
+        return out
+
+
+_FILE: ContextVar[Path | None] = ContextVar("fadrm_settings_file", default=None)
+
+
+class ServiceSettings(BaseSettings):
+    # Environment variables first, then the file (pydantic-settings' sources, in that order).
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, case_sensitive=False,
+                                      env_ignore_empty=True)
 
     api_token: str = Field(min_length=16, repr=False)
     store: Path
@@ -46,6 +76,7 @@ class ServiceSettings(BaseModel):
     max_ipc: int = Field(50, ge=1)
     max_images: int = Field(2000, ge=1)
     workers: int | None = Field(None, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
     threads: int = Field(1, ge=1)
     ray_cpus: int | None = Field(None, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -57,45 +88,33 @@ class ServiceSettings(BaseModel):
         return self.store / ".fadrm-api"
 
     @classmethod
-    def load(cls, config_file: str | os.PathLike | None = None, environ: dict | None = None) -> "ServiceSettings":
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        config_file = config_file or environ.get(FILE_ENV)
-        if config_file:
-            values.update(_read_file(Path(config_file)))
-        for name in cls.model_fields:
-            raw = environ.get(ENV_PREFIX + name.upper())
-            if raw not in (None, ""):
-                values[name] = raw
-        if not values.get("api_token"):
-            raise SettingsError("FADRM_API_TOKEN is not set: the service refuses to start without a token")
-        for name in ("store", "teachers"):
-            if not values.get(name):
-                raise SettingsError(f"FADRM_{name.upper()} is not set")
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        path = _FILE.get()
+        return (init_settings, env_settings, *((_SettingsFile(settings_cls, path),) if path else ()))
+
+    @classmethod
+    def load(cls, config_file: str | os.PathLike | None = None) -> "ServiceSettings":
+        """The settings from the environment and the file (`config_file`, else $FADRM_SERVE_CONFIG),
+        or SettingsError naming the key."""
+        config_file = config_file or os.environ.get(FILE_ENV)
+        token = _FILE.set(Path(config_file) if config_file else None)
         try:
-            settings = cls.model_validate(values)
+            settings = cls()
         except ValidationError as exc:
             err = exc.errors()[0]
-            key = ENV_PREFIX + str(err["loc"][0]).upper() if err["loc"] else "settings"
-            shown = "(hidden)" if key == "FADRM_API_TOKEN" else repr(err.get("input"))
+            name = str(err["loc"][0]) if err["loc"] else ""
+            key = ENV_PREFIX + name.upper() if name else "settings"
+            if err["type"] == "missing":
+                if name == "api_token":
+                    raise SettingsError("FADRM_API_TOKEN is not set: the service refuses to start without a token") from None
+                raise SettingsError(f"{key} is not set") from None
+            shown = "(hidden)" if name == "api_token" else repr(err.get("input"))
             raise SettingsError(f"{key}: {err['msg']}, got {shown}") from None
+        finally:
+            _FILE.reset(token)
         if not settings.teachers.is_dir():
             raise SettingsError(f"FADRM_TEACHERS: {settings.teachers} is not a folder")
         if settings.datasets is not None and not settings.datasets.is_file():
             raise SettingsError(f"FADRM_DATASETS: {settings.datasets} is not a file")
         return settings
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SettingsError(f"settings file {path} does not exist")
-    loaded = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise SettingsError(f"settings file {path} must hold a mapping of KEY: value")
-    out = {}
-    for key, value in loaded.items():
-        name = str(key).lower().removeprefix(ENV_PREFIX.lower())
-        if name not in ServiceSettings.model_fields:
-            raise SettingsError(f"settings file {path}: unknown key {key}")
-        out[name] = value
-    return out

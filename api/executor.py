@@ -28,11 +28,13 @@ import time
 from pathlib import Path
 
 from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.job import ExecutionSpec
 from fadrm_ray.runtime import heavy_process_env
 
 from api.config import ServiceSettings
 from api.jobs import JobDB, JobRecord
 from api.requests import images_in_store
+from api.runner import DriverInput
 
 CANCEL_GRACE_S = 10.0
 START_TIMEOUT_S = 180.0
@@ -204,9 +206,11 @@ class Executor:
         try:
             address = self.ray_address()
             files.root.mkdir(parents=True, exist_ok=True)
-            runtime = {"ray_address": address, "store": str(self.settings.store), "workers": self.settings.workers,
-                       "threads": self.settings.threads, "device": self.settings.device}
-            atomic_write_text(files.plan, json.dumps({**job.plan, "runtime": runtime}))
+            execution = ExecutionSpec(address=address, workers=self.settings.workers,
+                                      cpus_per_worker=self.settings.cpus_per_worker,
+                                      gpus_per_worker=1.0 if self.settings.device == "cuda" else 0.0,
+                                      device=self.settings.device, threads=self.settings.threads, progress=False)
+            atomic_write_text(files.plan, DriverInput(plan=job.plan, execution=execution).model_dump_json())
             env = {**_clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
             if self.local is not None:

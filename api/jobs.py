@@ -8,14 +8,14 @@ the plan, the driver's log and outcome, the dataset file, the preview.
 """
 from __future__ import annotations
 
-import json
 import secrets
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from api.requests import JobPlan
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -48,7 +48,7 @@ class JobRecord:
     idempotency_key: str | None
     state: str
     reused: bool
-    plan: dict[str, Any]
+    plan: JobPlan
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -59,7 +59,7 @@ class JobRecord:
     @classmethod
     def from_row(cls, row: tuple) -> "JobRecord":
         values = dict(zip(_COLUMNS, row))
-        values["plan"] = json.loads(values["plan"])
+        values["plan"] = JobPlan.model_validate_json(values["plan"])
         values["reused"] = bool(values["reused"])
         return cls(**values)
 
@@ -172,7 +172,7 @@ class JobDB:
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         return self._query(f"{clause}ORDER BY seq DESC LIMIT ?", (*args, limit))
 
-    def create(self, fingerprint: str, plan: dict, state: str, *, key: str | None = None,
+    def create(self, fingerprint: str, plan: JobPlan, state: str, *, key: str | None = None,
                reused: bool = False, max_queued: int | None = None) -> JobRecord | None:
         """A new job; None when `max_queued` jobs already wait (the caller answers 429). A job
         created already `succeeded` (its images were in the store) is finished at once."""
@@ -190,7 +190,7 @@ class JobDB:
             conn.execute(
                 "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, started_at, "
                 "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, fingerprint, key, state, int(reused), json.dumps(plan), now, finished, finished))
+                (job_id, fingerprint, key, state, int(reused), plan.model_dump_json(), now, finished, finished))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

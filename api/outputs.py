@@ -17,25 +17,30 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fadrm_ray.distill import Unit
+from fadrm_ray.events import LedgerEvent, read_events
 from fadrm_ray.fileio import atomic_write_bytes
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import export_imagefolder, open_run
 from fadrm_ray.store.records import part_schema
 
+if TYPE_CHECKING:
+    from api.requests import JobPlan
+
 LOSS_POINTS = 200
 
 
 # --------------------------------------------------------------------------- progress
-def progress(run_dir: Path, plan: dict, state: str, started_at: float | None) -> tuple[dict, float | None]:
+def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | None) -> tuple[dict, float | None]:
     """Stages done / total, overall and per class, from the run's ledger (the coordinator writes
     one event per stage), and an ETA from the pace since this job's run started."""
-    classes, names, stages = plan["classes"], plan["class_names"], plan["stages"]
-    per_batch = plan.get("classes_per_batch") or len(classes)
+    classes, names, stages = plan.classes, plan.class_names, plan.stages
+    per_batch = plan.classes_per_batch
     shards = [classes[i:i + per_batch] for i in range(0, len(classes), per_batch)]
     started, done_events = _ledger_since(RunLayout(run_dir).ledger, started_at) if started_at else (None, [])
     per_class = {c: [0, 0] for c in classes}
@@ -93,34 +98,26 @@ def _ledger_since(path: Path, since: float) -> tuple[dict | None, list[dict]]:
 
 def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
     started, done = None, []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None, []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if not isinstance(event, dict) or float(event.get("t", 0)) < since - 1:
+    for event in read_events(path):
+        if float(event.get("t", 0)) < since - 1:
             continue
-        if event.get("event") == "run_started":
+        if event.get("event") == LedgerEvent.run_started:
             started, done = event, []
-        elif event.get("event") == "stage_done" and started is not None:
+        elif event.get("event") == LedgerEvent.stage_done and started is not None:
             done.append(event)
     return started, done
 
 
 # --------------------------------------------------------------------------- files
-def write_dataset(run_dir: Path, plan: dict, out: Path) -> Path:
+def write_dataset(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     """The requested classes at the requested IPC as one Parquet file (module docstring)."""
-    classes, ipc = plan["classes"], plan["ipc"]
+    classes, ipc = plan.classes, plan.ipc
     reader = open_run(run_dir, ipc=ipc)
     images = reader.encoded(classes)
     losses = {(r["label"], r["ipc_index"]): (r["ce_loss"], r["bn_loss"]) for r in reader.records(classes)}
     names = reader.class_names
-    about = {"run_id": plan["run_id"], "dataset": plan["dataset"], "teachers": plan["teachers"], "ipc": ipc,
-             "classes": classes, "class_names": plan["class_names"], "preset": plan["preset"], "seed": plan["seed"]}
+    about = {"run_id": plan.run_id, "dataset": plan.dataset, "teachers": plan.teachers, "ipc": ipc,
+             "classes": classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed}
     table = pa.Table.from_pydict(
         {
             "image": [{"bytes": png, "path": f"{names[label]}/ipc{index:05d}.png"} for label, index, png in images],
@@ -136,11 +133,11 @@ def write_dataset(run_dir: Path, plan: dict, out: Path) -> Path:
     return atomic_write_bytes(out, sink.getvalue().to_pybytes())
 
 
-def write_imagefolder_zip(run_dir: Path, plan: dict, out: Path) -> Path:
+def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     """The same images as a zip of an ImageFolder (`fadrm export --format imagefolder`)."""
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".imagefolder-") as tmp:
         folder = Path(tmp) / "imagefolder"
-        export_imagefolder(run_dir, folder, plan["classes"], ipc=plan["ipc"])
+        export_imagefolder(run_dir, folder, plan.classes, ipc=plan.ipc)
         partial = Path(tmp) / "out.zip"
         with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as zf:
             for path in sorted(folder.rglob("*")):
@@ -150,17 +147,17 @@ def write_imagefolder_zip(run_dir: Path, plan: dict, out: Path) -> Path:
     return out
 
 
-def write_preview(run_dir: Path, plan: dict, out: Path) -> Path:
+def write_preview(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     """The image grid of the request: its classes, IPC indices 0..ipc-1 (at most 20 of each)."""
     from fadrm_ray.report import write_grid
 
     partial = out.with_name(f".{out.name}.{os.getpid()}.png")
-    write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan["ipc"], 20))
+    write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan.ipc, 20))
     os.replace(partial, out)
     return out
 
 
-def report(run_dir: Path, plan: dict, evaluation_file: Path) -> dict:
+def report(run_dir: Path, plan: "JobPlan", evaluation_file: Path) -> dict:
     """Recover losses (averaged over the run's units, at most LOSS_POINTS points each) and the
     evaluation when the job made one."""
     from fadrm_ray.report import loss_curves
@@ -183,7 +180,7 @@ def report(run_dir: Path, plan: dict, evaluation_file: Path) -> dict:
         keys = ("student", "top1_mean", "top1_std", "top1_per_seed", "seeds", "epochs", "config", "baselines",
                 "gains", "paired_gains")
         evaluation = clean({k: full.get(k) for k in keys if k in full})
-    return {"run_id": plan["run_id"], "ipc": plan["ipc"], "losses": losses, "evaluation": evaluation}
+    return {"run_id": plan.run_id, "ipc": plan.ipc, "losses": losses, "evaluation": evaluation}
 
 
 def finite(value) -> float | None:

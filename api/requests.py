@@ -2,20 +2,21 @@
 
 Everything a request names is checked against what the operator offers (datasets, teachers,
 classes by index or name) and the service's limits, then its settings are built the way the
-CLI builds them (`make_config`: preset -> overrides -> ipc/classes/seed) and resolved for the
-dataset, so a bad value fails here as a 422 naming the field, before any job exists. The plan
-records the run id the store will use (`make_run_id`), which makes a repeated request find its
-images: a run that holds them at the same or a larger IPC is served at once.
+CLI builds them (`make_config`: preset -> overrides -> ipc/classes/seed) and built into the
+job the driver will run (`build_job`: resolved for the dataset, run id computed), so a bad
+value fails here as a 422 naming the field, before any job record exists. The run id makes a
+repeated request find its images: a run that holds them at the same or a larger IPC is served
+at once.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import ConfigError, make_config
-from fadrm_ray.distill import make_run_id
+from fadrm_ray.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import StoreError, open_run
@@ -36,8 +37,44 @@ class RequestInvalid(ValueError):
         super().__init__(message)
 
 
-def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings) -> dict[str, Any]:
-    """The plan of a request (JSON-ready), or RequestInvalid."""
+class JobPlan(BaseModel):
+    """What the service records for a job and its driver runs: the job (built once, here) and
+    what the request named, in the request's own terms (catalog names, class order)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    job: DistillJob
+    dataset: str                 # the catalog's name
+    teachers: list[str]          # the catalog's names
+    classes: list[int]
+    class_names: list[str]
+    ipc: int
+    preset: str
+    seed: int
+    evaluate: bool
+    evaluation: EvalConfig | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.job.run_id
+
+    @property
+    def stages(self) -> int:
+        return self.job.config.k + 1
+
+    @property
+    def classes_per_batch(self) -> int:
+        return self.job.config.classes_per_batch or len(self.classes)
+
+    def fingerprint(self) -> str:
+        """Same images and same evaluation -> same job."""
+        key = {"run_id": self.run_id, "ipc": self.ipc, "classes": self.classes, "evaluate": self.evaluate,
+               "evaluation": None if self.evaluation is None else self.evaluation.model_dump(mode="json")}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings) -> JobPlan:
+    """The plan of a request, or RequestInvalid: the settings validated once (`make_config`),
+    resolved once and the run id computed once (`build_job`)."""
     try:
         dataset = catalog.dataset(body.dataset)
     except UnknownName as exc:
@@ -63,62 +100,40 @@ def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceS
     for key in body.overrides:
         if key in _TOP_LEVEL:
             raise RequestInvalid(("overrides", key), f"overrides.{key}: set {key} as a field of the request itself")
-    try:
-        cfg = make_config(body.preset, overrides=dict(body.overrides), ipc=body.ipc, classes=classes, seed=body.seed)
-        resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, settings.device)
-    except ConfigError as exc:
-        raise RequestInvalid(("overrides", _field_of(str(exc))), f"overrides: {exc}") from None
     if body.preset == "fadrm+" and len(teachers) < 2:
         raise RequestInvalid("teachers", "preset fadrm+ needs at least two teachers (teachers: [a, b])")
     try:
-        evaluation = EvalConfig.model_validate(dict(body.evaluation)).model_dump(mode="json") if body.evaluate else None
+        cfg = make_config(body.preset, overrides=dict(body.overrides), ipc=body.ipc, classes=classes, seed=body.seed)
+        job = build_job(cfg, dataset, catalog.dataset_specs[body.dataset], [t.info for t in teachers],
+                        settings.store, settings.device)
     except ConfigError as exc:
-        raise RequestInvalid(("evaluation", _field_of(str(exc))), f"evaluation: {exc}") from None
+        raise RequestInvalid(("overrides", _field_of(str(exc))), f"overrides: {exc}") from None
     if body.evaluation and not body.evaluate:
         raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
-    run_id = make_run_id(resolved, dataset.fingerprint(), [t.info.sha256 for t in teachers])
-    return {
-        "dataset": body.dataset,
-        "dataset_spec": catalog.dataset_specs[body.dataset],
-        "teachers": [t.name for t in teachers],
-        "teacher_paths": [str(t.path) for t in teachers],
-        "teacher_sha256": [t.info.sha256 for t in teachers],
-        "classes": classes,
-        "class_names": [str(dataset.class_names[c]) for c in classes],
-        "all_class_names": [str(n) for n in dataset.class_names],
-        "ipc": body.ipc,
-        "preset": body.preset,
-        "seed": body.seed,
-        "config": cfg.to_dict(),
-        "stages": resolved.k + 1,
-        "classes_per_batch": resolved.classes_per_batch,
-        "run_id": run_id,
-        "evaluate": body.evaluate,
-        "evaluation": evaluation,
-    }
+    try:
+        evaluation = EvalConfig.model_validate(dict(body.evaluation)) if body.evaluate else None
+    except ConfigError as exc:
+        raise RequestInvalid(("evaluation", _field_of(str(exc))), f"evaluation: {exc}") from None
+    return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers], classes=classes,
+                   class_names=[str(dataset.class_names[c]) for c in classes], ipc=body.ipc, preset=body.preset,
+                   seed=body.seed, evaluate=body.evaluate, evaluation=evaluation)
 
 
-def fingerprint(plan: dict) -> str:
-    """Same images and same evaluation -> same job."""
-    key = {k: plan[k] for k in ("run_id", "ipc", "classes", "evaluate", "evaluation")}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+def run_dir(settings: ServiceSettings, plan: JobPlan) -> Path:
+    return settings.store / plan.run_id
 
 
-def run_dir(settings: ServiceSettings, plan: dict) -> Path:
-    return settings.store / plan["run_id"]
-
-
-def images_in_store(settings: ServiceSettings, plan: dict) -> bool:
+def images_in_store(settings: ServiceSettings, plan: JobPlan) -> bool:
     """True when the store's run is complete and holds IPC indices 0..ipc-1 of every class asked
     for (checked against its manifests as it is read)."""
     path = run_dir(settings, plan)
     if not path.is_dir():
         return False
     try:
-        held = open_run(path, ipc=plan["ipc"]).info()["images_per_class"]
+        held = open_run(path, ipc=plan.ipc).info()["images_per_class"]
     except StoreError:
         return False
-    return all(held.get(c, 0) >= plan["ipc"] for c in plan["classes"])
+    return all(held.get(c, 0) >= plan.ipc for c in plan.classes)
 
 
 def _teacher_names(body: DistillationRequest) -> list[str]:

@@ -1,8 +1,9 @@
 """The driver of one service job: `python -m api.runner JOB_DIR`.
 
 The service starts it as a process of its own session, so it outlives a restart of the HTTP
-process. It reads the job's plan, distills through the coordinator on the Ray cluster the plan
-names (`actors.coordinator.distill_on_ray`), evaluates when asked, and ends by writing the
+process. It reads the job the request built (`DriverInput`: the plan and its execution spec),
+runs it through the coordinator on the Ray cluster the spec names (`actors.coordinator.run_on_ray`;
+the job is neither resolved again nor given a new run id), evaluates when asked, and ends by writing the
 job's outcome file once: succeeded (with the result), failed (with one line saying why) or
 cancelled. SIGTERM (a cancel) stops the run: the coordinator's cleanup kills its actors and
 leaves the Ray session, and finished units stay in the store for a later request.
@@ -16,9 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.job import ExecutionSpec
 
 from api.jobs import JobFiles
+from api.requests import JobPlan
 
 
 class Cancelled(BaseException):
@@ -29,29 +34,30 @@ def _on_sigterm(signum, frame):
     raise Cancelled()
 
 
-def run(files: JobFiles) -> dict:
-    from actors.coordinator import distill_on_ray
-    from fadrm_ray.config import DistillConfig
-    from fadrm_ray.runtime import ExecutionSpec, torch_threads
+class DriverInput(BaseModel):
+    """What the service hands a job's driver (`JobFiles.plan`): the plan, built and checked at
+    request time, and how to run it."""
 
-    plan = json.loads(files.plan.read_text())
-    runtime = plan["runtime"]
-    cfg = DistillConfig.from_dict(plan["config"])
-    spec = ExecutionSpec(address=runtime["ray_address"], workers=runtime["workers"], cpus_per_worker=1.0,
-                         gpus_per_worker=1.0 if runtime["device"] == "cuda" else 0.0, progress=False)
-    with torch_threads(runtime["threads"]):
-        result = distill_on_ray(cfg, plan["dataset_spec"], plan["teacher_paths"], runtime["store"], spec)
-        if result.run_id != plan["run_id"]:
-            raise RuntimeError(f"the run id is {result.run_id}, the service planned {plan['run_id']}: "
-                               f"a teacher or the dataset changed since the request")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    plan: JobPlan
+    execution: ExecutionSpec
+
+
+def run(files: JobFiles) -> dict:
+    from actors.coordinator import run_on_ray
+    from fadrm_ray.runtime import torch_threads
+
+    given = DriverInput.model_validate_json(files.plan.read_text())
+    plan, spec = given.plan, given.execution
+    with torch_threads(spec.threads):
+        result = run_on_ray(plan.job, spec)
         outcome = {"state": "succeeded", "result": result.to_dict()}
-        if plan["evaluate"]:
+        if plan.evaluate:
             from fadrm_ray.evaluate import evaluate_run
-            from fadrm_ray.settings import EvalConfig
             from fadrm_ray.store import to_plain
 
-            evaluation = evaluate_run(result.run_dir, EvalConfig.model_validate(plan["evaluation"]), ipc=plan["ipc"],
-                                      num_threads=runtime["threads"], progress=False)
+            evaluation = evaluate_run(result.run_dir, plan.evaluation, ipc=plan.ipc, num_threads=spec.threads,
+                                      progress=False)
             evaluation = {k: v for k, v in evaluation.items() if k != "model"}
             atomic_write_text(files.evaluation, json.dumps(to_plain(evaluation)))
     return outcome

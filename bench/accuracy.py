@@ -25,11 +25,11 @@ augmentation stream).
 Cells run in parallel, `--jobs` processes of `--threads` torch threads each (default: one
 single-threaded process per CPU); every cell is deterministic, so the table does not depend on
 the job count. `--set KEY=VALUE` overrides the recover config of every distilled method (for
-example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in the
-README); such runs get their own run ids and cache entries.
+example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in
+docs/benchmarks/accuracy.md); such runs get their own run ids and cache entries.
 
 `--datasets` also takes any dataset spec, such as the `parquet:PATH` of a Fashion-MNIST sample
-that `python -m bench.fashion_sample` writes (grey clothing photos: harder than the digits);
+that `python -m fadrm_ray.data.fashion_sample` writes (grey clothing photos: harder than the digits);
 such datasets take mnist-sample's budgets and teacher epochs (`--teacher-epochs` overrides).
 
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table and,
@@ -78,7 +78,7 @@ TEACHER_EPOCHS = {"full": {"digits": 15, "mnist-sample": 8}, "quick": {"digits":
 
 def per_dataset(table: dict, mode: str, dataset: str) -> int:
     """A BUDGETS or TEACHER_EPOCHS entry; any other dataset (a `parquet:PATH` such as
-    bench.fashion_sample's) takes mnist-sample's."""
+    fadrm_ray.data.fashion_sample's) takes mnist-sample's."""
     return table[mode].get(dataset, table[mode]["mnist-sample"])
 
 

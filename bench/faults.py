@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from bench import fault_inject
 from fadrm_ray.cli import main as cli_main
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run
+from tests import fault_inject
 
 COLUMNS = ["during", "info", "export folder", "export pt", "read()", "evaluate", "parquet:", "verify",
            "rerun distill", "verify --repair"]
@@ -234,7 +234,7 @@ class Bench:
     def killed_worker(self) -> dict:
         from actors.coordinator import distill_on_ray
         from fadrm_ray.config import make_config
-        from fadrm_ray.runtime import ExecutionSpec
+        from fadrm_ray.job import ExecutionSpec
 
         reference = self.long_run()
         store = self.work / "killed-worker"

@@ -18,7 +18,7 @@ Sections (each prints a table; all of them by default):
   Ray started once in this process (its start is not counted), so that the Ray overhead and the
   2-worker speed-up are those of the coordinator and workers alone.
 - patches: 2 workers, the real patches scored once per class and shared (the default) against
-  every worker scoring the classes it needs (Coordinator(share_patches=False)): the time saved.
+  every worker scoring the classes it needs (distill_on_ray(..., share_patches=False)): the time saved.
 - omp: recover iterations/s of `fadrm distill --dataset digits --preset fadrm --ipc 2 --local`,
   idle and beside one busy single-threaded process, before (FADRM_DEFAULT_OMP=1: OpenMP's
   spinning threads) and after (the passive policy every heavy process now starts with).
@@ -124,7 +124,8 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
     import ray
     import torch
 
-    from actors.coordinator import Coordinator
+    from actors.coordinator import distill_on_ray
+    from fadrm_ray.job import ExecutionSpec
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
     from fadrm_ray.distill import distill_local
@@ -141,8 +142,8 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
         store = work / f"ray{count}"
         shutil.rmtree(store, ignore_errors=True)
         t0 = time.perf_counter()
-        run = Coordinator(make_config("fadrm", overrides=overrides), name, [teacher], store, workers=count,
-                          cpus_per_worker=1, progress=False, share_patches=share).run()
+        run = distill_on_ray(make_config("fadrm", overrides=overrides), name, [teacher], store,
+                             ExecutionSpec(workers=count, cpus_per_worker=1, progress=False), share_patches=share)
         wall = time.perf_counter() - t0
         inside = sum(e["seconds"] for e in events(run.run_dir, "stage_done"))
         scoring = sum(e["seconds"] for e in events(run.run_dir, "patches_scored"))

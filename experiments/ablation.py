@@ -1,6 +1,6 @@
 """What moves FADRM's accuracy at small scale: one knob at a time, against the two baselines.
 
-    python -m bench.ablation [--setting mnist-sample|digits|mnist32] [--protocol short|published]
+    python -m experiments.ablation [--setting mnist-sample|digits|mnist32] [--protocol short|published]
                              [--ipc 10] [--only NAME ...] [--jobs N] [--teacher PATH] [--json]
 
 Each row is a variant of the fadrm preset (docs/method.md sections 2-4) distilled into one store

@@ -1,6 +1,6 @@
 """Are recovered images worse in themselves, or only under the teacher that recovered them?
 
-    python -m bench.cross_labels --grids DIR_A,DIR_B [--ipc 10] [--methods random-real,patches,fadrm]
+    python -m experiments.cross_labels --grids DIR_A,DIR_B [--ipc 10] [--methods random-real,patches,fadrm]
                                  [--seeds 5] [--protocol published] [--out DIR] [--json]
 
 Each DIR is the output folder of a `bench.accuracy` run (its accuracy.json, store/ and t1

@@ -1,6 +1,6 @@
 """The paper's claims about ARC, at small scale (docs/method.md sections 4 and 6).
 
-    python -m bench.diagnostics [--dataset digits] [--budgets 0,100,300,1000,3000] [--set KEY=VALUE] [--quick] [--json]
+    python -m experiments.diagnostics [--dataset digits] [--budgets 0,100,300,1000,3000] [--set KEY=VALUE] [--quick] [--json]
 
 1. Information vanishing: student top-1 against the total recover budget, with ARC (fadrm) and
    without (sre2l++ at the same precision), IPC 10, the same teacher, student and protocol as
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
+from experiments.arc_diagnostics import arc_merge_effect, information_vanishing
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
-from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing
 from fadrm_ray.evaluate import epochs_for_steps
 from fadrm_ray.settings import EvalConfig
 

@@ -1,6 +1,6 @@
 """Does the direction of recover's change matter, or only its size?
 
-    python -m bench.perturbation --run STORE/RUN_ID [--ipc 1] [--seeds 5] [--protocol published]
+    python -m experiments.perturbation --run STORE/RUN_ID [--ipc 1] [--seeds 5] [--protocol published]
 
 With P the run's starting patches (its config at zero iterations, distilled beside it as
 `fadrm evaluate` does) and d = x - P what recover added to each image, four sets are scored by

@@ -1,6 +1,6 @@
 """Does the image representation decide how far recover moves images from their patches?
 
-    python -m bench.representation [--variants paper,defaults] [--quick] [--out DIR] [--json]
+    python -m experiments.representation [--variants paper,defaults] [--quick] [--out DIR] [--json]
 
 The published 32-px digits run fed 3-channel copies of the digits normalized with CIFAR-10's
 mean and std and scored its images after conversion to grey; this project optimizes one grey

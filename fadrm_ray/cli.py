@@ -24,11 +24,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from fadrm_ray.runtime import ExecutionSpec, ensure_process_env, torch_threads
+from fadrm_ray.runtime import ensure_process_env, torch_threads
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
     from fadrm_ray.distill import DistillResult
+    from fadrm_ray.job import ExecutionSpec
 
     # ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec) -> DistillResult
     RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
@@ -66,7 +67,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
-def execution_spec(args) -> ExecutionSpec:
+def execution_spec(args) -> "ExecutionSpec":
+    from fadrm_ray.job import ExecutionSpec
+
     return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
                          device=args.device, threads=args.threads, data_root=getattr(args, "data_root", None),
@@ -167,7 +170,8 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
             import torch
             torch.set_num_threads(spec.threads)
         dataset = get_dataset(args.dataset, root=spec.data_root)
-        result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress)
+        result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress,
+                              dataset_spec=args.dataset, data_root=spec.data_root)
     else:
         result = _needs_ray(ray_distill)(cfg, args.dataset, args.teacher, args.out, spec)
     from fadrm_ray.runtime import process_info

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Sequence
 import yaml
 from pydantic import Field, model_validator
 
+from fadrm_ray.fileio import read_yaml_mapping
 from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indices, ScaleRange, Settings, layered
 
 
@@ -42,7 +43,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
 }
 
-# Resolution-aware defaults (README, "Accuracy on small images"): field -> (value below
+# Resolution-aware defaults (docs/benchmarks/accuracy.md, "Accuracy on small images"): field -> (value below
 # SMALL_IMAGE px, value at or above). Large images get the published recover settings. On the
 # small offline datasets those settings move the images far from their patches and train worse
 # students than the patches themselves; smaller steps, larger crops and whole lowest-CE images
@@ -241,23 +242,13 @@ def make_config(preset: str = "fadrm", config_file: str | Path | None = None,
     The layers are merged into one mapping and validated once."""
     values: dict[str, Any] = {"preset": preset, **PRESETS.get(preset, {})}
     if config_file is not None:
-        loaded = _read_yaml_mapping(config_file)
+        loaded = read_yaml_mapping(config_file, f"config file {config_file}", ConfigError)
         if "preset" in loaded and loaded["preset"] != preset:  # the file names its own preset: start from it
             values = {"preset": loaded["preset"], **PRESETS.get(loaded["preset"], {})}
         values.update(loaded)
     if not isinstance(overrides, dict):
         overrides = parse_overrides(overrides or [])
     return layered(DistillConfig, values, overrides, flags=flags)
-
-
-def _read_yaml_mapping(config_file: str | Path) -> dict[str, Any]:
-    path = Path(config_file)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    loaded = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of key: value")
-    return loaded
 
 
 def parse_overrides(items: Sequence[str], model: type[Settings] = DistillConfig) -> dict[str, Any]:

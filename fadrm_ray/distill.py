@@ -19,15 +19,17 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
+from pydantic import BaseModel, Field
 
 from fadrm_ray import __version__
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.job import DistillJob, JobParts, prepare_job
 from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.packing import block_size, pack_limit, split_evenly
@@ -133,30 +135,36 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def frozen_teachers(parts: JobParts, cfg: DistillConfig) -> list[FrozenTeacher]:
+    """The job's teacher models, frozen for recover on the parts' device."""
+    return [FrozenTeacher(model.to(parts.device), in_chans=info.in_chans, first_bn_weight=cfg.first_bn_weight)
+            for model, info in zip(parts.models, parts.infos)]
+
+
 def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: DistillConfig,
                   device: str = "cpu") -> tuple[list[FrozenTeacher], list[TeacherInfo]]:
     """Load, check against the dataset (class order, size, channels) and freeze each teacher."""
     if not paths:
         raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
-    teachers, infos = [], []
+    models, infos = [], []
     for path in paths:
         model, info = load_teacher(path, device=device)
         check_teacher_fits(info, dataset)
-        teachers.append(FrozenTeacher(model.to(device), in_chans=info.in_chans, first_bn_weight=cfg.first_bn_weight))
+        models.append(model)
         infos.append(info)
-    return teachers, infos
+    return frozen_teachers(JobParts(dataset, models, infos, device), cfg), infos
 
 
-def provenance(cfg: DistillConfig, dataset: ImageDataset, infos: Sequence[TeacherInfo], run_id: str) -> dict:
+def provenance(job: DistillJob, dataset: ImageDataset) -> dict:
     """What every part file records about how it was made."""
     return {
-        "run_id": run_id,
-        "config": cfg.to_dict(),
+        "run_id": job.run_id,
+        "config": job.config.to_dict(),
         "dataset": {k: v for k, v in dataset.describe().items() if k != "class_names"},
         "class_map": {i: name for i, name in enumerate(dataset.class_names)},
-        "teachers": [{"path": str(i.path), "sha256": i.sha256, "model": i.model_name,
-                      "test_accuracy": i.test_accuracy} for i in infos],
-        "seed": cfg.seed,
+        "teachers": [{"path": t.path, "sha256": t.sha256, "model": t.model, "test_accuracy": t.test_accuracy}
+                     for t in job.teachers],
+        "seed": job.config.seed,
         "code_version": __version__,
     }
 
@@ -272,37 +280,23 @@ def prepare_patches(store: RunStore, units: Sequence[Unit], cfg: DistillConfig, 
     return cache, fresh, time.perf_counter() - started
 
 
-@dataclass
-class DistillResult:
+class DistillResult(BaseModel):
+    """What running a job did (`run_job`)."""
+
     run_id: str
     run_dir: Path
     images: int                  # images of this request: every class at IPC indices [0, ipc)
-    units_run: list[str] = field(default_factory=list)
-    units_skipped: list[str] = field(default_factory=list)
+    units_run: list[str] = Field(default_factory=list)
+    units_skipped: list[str] = Field(default_factory=list)
     seconds: float = 0.0
     ipc: int | None = None       # the IPC asked for; read the run at it with open_run(run_dir, ipc=ipc)
 
     def to_dict(self) -> dict:
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "images": self.images, "ipc": self.ipc,
-                "units_run": self.units_run, "units_skipped": self.units_skipped, "seconds": self.seconds}
+        return self.model_dump(mode="json")
 
 
 def request_images(cfg: DistillConfig, num_classes: int) -> int:
     return len(cfg.classes if cfg.classes is not None else range(num_classes)) * cfg.ipc
-
-
-def prepare_run(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
-                out_root: str | Path, device: str = "cpu", run_device: str | None = None):
-    """Resolve the config for this dataset and the device the run uses (`run_device`, default
-    `device`), load the teachers on `device`, open the run's store."""
-    if cfg.preset == "fadrm+" and len(teacher_paths) < 2:
-        raise ValueError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
-    cfg = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip,
-                      torch.device(run_device or device).type)
-    teachers, infos = load_teachers(teacher_paths, dataset, cfg, device)
-    run_id = make_run_id(cfg, dataset.fingerprint(), [i.sha256 for i in infos])
-    store = RunStore(out_root, run_id)  # written in a `store.session`, which holds the run's lock
-    return cfg, teachers, infos, store
 
 
 def run_config(cfg: DistillConfig, layout: RunLayout) -> dict:
@@ -321,36 +315,85 @@ def run_config(cfg: DistillConfig, layout: RunLayout) -> dict:
     return {**cfg.to_dict(), "ipc": ipc}
 
 
-def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
-                  out_root: str | Path, device: str | None = None, progress: bool = True) -> DistillResult:
-    """Run every unfinished unit of a run in this process (`fadrm distill --local`)."""
-    from tqdm.auto import tqdm
+# --------------------------------------------------------------------------- running a job
+class Executor(Protocol):
+    """Runs the units of a job: `LocalExecutor` in this process, `actors.coordinator.RayExecutor`
+    on Ray actors. `run_job` owns everything else (the lock, the plan, the manifest)."""
 
+    parallelism: int      # workers: units are cut so that each gets work (plan_units)
+    device_type: str      # what the job's config must be resolved for
+
+    def execute(self, job: DistillJob, store: RunStore, units: list[Unit], todo: list[Unit], result: DistillResult,
+                parts: JobParts | None) -> dict:
+        """Run `todo` (of the request's `units`), appending each finished unit to
+        `result.units_run`; returns what the run manifest records about the execution."""
+        ...
+
+
+def run_job(job: DistillJob, executor: Executor, parts: JobParts | None = None) -> DistillResult:
+    """Run a job as the run's only writer: hold the run's lock (`RunStore.session`; a second
+    writer waits here, then finds the units done), plan the units around those the run has,
+    execute the rest, finish the manifest. `parts`: what building the job loaded in this process."""
+    if job.device_type != executor.device_type:
+        raise ValueError(f"the job was resolved for {job.device_type}, but this executor runs on "
+                         f"{executor.device_type}")
     tune_allocator()
     started = time.perf_counter()
-    device = device or default_device()
-    cfg, teachers, infos, store = prepare_run(cfg, dataset, teacher_paths, out_root, device)
-    prov = provenance(cfg, dataset, infos, store.run_id)
+    cfg = job.config
+    store = RunStore(job.store, job.run_id)
     with store.session(run_config(cfg, store.layout)):
         # Planned after the lock: a writer we waited for may have added units, or done them all.
         done = store.finished_units()
-        units = plan_units(cfg, dataset.num_classes, image_size=dataset.image_size, finished=list(done),
-                           partial=checkpointed_units(store.layout), device_type=torch.device(device).type)
+        units = plan_units(cfg, job.num_classes, image_size=job.image_size, workers=executor.parallelism,
+                           finished=list(done), partial=checkpointed_units(store.layout),
+                           device_type=executor.device_type)
         todo = [u for u in units if u.unit_id not in done]
-        result = DistillResult(store.run_id, store.run_dir, request_images(cfg, dataset.num_classes),
+        result = DistillResult(run_id=job.run_id, run_dir=store.run_dir, images=request_images(cfg, job.num_classes),
                                units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc)
-        # Every class's patches are scored once, before any unit, and kept in the run.
-        cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, device)
-        steps = steps_of(todo, cfg)
-        with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it",
-                  disable=not progress or steps == 0) as bar:
-            for unit in todo:
-                records, stats = distill_unit(unit, cfg, dataset, teachers, device, bar.update, cache)
-                store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
-                result.units_run.append(unit.unit_id)
+        stats = executor.execute(job, store, units, todo, result, parts)
         result.seconds = time.perf_counter() - started
         if result.units_run or not store.is_complete():
-            store.finalize({"seconds": result.seconds, "executor": "local", "device": device, "ipc": cfg.ipc,
-                            "threads": torch.get_num_threads(), "pid": os.getpid(),
-                            "patch_seconds": patch_seconds, "patches_scored": len(scored_now)})
+            store.finalize({"seconds": result.seconds, "ipc": cfg.ipc, **stats})
     return result
+
+
+class LocalExecutor:
+    """Every unit in this process, one after another (`fadrm distill --local`, a Tune trial)."""
+
+    parallelism = 1
+
+    def __init__(self, device: str | None = None, progress: bool = True):
+        self.device = device or default_device()
+        self.device_type = torch.device(self.device).type
+        self.progress = progress
+
+    def execute(self, job: DistillJob, store: RunStore, units: list[Unit], todo: list[Unit], result: DistillResult,
+                parts: JobParts | None) -> dict:
+        from tqdm.auto import tqdm
+
+        parts = (parts or JobParts.load(job, self.device)).on(self.device)
+        cfg, dataset = job.config, parts.dataset
+        teachers = frozen_teachers(parts, cfg)
+        prov = provenance(job, dataset)
+        # Every class's patches are scored once, before any unit, and kept in the run.
+        cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, self.device)
+        steps = steps_of(todo, cfg)
+        with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it",
+                  disable=not self.progress or steps == 0) as bar:
+            for unit in todo:
+                records, stats = distill_unit(unit, cfg, dataset, teachers, self.device, bar.update, cache)
+                store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
+                result.units_run.append(unit.unit_id)
+        return {"executor": "local", "device": self.device, "threads": torch.get_num_threads(), "pid": os.getpid(),
+                "patch_seconds": patch_seconds, "patches_scored": len(scored_now)}
+
+
+def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
+                  out_root: str | Path, device: str | None = None, progress: bool = True,
+                  dataset_spec: str | None = None, data_root: str | None = None) -> DistillResult:
+    """Build the job of `cfg` and run it in this process (`fadrm distill --local`, the library's
+    own door)."""
+    executor = LocalExecutor(device, progress)
+    job, parts = prepare_job(cfg, dataset, dataset_spec or dataset.name, teacher_paths, out_root, executor.device,
+                             data_root=data_root)
+    return run_job(job, executor, parts)

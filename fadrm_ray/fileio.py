@@ -168,3 +168,20 @@ def check_new_output(path: str | os.PathLike, what: str, *, empty_dir_ok: bool =
     check_output_dir(path.parent, f"the folder of {what}")
     return path
 
+
+
+def read_yaml_mapping(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> dict:
+    """The mapping a YAML file holds (an empty file is an empty mapping), or `error` with one line
+    naming `what` the file is (e.g. "config file x.yaml"): missing, not YAML, or not a mapping."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise error(f"{what}: not YAML ({exc.__class__.__name__})") from None
+    if not isinstance(loaded, dict):
+        raise error(f"{what} must hold a mapping of key: value")
+    return loaded

@@ -10,6 +10,7 @@ fingerprint the teacher was trained with (docs/method.md section 1).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import warnings
@@ -277,17 +278,21 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *
     return digest
 
 
-def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, TeacherInfo]:
-    """Rebuild a frozen teacher (eval mode, no gradients) from a checkpoint written by save_teacher."""
+def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu",
+                 blob: bytes | None = None) -> tuple[nn.Module, TeacherInfo]:
+    """Rebuild a frozen teacher (eval mode, no gradients) from a checkpoint written by save_teacher:
+    the file at `path`, or its bytes `blob` (sent by another process; `path` then only names it)."""
     path = Path(path)
-    if path.is_dir():
-        raise ModelError(f"teacher checkpoint {path} is a directory, not a checkpoint file")
-    if not path.is_file():
-        raise ModelError(f"teacher checkpoint not found: {path}")
+    if blob is None:
+        if path.is_dir():
+            raise ModelError(f"teacher checkpoint {path} is a directory, not a checkpoint file")
+        if not path.is_file():
+            raise ModelError(f"teacher checkpoint not found: {path}")
+        blob = path.read_bytes()
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on files it then refuses
             warnings.simplefilter("ignore")
-            payload = torch.load(str(path), map_location=device, weights_only=True)
+            payload = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
     except Exception as exc:
         # torch's own text suggests loading again with weights_only=False, which runs whatever
         # code the file holds: never pass that on.
@@ -310,7 +315,7 @@ def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ModelError(f"{path}: weights do not fit {info.model_name}: {first}") from None
     model.to(device).eval().requires_grad_(False)
-    info.sha256 = file_sha256(path)
+    info.sha256 = hashlib.sha256(blob).hexdigest()
     info.path = str(path)
     return model, info
 

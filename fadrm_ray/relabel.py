@@ -181,17 +181,17 @@ class SoftLabeler:
 
         if not paths:
             raise ValueError("at least one teacher checkpoint is needed for soft labels")
-        models, means, stds, chans, ids = [], [], [], [], []
-        for path in paths:
-            model, info = load_teacher(path, device=device)
-            if dataset is not None:
+        loaded = [load_teacher(path, device=device) for path in paths]
+        if dataset is not None:
+            for _, info in loaded:
                 check_teacher_fits(info, dataset)
-            models.append(model)
-            means.append(info.mean)
-            stds.append(info.std)
-            chans.append(info.in_chans)
-            ids.append(info.sha256)
-        return cls(models, means, stds, chans, ids, device)
+        return cls.from_loaded([m for m, _ in loaded], [i for _, i in loaded], device)
+
+    @classmethod
+    def from_loaded(cls, models: Sequence[nn.Module], infos: Sequence, device: str | torch.device = "cpu") -> "SoftLabeler":
+        """Teachers already loaded (`load_teacher`'s models and TeacherInfos)."""
+        return cls(models, [i.mean for i in infos], [i.std for i in infos], [i.in_chans for i in infos],
+                   [i.sha256 for i in infos], device)
 
     @classmethod
     def from_frozen(cls, teachers: Sequence[FrozenTeacher], mean: Sequence[float], std: Sequence[float],

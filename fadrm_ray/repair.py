@@ -6,8 +6,8 @@ not restored from anywhere: it is computed again. The run's own records say how:
 by fingerprint) and its teachers (checked by sha256), as `fadrm evaluate` finds them. Before
 anything is removed, these must give the same run id, so a repair never writes another run's
 images into this one. Then, under the run's writer lock, the failing units' manifests and the
-run manifest are removed, and an ordinary `distill_local` recomputes exactly the units that are
-not done and writes the run manifest again.
+run manifest are removed, and the same job, run by `run_job` in this process, recomputes
+exactly the units that are not done and writes the run manifest again.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from typing import Sequence
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.distill import default_device, distill_local, prepare_run
+from fadrm_ray.distill import LocalExecutor, default_device, run_job
 from fadrm_ray.evaluate import run_dataset, run_teachers
+from fadrm_ray.job import prepare_job
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError
 from fadrm_ray.store.lock import RunLock
@@ -65,14 +66,14 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
     dataset = run_dataset(recorded, dataset)
     teacher_paths = [str(t) for t in teachers] if teachers else run_teachers(recorded)
-    device = device or default_device()
-    _, _, _, store = prepare_run(cfg, dataset, teacher_paths, layout.run_dir.parent, device)
-    if store.run_id != layout.run_id:
-        raise StoreError(f"the recorded config, data and teachers make run {store.run_id}, not {layout.run_id}; "
+    executor = LocalExecutor(device or default_device(), progress)
+    job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, layout.run_dir.parent, executor.device)
+    if job.run_id != layout.run_id:
+        raise StoreError(f"the recorded config, data and teachers make run {job.run_id}, not {layout.run_id}; "
                          f"nothing was changed")
     with RunLock(layout).held():
         for uid in before["bad_units"]:
             layout.unit(uid).unlink(missing_ok=True)
         layout.manifest.unlink(missing_ok=True)
-    result = distill_local(cfg, dataset, teacher_paths, layout.run_dir.parent, device=device, progress=progress)
+    result = run_job(job, executor, parts)
     return {"repaired": result.units_run, "before": before, "after": verify_run(layout.run_dir)}

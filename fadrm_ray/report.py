@@ -1,7 +1,7 @@
 """Reports of a store run: the distilled images, the recover loss curves, the evaluation.
 
 The last step of a run's life, after distill and evaluate: `report/` beside the run's images
-(README.md, "The store") holds
+(docs/architecture.md, "The store") holds
 
 - `grid.png`: the distilled images, one row per class (with its name), one column per IPC index;
 - `losses.png`: the teacher CE and BN-statistics losses of recover (docs/method.md section 3)

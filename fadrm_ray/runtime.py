@@ -2,14 +2,14 @@
 a run, the torch thread count of a phase, and the process-wide OpenMP and glibc allocator
 settings that make CPU work fast.
 
-`ExecutionSpec` gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
+`ExecutionSpec` (defined beside the job in job.py, importable from here) gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
 or on Ray, workers and their resources, device, threads, data location, progress bars). It is
 built once from the command line and handed to whichever function runs the distillation, so
 the Ray layer never sees the argument parser.
 
 glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
-asks for them again every step, which can nearly double the time of a CPU run (README.md,
-Execution; bench/recover_speed.py --ladder measures it). glibc reads
+asks for them again every step, which can nearly double the time of a CPU run (docs/architecture.md,
+"Execution"; bench/recover_speed.py --ladder measures it). glibc reads
 them from `ALLOCATOR_ENV` when a process starts, which is how Ray workers get them
 (`runtime_env.env_vars`); a process that is already running gets the same values through
 `mallopt`, which `tune_allocator` calls. Every heavy entry point (squeeze, distill, evaluate,
@@ -34,21 +34,18 @@ import os
 import platform
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
-class ExecutionSpec:
-    local: bool = False                  # in this process, without Ray
-    address: str | None = None           # Ray cluster to join; None = an embedded local Ray
-    workers: int | None = None           # distill actors; None = one per GPU, else per cpus_per_worker CPUs
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float | None = None  # GPU share per actor (fractions allowed); None = 1 when GPUs exist
-    device: str | None = None            # cpu or cuda for --local; None = cuda when available
-    threads: int | None = None           # torch threads of this process (--local)
-    data_root: str | None = None         # where downloadable datasets live
-    progress: bool = True
+def __getattr__(name: str):
+    # ExecutionSpec lives beside the job (job.py); importing it here lazily keeps this module free
+    # of pydantic, so a process that imports it first (the probe of tests/test_runtime.py, the CLI
+    # before it re-executes) has glibc's malloc untouched until tune_allocator runs.
+    if name == "ExecutionSpec":
+        from fadrm_ray.job import ExecutionSpec
+
+        return ExecutionSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- threads

@@ -149,7 +149,7 @@ def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher,
 
     def fake_ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec):
         calls.append((cfg, dataset_spec, list(teacher_paths), out_root, spec))
-        return DistillResult("run", tmp_path / "run", 0)
+        return DistillResult(run_id="run", run_dir=tmp_path / "run", images=0)
 
     argv = ["distill", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--ipc", "2", "--address", "ray://h:1",
             "--workers", "3", "--gpus-per-worker", "0.5", "--data-root", "/data", "--out", str(tmp_path), "--quiet", "--json"]

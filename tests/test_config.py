@@ -100,7 +100,7 @@ def test_baseline_presets_match_the_table():
     assert make_config("rded").iterations == 0 and make_config("random-real").patch_selection == "whole"
     fadrm = make_config("fadrm")
     assert (fadrm.iterations, fadrm.k, fadrm.alpha) == ("auto", 3, 0.5)
-    # T by image size: shorter on small images (README, "The recover budget on small images");
+    # T by image size: shorter on small images (docs/benchmarks/accuracy.md, "The recover budget on small images");
     # the paper's preset keeps the published T at every size.
     assert (fadrm.sized(28).iterations, fadrm.sized(64).iterations) == (500, 2000)
     assert make_config("fadrm-paper").sized(28).iterations == 2000

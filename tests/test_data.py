@@ -364,11 +364,11 @@ def test_cifar_failed_download_is_one_line(tmp_path, monkeypatch):
 
 
 def test_fashion_sample_builds_a_parquet_dataset_the_reader_splits(tmp_path):
-    """bench.fashion_sample on a package tarball of its layout (no npm call: the tarball is cached)."""
+    """fadrm_ray.data.fashion_sample on a package tarball of its layout (no npm call: the tarball is cached)."""
     import io
     import tarfile
 
-    from bench.fashion_sample import CLASS_NAMES, PACKAGE, build
+    from fadrm_ray.data.fashion_sample import CLASS_NAMES, PACKAGE, build
 
     cache = tmp_path / "npm"
     cache.mkdir()

@@ -403,9 +403,10 @@ def test_every_version_agrees_with_pyproject():
 
 
 def test_dockerignore_sends_only_what_the_image_installs():
-    lines = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
     assert lines[0] == "*"
-    kept = {l[1:].rstrip("/") for l in lines if l.startswith("!")}
+    kept = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     packages = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert kept == packages | {"pyproject.toml", "README.md"}
     copied = set(re.findall(r"^COPY --chown=ray:users (\S+) \./\1$", (DEPLOY / "Dockerfile").read_text(), flags=re.M))

@@ -229,7 +229,8 @@ def readme_command_pair() -> tuple[list[str], list[str]]:
     worker = next(c for c in commands if "--head" not in c)
     assert head[0] == worker[0] == "RAY_AUTH_MODE=token"
     # --port=6379 style flags as two words, so that replace_flags can swap their values
-    split = lambda words: [part for w in words for part in (w.split("=", 1) if w.startswith("--") and "=" in w else [w])]
+    def split(words):
+        return [part for w in words for part in (w.split("=", 1) if w.startswith("--") and "=" in w else [w])]
     return split(head), split(worker)
 
 
@@ -320,8 +321,9 @@ def test_readme_service_serves_a_class_subset(cluster, tmp_path):
     # README step 8, its curl commands with the tiny request
     curls = [c for c in readme_command_list("curl") if c[0] == "curl"]
     post, status, download = curls
-    expand = lambda words, **extra: [w.replace("$FADRM_URL", url).replace("$FADRM_API_TOKEN", token)
-                                     .replace("$ID", extra.get("job_id", "$ID")) for w in words]
+    def expand(words, **extra):
+        return [w.replace("$FADRM_URL", url).replace("$FADRM_API_TOKEN", token)
+                .replace("$ID", extra.get("job_id", "$ID")) for w in words]
     body = json.loads(post[post.index("-d") + 1])
     body.update(dataset="digits", teacher="digits-tiny", classes=[3, 7], ipc=2, overrides={"iterations": 20})
     post = expand(post)

@@ -9,7 +9,7 @@ from fadrm_ray.layout import RunLayout
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT_MODULE = ROOT / "fadrm_ray" / "layout.py"
 
-# Entries of a run directory (README, "The store"). A string equal to one of these, used to
+# Entries of a run directory (docs/architecture.md, "The store"). A string equal to one of these, used to
 # build a path, means a module knows the layout itself instead of asking RunLayout.
 RUN_ENTRIES = {"config.yaml", "manifest.json", "units", "checkpoints", "ledger.jsonl", "soft_labels", "report", "evaluations",
                "grid.png", "losses.png", "evaluation.json", "evaluation.png", "writer.lock", "source.json"}
@@ -78,7 +78,8 @@ def test_the_checker_catches_hand_built_run_paths():
 
 
 def test_no_module_but_the_layout_builds_a_path_inside_a_run():
-    sources = sorted(p for top in ("fadrm_ray", "actors", "bench") for p in (ROOT / top).rglob("*.py"))
+    sources = sorted([p for top in ("fadrm_ray", "actors", "bench", "experiments") for p in (ROOT / top).rglob("*.py")]
+                     + [ROOT / "tests" / "fault_inject.py"])
     assert ROOT / "actors" / "worker.py" in sources and LAYOUT_MODULE in sources
     found = []
     for path in sources:

@@ -1,4 +1,4 @@
-"""bench.perturbation: the reversed and the swapped change of recover, scored beside the run."""
+"""experiments.perturbation: the reversed and the swapped change of recover, scored beside the run."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from bench.perturbation import main, perturbed_sets
+from experiments.perturbation import main, perturbed_sets
 from fadrm_ray.config import make_config
 from fadrm_ray.distill import distill_local
 

@@ -7,8 +7,8 @@ import struct
 import pytest
 import torch
 
+from experiments.arc_diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.distill import distill_local
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage

@@ -1,5 +1,5 @@
 """Run identity: what changes the images names the run; a run grows to a larger IPC and serves
-smaller ones (README, "Reusing a run")."""
+smaller ones (docs/architecture.md, "Reusing a run")."""
 import json
 
 import pytest

@@ -120,15 +120,10 @@ def parse_space(params: Sequence[str] = (), space_file: str | Path | None = None
     """key -> Param from a space file, then `--param` (later wins); keys are checked to exist."""
     space: dict[str, Param] = {}
     if space_file is not None:
+        from fadrm_ray.fileio import read_yaml_mapping
+
         path = Path(space_file)
-        if not path.is_file():
-            raise ConfigError(f"--space {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--space {path}: not YAML ({exc.__class__.__name__})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--space {path} must hold a mapping of key: values")
+        loaded = read_yaml_mapping(path, f"--space {path}", ConfigError)
         for key, spec in loaded.items():
             where = f"--space {path}: {key}"
             _check_key(str(key), where)

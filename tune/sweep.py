@@ -175,7 +175,8 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     import ray
 
     from fadrm_ray.patches import ClassSelection
-    from tune.trainable import PATCH_FIELDS, log_event, patch_key, score_patches
+    from fadrm_ray.events import append_event
+    from tune.trainable import PATCH_FIELDS, patch_key, score_patches
 
     req, ds = p.request, p.dataset
     keys = [k for k, q in p.swept.items() if q.kind in ("grid", "choice") and k in (*PATCH_FIELDS, "init",
@@ -203,7 +204,7 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
         (folder / f"{key}.json").write_text(json.dumps([s.to_dict() for s in selections.values()]))
         cost["scored"] += len(selections)
         cost["seconds"] += seconds
-        log_event(str(p.out / "events.jsonl"), "patches_scored", key=key, classes=len(selections), seconds=seconds)
+        append_event(str(p.out / "events.jsonl"), "patches_scored", key=key, classes=len(selections), seconds=seconds)
     return out, cost
 
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fadrm_ray.events import append_event
+
 TIME_ATTR = "student_pct"
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
@@ -57,26 +59,18 @@ def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: l
     import torch
 
     from fadrm_ray.config import DistillConfig
-    from fadrm_ray.distill import load_teachers
+    from fadrm_ray.distill import frozen_teachers
+    from fadrm_ray.job import JobParts
+    from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
     torch.set_num_threads(max(1, threads))
     cfg = DistillConfig.from_dict(cfg_dict)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fadrm-tune-") as folder:
-        paths = []
-        for i, blob in enumerate(teacher_blobs):
-            paths.append(Path(folder) / f"t{i}.pt")
-            paths[-1].write_bytes(blob)
-        teachers, _ = load_teachers(paths, dataset, cfg, device)
+    loaded = [load_teacher(f"teacher {i}", device, blob=blob) for i, blob in enumerate(teacher_blobs)]
+    teachers = frozen_teachers(JobParts(dataset, [m for m, _ in loaded], [i for _, i in loaded], device), cfg)
     selections = {label: score_class(dataset, label, cfg, teachers, device) for label in labels}
     return selections, time.perf_counter() - started
-
-
-def log_event(events_path: str, event: str, **fields) -> None:
-    line = json.dumps({"t": time.time(), "event": event, **fields}, default=str)
-    with open(events_path, "a") as f:
-        f.write(line + "\n")
 
 
 def teacher_files(sweep: dict, blobs: list[bytes]) -> list[str]:
@@ -116,7 +110,7 @@ def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, se
     trial_id = tune.get_context().get_trial_id()
     node = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
     events = sweep["events"]
-    log_event(events, "trial_started", trial=trial_id, values=config, **node)
+    append_event(events, "trial_started", trial=trial_id, values=config, **node)
     started = time.perf_counter()
     if dataset is None:
         dataset = get_dataset(sweep["dataset"], root=sweep.get("data_root"))
@@ -128,9 +122,10 @@ def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, se
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             state = json.loads((Path(folder) / "trial.json").read_text())
+    labeler = None  # the teachers the distillation loaded, reused for the soft labels
     if "run_dir" not in state:
-        state = distill_trial(cfg, dataset, paths, sweep, selections)
-        log_event(events, "distilled", trial=trial_id, **state, **node)
+        state, labeler = distill_trial(cfg, dataset, paths, sweep, selections)
+        append_event(events, "distilled", trial=trial_id, **state, **node)
     run_dir = state["run_dir"]
 
     eval_cfg = EvalConfig.model_validate(sweep["eval"])
@@ -148,10 +143,10 @@ def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, se
 
     evaluated = time.perf_counter()
     device = sweep["device"]
-    result = evaluate_run(run_dir, eval_cfg, teachers=paths, dataset=dataset, num_threads=threads, device=device,
+    result = evaluate_run(run_dir, eval_cfg, teachers=paths if labeler is None else labeler, dataset=dataset, num_threads=threads, device=device,
                           progress=False, ipc=cfg.ipc, on_eval=on_eval)
     student_seconds = time.perf_counter() - evaluated
-    log_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result["top1_mean"],
+    append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result["top1_mean"],
               cached=bool(result.get("cached")), seconds=student_seconds, **node)
     tune.report({"top1": result["top1_mean"], "top1_std": result["top1_std"],
                  "top1_per_seed": json.dumps(result["top1_per_seed"]), TIME_ATTR: 100.0, "final": True,
@@ -168,33 +163,44 @@ def _checkpoint(state: dict):
     return tune.Checkpoint.from_directory(folder)
 
 
-def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict, selections: dict | None) -> dict:
+def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict,
+                  selections: dict | None) -> tuple[dict, Any]:
     """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
-    recomputed), with the sweep's patch rankings written into the run first."""
-    from fadrm_ray.distill import distill_local, needed_classes, plan_units, prepare_run, save_selection
+    recomputed), with the sweep's patch rankings written into the run first. The trial builds
+    its job once (teachers loaded once) and runs it in this process, or on DistillWorker actors
+    in the trial's placement group with `workers_per_trial` > 1. Returns what it did and the
+    teachers as a SoftLabeler for the evaluation."""
+    import torch
+
+    from fadrm_ray.distill import LocalExecutor, needed_classes, plan_units, run_job, save_selection
+    from fadrm_ray.job import prepare_job
+    from fadrm_ray.layout import RunLayout
+    from fadrm_ray.relabel import SoftLabeler
 
     started = time.perf_counter()
     store_root, device = sweep["store"], sweep["device"]
-    resolved, _, infos, store = prepare_run(cfg, dataset, teacher_paths, store_root, device="cpu", run_device=device)
-    layout = store.layout
-    labels = needed_classes(plan_units(resolved, dataset.num_classes, image_size=dataset.image_size), resolved)
-    key = patch_key(resolved, dataset.fingerprint(), [i.sha256 for i in infos])
+    on_ray = sweep.get("workers_per_trial", 1) > 1
+    job, parts = prepare_job(cfg, dataset, sweep["dataset"], teacher_paths, store_root,
+                             device="cpu" if on_ray else device, device_type=torch.device(device).type,
+                             data_root=sweep.get("data_root"))
+    layout = RunLayout(job.run_dir)
+    labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
+    key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
     shared = (selections or {}).get(key, {})
     for label in labels:
         if label in shared and not layout.patch_selection(label).is_file():
             save_selection(layout, shared[label])
     before = sum(layout.patch_selection(label).is_file() for label in labels)
-    if sweep.get("workers_per_trial", 1) > 1:
-        from actors.coordinator import distill_on_ray
-        from fadrm_ray.runtime import ExecutionSpec
+    if on_ray:
+        from actors.coordinator import Coordinator
 
-        spec = ExecutionSpec(workers=sweep["workers_per_trial"], cpus_per_worker=sweep["cpus_per_worker"],
-                             gpus_per_worker=sweep.get("gpus_per_worker"), data_root=sweep.get("data_root"),
-                             progress=False)
-        result = distill_on_ray(cfg, sweep["dataset"], teacher_paths, store_root, spec)
+        executor = Coordinator(workers=sweep["workers_per_trial"], cpus_per_worker=sweep["cpus_per_worker"],
+                               gpus_per_worker=sweep.get("gpus_per_worker"), progress=False)
     else:
-        result = distill_local(cfg, dataset, teacher_paths, store_root, device=device, progress=False)
+        executor = LocalExecutor(device, progress=False)
+    result = run_job(job, executor, parts)
     after = sum(layout.patch_selection(label).is_file() for label in labels)
-    return {"run_dir": str(result.run_dir), "units_run": len(result.units_run),
-            "units_skipped": len(result.units_skipped), "patches_scored": after - before,
-            "distill_seconds": round(time.perf_counter() - started, 3)}
+    state = {"run_dir": str(result.run_dir), "units_run": len(result.units_run),
+             "units_skipped": len(result.units_skipped), "patches_scored": after - before,
+             "distill_seconds": round(time.perf_counter() - started, 3)}
+    return state, SoftLabeler.from_loaded(parts.models, parts.infos, device)

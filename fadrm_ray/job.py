@@ -1,0 +1,155 @@
+"""DistillJob: everything one distillation needs, built once by whichever door asked for it.
+
+A door (the `fadrm` command, `ray job submit`, a REST request, a Tune trial) turns what its user
+said into a job with `build_job`: the config resolved for the dataset and the device the run uses,
+the dataset by its spec and content hash, the teachers by path and sha256, the store root and the
+run id. The job is frozen and crosses processes as JSON (`model_dump_json` /
+`model_validate_json`); nobody downstream resolves it again or derives the run id again.
+
+How the job runs (in this process or on Ray actors, how many workers, threads) is not part of
+it: that is the `ExecutionSpec` beside it (runtime.py), and `distill.run_job` runs any job
+through any executor.
+
+`JobParts` is what building a job loaded in this process (the dataset, the teacher models), so an
+executor in the same process loads nothing twice; `JobParts.load` loads them for a job built
+elsewhere, and refuses a dataset or teacher whose content is no longer what the job was built on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from fadrm_ray.config import ConfigError, DistillConfig
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from fadrm_ray.data.base import ImageDataset
+    from fadrm_ray.models import TeacherInfo
+
+
+class TeacherRef(BaseModel):
+    """A teacher as the job knows it: where it is and what its bytes are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    sha256: str
+    model: str
+    in_chans: int
+    test_accuracy: float | None = None
+
+
+class DistillJob(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: DistillConfig            # resolved for the dataset and `device_type`
+    dataset_spec: str                # what `fadrm_ray.data.get_dataset` loads
+    data_root: str | None = None
+    dataset_fingerprint: str
+    num_classes: int
+    image_size: int
+    teachers: tuple[TeacherRef, ...]
+    store: str                       # the store root; the run is STORE/<run_id>
+    run_id: str
+    device_type: str                 # the device type the config was resolved for
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.store) / self.run_id
+
+    @property
+    def teacher_paths(self) -> list[str]:
+        return [t.path for t in self.teachers]
+
+
+class ExecutionSpec(BaseModel):
+    """How a job runs (never what it computes): crosses processes as JSON like the job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    local: bool = False                  # in this process, without Ray
+    address: str | None = None           # Ray cluster to join; None = an embedded local Ray
+    workers: int | None = None           # distill actors; None = one per GPU, else per cpus_per_worker CPUs
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None  # GPU share per actor (fractions allowed); None = 1 when GPUs exist
+    device: str | None = None            # cpu or cuda for --local; None = cuda when available
+    threads: int | None = None           # torch threads of this process (--local)
+    data_root: str | None = None         # where downloadable datasets live
+    progress: bool = True
+
+
+def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teachers: Sequence["TeacherInfo"],
+              store: str | Path, device_type: str = "cpu", data_root: str | None = None) -> DistillJob:
+    """The job of `cfg` (unresolved) on `dataset` with `teachers` (checked to fit the dataset):
+    resolved once, its run id computed once."""
+    from fadrm_ray.distill import make_run_id
+    from fadrm_ray.models import check_teacher_fits
+
+    if not teachers:
+        raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
+    if cfg.preset == "fadrm+" and len(teachers) < 2:
+        raise ConfigError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
+    for info in teachers:
+        check_teacher_fits(info, dataset)
+    resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type)
+    fingerprint = dataset.fingerprint()
+    refs = tuple(TeacherRef(path=str(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
+                            test_accuracy=i.test_accuracy) for i in teachers)
+    return DistillJob(config=resolved, dataset_spec=dataset_spec, data_root=data_root,
+                      dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
+                      image_size=dataset.image_size, teachers=refs, store=str(store),
+                      run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type)
+
+
+@dataclass
+class JobParts:
+    """The loaded things a job names: its dataset and its teacher models (on `device`)."""
+
+    dataset: "ImageDataset"
+    models: list["nn.Module"]
+    infos: list["TeacherInfo"]
+    device: str
+
+    @classmethod
+    def load(cls, job: DistillJob, device: str = "cpu", dataset: "ImageDataset | None" = None) -> "JobParts":
+        """Load what `job` names, checked against the content it was built on."""
+        from fadrm_ray.data import get_dataset
+        from fadrm_ray.models import load_teacher
+
+        dataset = dataset if dataset is not None else get_dataset(job.dataset_spec, root=job.data_root)
+        if dataset.fingerprint() != job.dataset_fingerprint:
+            raise ValueError(f"dataset {job.dataset_spec!r} changed since the job was built "
+                             f"(its content hash is not the job's)")
+        models, infos = [], []
+        for ref in job.teachers:
+            model, info = load_teacher(ref.path, device=device)
+            if info.sha256 != ref.sha256:
+                raise ValueError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
+            models.append(model)
+            infos.append(info)
+        return cls(dataset, models, infos, device)
+
+    def on(self, device: str) -> "JobParts":
+        """The same parts with the teacher models on `device`."""
+        if device == self.device:
+            return self
+        return JobParts(self.dataset, [m.to(device) for m in self.models], self.infos, device)
+
+
+def prepare_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teacher_paths: Sequence[str | Path],
+                store: str | Path, device: str = "cpu", device_type: str | None = None,
+                data_root: str | None = None) -> tuple[DistillJob, JobParts]:
+    """Load the teachers (on `device`) and build the job for a run on `device_type` (default:
+    `device`'s type): the job, and the parts it loaded for an executor in this process."""
+    import torch
+
+    from fadrm_ray.models import load_teacher
+
+    if not teacher_paths:
+        raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
+    loaded = [load_teacher(path, device=device) for path in teacher_paths]
+    infos = [info for _, info in loaded]
+    job = build_job(cfg, dataset, dataset_spec, infos, store, device_type or torch.device(device).type, data_root)
+    return job, JobParts(dataset, [model for model, _ in loaded], infos, device)
