@@ -13,10 +13,19 @@ import sys
 from actors.cli import main
 from fadrm_ray.runtime import ensure_process_env
 
+
+def with_job_address(argv: list[str]) -> list[str]:
+    """`argv` with `--address $RAY_ADDRESS` added, inside a Ray job, unless it names an address
+    or runs without Ray (`--local`)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and "--address" not in argv and "--local" not in argv:
+        return [*argv, "--address", address]
+    return list(argv)
+
+
 if __name__ == "__main__":
     ensure_process_env()  # before torch loads (may re-execute the job's command once)
     argv = sys.argv[1:]
-    address = os.environ.get("RAY_ADDRESS")
-    if address and argv and argv[0] in ("distill", "demo") and "--address" not in argv and "--local" not in argv:
-        argv = [*argv, "--address", address]
+    if argv and argv[0] in ("distill", "demo"):
+        argv = with_job_address(argv)
     sys.exit(main(argv))

@@ -31,6 +31,8 @@ import threading
 import time
 import uuid
 
+from fadrm_ray.runtime import proc_stat
+
 ENV = "FADRM_RAY_LIFELINE"
 _WATCH_S = 1.0
 
@@ -41,13 +43,9 @@ def processes() -> dict[int, tuple[int, str]]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().decode(errors="replace").rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":  # a zombie is dead already
-            out[int(entry.name)] = (int(fields[1]), fields[19])
+        stat = proc_stat(entry.name)
+        if stat is not None and stat[0] != "Z":  # a zombie is dead already
+            out[int(entry.name)] = (stat[1], stat[2])
     return out
 
 

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.fileio import atomic_write_text, read_json_object
 from fadrm_ray.job import ExecutionSpec
-from fadrm_ray.runtime import heavy_process_env
+from fadrm_ray.runtime import heavy_process_env, proc_stat
 
 from api.config import ServiceSettings
 from api.jobs import JobDB, JobRecord
@@ -43,14 +43,8 @@ _REPO = Path(__file__).resolve().parents[1]
 
 def proc_start(pid: int | None) -> str | None:
     """The start time of a live (not zombie) process, from /proc; None when it is gone."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().decode(errors="replace").rpartition(")")[2].split()
-    except OSError:
-        return None
-    return None if not fields or fields[0] in ("Z", "X") else fields[19]
+    stat = proc_stat(pid) if pid else None
+    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
 
 
 def alive(pid: int | None, started: str | None) -> bool:
@@ -181,13 +175,13 @@ class Executor:
 
     def _settle(self, job: JobRecord) -> None:
         files = self.db.files(job.id)
-        outcome = _read_json(files.outcome)
+        outcome = read_json_object(files.outcome)
         if outcome is None:
             if job.pid is None or alive(job.pid, job.pid_start):
                 if job.pid is None and job.started_at and time.time() - job.started_at > START_TIMEOUT_S:
                     self._finish(job, "failed", "the job's driver did not start")
                 return
-            outcome = _read_json(files.outcome)  # it may have written it just before it ended
+            outcome = read_json_object(files.outcome)  # it may have written it just before it ended
             if outcome is None:
                 self._finish(job, "failed", f"the job's driver ended without an outcome; see {files.log.name}")
                 return
@@ -250,14 +244,6 @@ class Executor:
         """Stop the local head unless jobs still need it (a restarted service reuses it)."""
         if self.local is not None and not self.db.in_state("queued", "running"):
             self.local.stop()
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _tcp_reachable(address: str | None) -> bool:

@@ -107,13 +107,13 @@ def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceS
         job = build_job(cfg, dataset, catalog.dataset_specs[body.dataset], [t.info for t in teachers],
                         settings.store, settings.device)
     except ConfigError as exc:
-        raise RequestInvalid(("overrides", _field_of(str(exc))), f"overrides: {exc}") from None
+        raise RequestInvalid(("overrides", *(exc.loc or ("__root__",))), f"overrides: {exc}") from None
     if body.evaluation and not body.evaluate:
         raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
     try:
         evaluation = EvalConfig.model_validate(dict(body.evaluation)) if body.evaluate else None
     except ConfigError as exc:
-        raise RequestInvalid(("evaluation", _field_of(str(exc))), f"evaluation: {exc}") from None
+        raise RequestInvalid(("evaluation", *(exc.loc or ("__root__",))), f"evaluation: {exc}") from None
     return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers], classes=classes,
                    class_names=[str(dataset.class_names[c]) for c in classes], ipc=body.ipc, preset=body.preset,
                    seed=body.seed, evaluate=body.evaluate, evaluation=evaluation)
@@ -165,11 +165,3 @@ def _class_indices(refs: list, class_names: list[str]) -> list[int]:
     if repeated:
         raise RequestInvalid("classes", f"classes names class {repeated[0]} more than once")
     return out
-
-
-def _field_of(message: str) -> str:
-    """The field a settings message starts with (settings.error_message puts it first)."""
-    if message.startswith("unknown config key(s) "):
-        return message.removeprefix("unknown config key(s) ").split(";")[0].split(",")[0].strip()
-    first = message.split(" ", 1)[0]
-    return first if first.isidentifier() else "__root__"

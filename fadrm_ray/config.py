@@ -193,19 +193,23 @@ class DistillConfig(Settings):
     def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu") -> "DistillConfig":
         """A new config with every dataset-dependent "auto" made explicit; checks fit to the dataset."""
         if self.classes is not None and max(self.classes) >= num_classes:
-            raise ConfigError(f"classes must be in [0, {num_classes - 1}] for this dataset, got {self.classes}")
+            raise ConfigError(f"classes must be in [0, {num_classes - 1}] for this dataset, got {self.classes}",
+                              ("classes",))
         downsample = self.downsample_size
         if downsample == "default":
             # MRO as published: 200/224 at large resolutions, none on small data (docs/method.md section 4).
             downsample = int(round(image_size * 200 / 224)) if image_size >= 128 else None
         if isinstance(downsample, int) and downsample > image_size:
-            raise ConfigError(f"downsample_size must be <= the image size {image_size}, got {downsample}")
+            raise ConfigError(f"downsample_size must be <= the image size {image_size}, got {downsample}",
+                              ("downsample_size",))
         resolutions = self.stage_resolutions
         if resolutions is not None:
             if resolutions[-1] != image_size:
-                raise ConfigError(f"stage_resolutions must end at the image size {image_size}, got {resolutions}")
+                raise ConfigError(f"stage_resolutions must end at the image size {image_size}, got {resolutions}",
+                                  ("stage_resolutions",))
             if max(resolutions) > image_size:
-                raise ConfigError(f"stage_resolutions must be <= the image size {image_size}, got {resolutions}")
+                raise ConfigError(f"stage_resolutions must be <= the image size {image_size}, got {resolutions}",
+                                  ("stage_resolutions",))
         elif downsample != "auto":
             resolutions = mro_resolutions(self.k, image_size, downsample)
         jitter = self.jitter

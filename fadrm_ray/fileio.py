@@ -185,3 +185,15 @@ def read_yaml_mapping(path: str | os.PathLike, what: str, error: type[Exception]
     if not isinstance(loaded, dict):
         raise error(f"{what} must hold a mapping of key: value")
     return loaded
+
+
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """A JSON object from `path`; None if it is missing, unreadable or not an object."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

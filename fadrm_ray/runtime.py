@@ -157,6 +157,18 @@ def ensure_process_env() -> None:
     os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
 
 
+def proc_stat(pid: int | str) -> tuple[str, int, str] | None:
+    """(state, parent pid, start time in clock ticks since boot) of process `pid`, from /proc
+    (Linux); None when it is gone. The start time tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # fields after the command name, which is in parentheses and may hold spaces
+            fields = f.read().decode(errors="replace").rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (fields[0], int(fields[1]), fields[19]) if len(fields) > 19 else None
+
+
 def process_info() -> dict:
     """What this process runs with: pid, torch threads, CPUs available, and the OpenMP settings
     it started with (read from /proc/self/environ: what libgomp saw, not later changes)."""

@@ -23,7 +23,13 @@ from pydantic.fields import FieldInfo
 
 
 class ConfigError(ValueError):
-    """A config value is out of range, of the wrong type, or unknown."""
+    """A config value is out of range, of the wrong type, or unknown. `loc` is where, as pydantic
+    gives it (the field first; empty for a check across fields), so a caller can point at the
+    field (the REST service's 422) without reading the message."""
+
+    def __init__(self, message: str, loc: tuple = ()):
+        super().__init__(message)
+        self.loc = tuple(loc)
 
 
 class EvaluationError(ValueError):
@@ -45,14 +51,14 @@ class Settings(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise self.error_class(error_message(exc, type(self), data)) from None
+            raise self.error_class(error_message(exc, type(self), data), error_loc(exc)) from None
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs):
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
-            raise cls.error_class(error_message(exc, cls, obj)) from None
+            raise cls.error_class(error_message(exc, cls, obj), error_loc(exc)) from None
 
 
 SettingsT = TypeVar("SettingsT", bound=Settings)
@@ -82,6 +88,13 @@ Indices = Annotated[list[Index], MinLen(1), AfterValidator(_distinct)]
 
 
 # --------------------------------------------------------------------------- error messages
+def error_loc(exc: ValidationError) -> tuple:
+    """Where the problem `error_message` describes is: an unknown key, else the first error's loc."""
+    errors = exc.errors()
+    unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
+    return tuple((unknown or [errors[0]["loc"]])[0])
+
+
 def error_message(exc: ValidationError, model: type[BaseModel], data: Any) -> str:
     """One line for the first problem pydantic found, naming the field first."""
     errors = exc.errors()

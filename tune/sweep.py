@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -287,11 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m tune.sweep ARGS` = `fadrm tune ARGS`; inside a Ray job, joins the job's cluster."""
     from actors.cli import main as fadrm
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    address = os.environ.get("RAY_ADDRESS")
-    if address and "--address" not in argv:
-        argv += ["--address", address]
-    return fadrm(["tune", *argv])
+    from actors.job import with_job_address
+
+    return fadrm(with_job_address(["tune", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

@@ -36,12 +36,10 @@ _POLL_S = 0.5
 
 def _start_time(pid: int) -> str | None:
     """The start time of process `pid` in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[19]  # field 22; the command name may hold spaces
+    from fadrm_ray.runtime import proc_stat
+
+    stat = proc_stat(pid)
+    return None if stat is None else stat[2]
 
 
 def _alive(pid: int, started: str | None) -> bool:

@@ -15,19 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from fadrm_ray.fileio import sha256_bytes, sha256_file
+from fadrm_ray.fileio import read_json_object, sha256_bytes, sha256_file
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store.records import IntegrityError, StoreError
-
-
-def _read_json(path: Path) -> dict | None:
-    """A JSON object from `path`; None if it is missing, unreadable or not an object."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def read_config(layout: RunLayout) -> dict:
@@ -44,13 +34,13 @@ def read_config(layout: RunLayout) -> dict:
 
 def run_manifest(layout: RunLayout) -> dict | None:
     """manifest.json if it marks the run complete, else None."""
-    m = _read_json(layout.manifest)
+    m = read_json_object(layout.manifest)
     return m if m and m.get("complete") is True else None
 
 
 def unit_manifest(layout: RunLayout, unit_id: str) -> dict | None:
     """The manifest of one unit if it is readable and well formed (not verified)."""
-    data = _read_json(layout.unit(unit_id))
+    data = read_json_object(layout.unit(unit_id))
     if data is None or data.get("unit_id") != unit_id or not isinstance(data.get("files"), list):
         return None
     return data
