@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from api.requests import JobPlan
 
 _SCHEMA = """
@@ -138,7 +140,13 @@ class JobDB:
 
     def _query(self, sql: str, args: tuple = ()) -> list[JobRecord]:
         rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
-        return [JobRecord.from_row(r) for r in rows]
+        records = []
+        for row in rows:
+            try:
+                records.append(JobRecord.from_row(row))
+            except ValidationError:  # a record of an earlier version, whose plan this one cannot run
+                continue
+        return records
 
     def get(self, job_id: str) -> JobRecord | None:
         found = self._query("WHERE id = ?", (job_id,))
