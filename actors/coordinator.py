@@ -27,7 +27,7 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
 from fadrm_ray.events import LedgerEvent, append_event
-from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
+from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, load_dataset, prepare_job
 from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
 from fadrm_ray.store import RunStore
 
@@ -182,11 +182,10 @@ class Coordinator:
         for surplus in self.workers[len(tasks):]:  # more actors than units left to run
             ray.kill(surplus)
         if tasks:
-            # The driver checks the dataset and teachers against the job (JobParts.load) before
-            # any worker reads them.
-            dataset = (parts or JobParts.load(job, "cpu")).dataset
             # One copy of job, dataset and teacher weights in the object store, read by every
             # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
+            # The driver checks the dataset and the teachers' bytes against the job first.
+            dataset = parts.dataset if parts is not None else load_dataset(job)
             self.context = [ray.put(RunContext.of(job, dataset))]
             if self.share_patches:
                 self._share_patches([t.unit for t in tasks if t.stage == 0], workers, result)
@@ -295,13 +294,16 @@ def distill_on_ray(cfg: DistillConfig, dataset_spec: str, teacher_paths: Sequenc
             job, parts = prepare_job(cfg, get_dataset(dataset_spec, root=spec.data_root), dataset_spec, teacher_paths,
                                      out_root, device="cpu", device_type=coordinator.device_type,
                                      data_root=spec.data_root)
-        except BaseException:
-            coordinator.close()
-            raise
-        return run_job(job, coordinator, parts)
+            return run_job(job, coordinator, parts)
+        finally:
+            coordinator.close()  # idempotent: also when run_job fails before executing
 
 
 def run_on_ray(job: DistillJob, spec: ExecutionSpec) -> DistillResult:
     """Run a job built elsewhere (a service request) through Ray."""
     with ray_session(spec.address):
-        return run_job(job, Coordinator.from_spec(spec))
+        coordinator = Coordinator.from_spec(spec)
+        try:
+            return run_job(job, coordinator)
+        finally:
+            coordinator.close()

@@ -29,7 +29,7 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import (Unit, frozen_teachers, provenance, run_unit_stage, save_selection, unit_records,
                                unit_states, unit_stats)
 from fadrm_ray.fileio import atomic_write_bytes
-from fadrm_ray.job import DistillJob, JobParts
+from fadrm_ray.job import DistillJob, JobParts, teacher_blobs
 from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState
@@ -77,7 +77,7 @@ class RunContext:
 
     @classmethod
     def of(cls, job: DistillJob, dataset: ImageDataset) -> "RunContext":
-        return cls(job, dataset, provenance(job, dataset), tuple(Path(p).read_bytes() for p in job.teacher_paths))
+        return cls(job, dataset, provenance(job, dataset), teacher_blobs(job))
 
 
 class DistillWorker:
@@ -109,8 +109,7 @@ class DistillWorker:
         self.store = RunStore(ctx.job.store, ctx.job.run_id)
         self.provenance = ctx.provenance
         loaded = [load_teacher(ref.path, self.device, blob=blob) for ref, blob in zip(ctx.job.teachers, ctx.teacher_blobs)]
-        parts = JobParts(self.dataset, [m for m, _ in loaded], [i for _, i in loaded], self.device)
-        self.teachers = frozen_teachers(parts, self.cfg)
+        self.teachers = frozen_teachers(JobParts.of(self.dataset, loaded, self.device), self.cfg)
         self.patch_cache: dict = {}
         self.live = {}
         self.context_key, self.selections_key = key, None

@@ -28,8 +28,8 @@ from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.executor import Executor
 from api.jobs import JobDB, JobRecord
-from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobList, Problem, Ready,
-                        Report, TeacherInfo)
+from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobAsked,
+                        JobList, Problem, Ready, Report, TeacherInfo)
 from api.outputs import progress, report, write_dataset, write_imagefolder_zip, write_preview
 from api.requests import RequestInvalid, images_in_store, plan_request, run_dir
 
@@ -136,10 +136,9 @@ class Service:
                    "queued_seconds": _span(job.created_at, job.started_at or end),
                    "running_seconds": _span(job.started_at, end) if job.started_at else None}
         base = f"/v1/distillations/{job.id}"
-        return Job(id=job.id, state=job.state, run_id=plan.run_id, dataset=plan.dataset, teachers=plan.teachers,
-                   classes=plan.classes, class_names=plan.class_names, ipc=plan.ipc, preset=plan.preset,
-                   seed=plan.seed, evaluate=plan.evaluate, reused=job.reused, progress=prog, timings=timings,
-                   eta_seconds=eta, error=job.error,
+        asked = {name: getattr(plan, name) for name in JobAsked.model_fields}
+        return Job(id=job.id, state=job.state, run_id=plan.run_id, **asked, reused=job.reused, progress=prog,
+                   timings=timings, eta_seconds=eta, error=job.error,
                    links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
                           "report": f"{base}/report"})
 

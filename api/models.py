@@ -73,12 +73,10 @@ class Links(BaseModel):
     report: str
 
 
-class Job(BaseModel):
-    """A distillation job as the service reports it."""
+class JobAsked(BaseModel):
+    """What a job's request asked for, in the request's terms (catalog names, class order): the
+    service records it (`api.requests.JobPlan`) and reports it (`Job`)."""
 
-    id: str
-    state: Literal[STATES]
-    run_id: str
     dataset: str
     teachers: list[str]
     classes: list[int]
@@ -87,6 +85,14 @@ class Job(BaseModel):
     preset: str
     seed: int
     evaluate: bool
+
+
+class Job(JobAsked):
+    """A distillation job as the service reports it."""
+
+    id: str
+    state: Literal[STATES]
+    run_id: str
     reused: bool = Field(description="true when the images were already in the store (nothing was computed)")
     progress: Progress
     timings: Timings

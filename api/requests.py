@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from fadrm_ray.config import ConfigError, make_config
 from fadrm_ray.job import DistillJob, build_job
@@ -23,7 +23,7 @@ from fadrm_ray.store import StoreError, open_run
 
 from api.catalog import Catalog, UnknownName
 from api.config import ServiceSettings
-from api.models import CLASS_NAME_MAX, DistillationRequest
+from api.models import CLASS_NAME_MAX, DistillationRequest, JobAsked
 
 # Set by the request's own fields, never through `overrides`.
 _TOP_LEVEL = ("ipc", "classes", "seed", "preset")
@@ -37,20 +37,12 @@ class RequestInvalid(ValueError):
         super().__init__(message)
 
 
-class JobPlan(BaseModel):
-    """What the service records for a job and its driver runs: the job (built once, here) and
-    what the request named, in the request's own terms (catalog names, class order)."""
+class JobPlan(JobAsked):
+    """What the service records for a job and its driver runs: the job (built once, here), what
+    the request asked for and its evaluation settings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     job: DistillJob
-    dataset: str                 # the catalog's name
-    teachers: list[str]          # the catalog's names
-    classes: list[int]
-    class_names: list[str]
-    ipc: int
-    preset: str
-    seed: int
-    evaluate: bool
     evaluation: EvalConfig | None = None
 
     @property

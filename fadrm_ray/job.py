@@ -113,29 +113,50 @@ class JobParts:
     device: str
 
     @classmethod
+    def of(cls, dataset: "ImageDataset", loaded: Sequence[tuple], device: str) -> "JobParts":
+        """From `load_teacher`'s (model, info) pairs."""
+        return cls(dataset, [model for model, _ in loaded], [info for _, info in loaded], device)
+
+    @classmethod
     def load(cls, job: DistillJob, device: str = "cpu", dataset: "ImageDataset | None" = None) -> "JobParts":
         """Load what `job` names, checked against the content it was built on."""
-        from fadrm_ray.data import get_dataset
         from fadrm_ray.models import load_teacher
 
-        dataset = dataset if dataset is not None else get_dataset(job.dataset_spec, root=job.data_root)
-        if dataset.fingerprint() != job.dataset_fingerprint:
-            raise ValueError(f"dataset {job.dataset_spec!r} changed since the job was built "
-                             f"(its content hash is not the job's)")
-        models, infos = [], []
-        for ref in job.teachers:
-            model, info = load_teacher(ref.path, device=device)
+        dataset = dataset if dataset is not None else load_dataset(job)
+        loaded = [load_teacher(ref.path, device=device) for ref in job.teachers]
+        for ref, (_, info) in zip(job.teachers, loaded):
             if info.sha256 != ref.sha256:
                 raise ValueError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
-            models.append(model)
-            infos.append(info)
-        return cls(dataset, models, infos, device)
+        return cls.of(dataset, loaded, device)
 
     def on(self, device: str) -> "JobParts":
         """The same parts with the teacher models on `device`."""
         if device == self.device:
             return self
         return JobParts(self.dataset, [m.to(device) for m in self.models], self.infos, device)
+
+
+def load_dataset(job: DistillJob) -> "ImageDataset":
+    """The job's dataset, refused if its content is no longer what the job was built on."""
+    from fadrm_ray.data import get_dataset
+
+    dataset = get_dataset(job.dataset_spec, root=job.data_root)
+    if dataset.fingerprint() != job.dataset_fingerprint:
+        raise ValueError(f"dataset {job.dataset_spec!r} changed since the job was built "
+                         f"(its content hash is not the job's)")
+    return dataset
+
+
+def teacher_blobs(job: DistillJob) -> tuple[bytes, ...]:
+    """The bytes of the job's teachers (for processes that may not see these files), refused if
+    a file is no longer what the job was built on."""
+    import hashlib
+
+    blobs = tuple(Path(ref.path).read_bytes() for ref in job.teachers)
+    for ref, blob in zip(job.teachers, blobs):
+        if hashlib.sha256(blob).hexdigest() != ref.sha256:
+            raise ValueError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
+    return blobs
 
 
 def prepare_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teacher_paths: Sequence[str | Path],
@@ -149,7 +170,6 @@ def prepare_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, 
 
     if not teacher_paths:
         raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
-    loaded = [load_teacher(path, device=device) for path in teacher_paths]
-    infos = [info for _, info in loaded]
-    job = build_job(cfg, dataset, dataset_spec, infos, store, device_type or torch.device(device).type, data_root)
-    return job, JobParts(dataset, [model for model, _ in loaded], infos, device)
+    parts = JobParts.of(dataset, [load_teacher(path, device=device) for path in teacher_paths], device)
+    job = build_job(cfg, dataset, dataset_spec, parts.infos, store, device_type or torch.device(device).type, data_root)
+    return job, parts
