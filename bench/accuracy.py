@@ -28,9 +28,15 @@ the job count. `--set KEY=VALUE` overrides the recover config of every distilled
 example `--set crop_scale_min=0.5 --set lr=0.05` for the small-image settings examined in
 docs/benchmarks/accuracy.md); such runs get their own run ids and cache entries.
 
-`--datasets` also takes any dataset spec, such as the `parquet:PATH` of a Fashion-MNIST sample
-that `python -m fadrm_ray.data.fashion_sample` writes (grey clothing photos: harder than the digits);
-such datasets take mnist-sample's budgets and teacher epochs (`--teacher-epochs` overrides).
+`--datasets` also takes any dataset spec: `fashion-mnist` (the full 60,000/10,000 images, from
+the Debian package dataset-fashion-mnist or FADRM_DATA/fashion-mnist), or the `parquet:PATH` of
+a Fashion-MNIST sample that `python -m fadrm_ray.data.fashion_sample` writes (grey clothing
+photos: harder than the digits); datasets without BUDGETS of their own take mnist-sample's
+budgets and teacher epochs (`--teacher-epochs` overrides). The Fashion-MNIST grid of
+docs/benchmarks/accuracy.md is
+
+    python -m bench.accuracy --datasets fashion-mnist --ipc 1,10,50 --protocol published --seeds 5 \
+        --methods random-real,patches,rded,sre2l++,fadrm,fadrm+,fadrm-paper
 
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table and,
 below it, fadrm minus every other row seed by seed (or, with --json, one JSON object). Teachers,
@@ -72,8 +78,12 @@ TEACHERS = {  # name -> (model, kwargs)
     "t3": ("convnet-bn", {"width": 32, "depth": 4}),
 }
 # Budget T of fadrm per dataset; sre2l++ gets 2T and sre2l T/2 (the published ratios).
-BUDGETS = {"full": {"digits": 1000, "mnist-sample": 500}, "quick": {"digits": 200, "mnist-sample": 100}}
-TEACHER_EPOCHS = {"full": {"digits": 15, "mnist-sample": 8}, "quick": {"digits": 10, "mnist-sample": 3}}
+# fashion-mnist is 28 px like mnist-sample and takes its budget; its teachers see twelve times
+# the training images per epoch, so fewer epochs give them more steps.
+BUDGETS = {"full": {"digits": 1000, "mnist-sample": 500, "fashion-mnist": 500},
+           "quick": {"digits": 200, "mnist-sample": 100, "fashion-mnist": 100}}
+TEACHER_EPOCHS = {"full": {"digits": 15, "mnist-sample": 8, "fashion-mnist": 4},
+                  "quick": {"digits": 10, "mnist-sample": 3, "fashion-mnist": 1}}
 
 
 def per_dataset(table: dict, mode: str, dataset: str) -> int:
@@ -169,12 +179,12 @@ def _cell_job(cell: dict) -> list[dict]:
         rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
                      "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),
-                     "eval_seconds": ev["seconds"], "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
-                     "top1_per_seed": ev["top1_per_seed"], "best_top1_mean": ev["best_top1_mean"],
-                     "student_epochs": ev["epochs"], "student_steps": ev["steps_per_seed"],
+                     "eval_seconds": ev.seconds, "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
+                     "top1_per_seed": ev.top1_per_seed, "best_top1_mean": ev.best_top1_mean,
+                     "student_epochs": ev.epochs, "student_steps": ev.steps_per_seed,
                      "teachers": [Path(p).parent.name for p in eval_teachers]})
-        log(f"  {dataset.name} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev['top1_mean']:6.2f} ± "
-            f"{ev['top1_std']:.2f}  (distill {distill_s:.0f} s, eval {ev['seconds']:.0f} s)")
+        log(f"  {dataset.name} ipc {ipc} {method:<20} T={cfg.iterations:<5} top-1 {ev.top1_mean:6.2f} ± "
+            f"{ev.top1_std:.2f}  (distill {distill_s:.0f} s, eval {ev.seconds:.0f} s)")
     return rows
 
 
@@ -272,7 +282,7 @@ def paired_markdown(results: list[dict], methods: list[str], against: str = "fad
                 texts.append("-")
                 continue
             gain = paired_gain(rows[against]["top1_per_seed"], rows[m]["top1_per_seed"])
-            texts.append(f"{gain_text(gain, seeds=False)} ({gain['higher']}/{gain['seeds']})")
+            texts.append(f"{gain_text(gain, seeds=False)} ({gain.higher}/{gain.seeds})")
         lines.append(f"| {name} | {ipc} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 

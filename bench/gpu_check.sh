@@ -15,6 +15,7 @@
 #      100 classes per batch, T = 2000 timed on ITERS iterations and extrapolated linearly;
 #      pack 1, 2, 4 in fp16 (the CUDA default), pack 1 and 4 in bf16, pack 1 without
 #      channels-last; peak GPU memory of each
+#   4b. the efficiency table of the paper's methods side by side (bench.efficiency, printed)
 #   5. one JSON with everything, and a summary
 #
 # Knobs (environment): PYTHON (python3), ITERS (200 timed iterations; 4 stages of 50),
@@ -120,6 +121,10 @@ if [[ "${GPU_CHECK_COMPILE:-0}" == 1 ]]; then
     "$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" --device "$DEVICE" --packs 1 --iterations "$ITERS" \
         --precision "$LOW" --compile --json-out "$WORK/imagenet-compile.json"
 fi
+
+step "4b/5 the paper's efficiency table: every method on one small setting (bench.efficiency)"
+"$PYTHON" -m bench.efficiency --device "$DEVICE" --scale 0.05 | tee "$WORK/efficiency.txt" \
+    || fail "bench.efficiency failed (see above)"
 
 step "5/5 results"
 "$PYTHON" - "$WORK" "$RESULT" "$DRY" "$((SECONDS - START))" <<'EOF'

@@ -117,7 +117,7 @@ def prepare(name: str, out: Path, mode: str, device: str, log, teacher_path: str
     if teacher_path is None:
         teacher_path, _ = bench_teacher(dataset, out, TEACHER_EPOCHS[mode][name], log, teacher_kind)
     cfg = make_config("fadrm", overrides={"ipc": IPC, "iterations": T}).resolve(
-        dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type)
+        dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type, channels=dataset.channels)
     model, info = load_teacher(teacher_path)
     check_teacher_fits(info, dataset)
     acc = info.test_accuracy
@@ -273,9 +273,9 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
             for side in ("reference", "engine"):
                 ev = evaluate_images(images[side], labels, name, [setup["teacher"]], EvalConfig(seeds=args.eval_seeds),
                                      progress=False)
-                q[side]["student_top1_mean"] = ev["top1_mean"]
-                q[side]["student_top1_per_seed"] = ev["top1_per_seed"]
-                log(f"  student top-1 on the {side} images: {ev['top1_mean']:.2f}% (seeds {ev['top1_per_seed']})")
+                q[side]["student_top1_mean"] = ev.top1_mean
+                q[side]["student_top1_per_seed"] = ev.top1_per_seed
+                log(f"  student top-1 on the {side} images: {ev.top1_mean:.2f}% (seeds {ev.top1_per_seed})")
     return q
 
 

@@ -38,7 +38,8 @@ def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: 
             overrides = {"ipc": pack, "pack": pack, "iterations": iterations, "precision": precision,
                          "channels_last": channels_last, "compile": compile, "downsample_size": low,
                          "classes": list(range(classes))}
-            cfg = make_config("fadrm", overrides=overrides).resolve(size, num_classes, True, torch.device(device).type)
+            cfg = make_config("fadrm", overrides=overrides).resolve(size, num_classes, True, torch.device(device).type,
+                                                                 channels=3)
             gen = torch.Generator().manual_seed(pack)
             patches = torch.randint(0, 256, (pack, classes, 3, size, size), dtype=torch.uint8, generator=gen)
 
@@ -51,7 +52,7 @@ def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: 
                 return time.perf_counter() - started, state
 
             warm_cfg = make_config("fadrm", overrides=dict(overrides, iterations=2 * (cfg.k + 1))).resolve(
-                size, num_classes, True, torch.device(device).type)
+                size, num_classes, True, torch.device(device).type, channels=3)
             warm_seconds, _ = once(warm_cfg)
             if device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()

@@ -69,12 +69,12 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
                 run = distill_local(cfg, dataset, [teacher_path], store_root, progress=False)
                 ev = evaluate_run(run.run_dir, evaluation, dataset=dataset, teachers=[teacher_path], progress=False,
                                   ipc=run.ipc)
-                rows[key].append({"budget": int(budget), "top1_mean": ev["top1_mean"], "top1_std": ev["top1_std"],
-                                  "top1_per_seed": ev["top1_per_seed"], "run_id": run.run_id,
+                rows[key].append({"budget": int(budget), "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
+                                  "top1_per_seed": ev.top1_per_seed, "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})
                 if progress:
                     print(f"information vanishing: {dataset.name} ipc {ipc} budget {budget} {key}: "
-                          f"{ev['top1_mean']:.2f} ± {ev['top1_std']:.2f}", flush=True)
+                          f"{ev.top1_mean:.2f} ± {ev.top1_std:.2f}", flush=True)
     result = {"dataset": dataset.name, "ipc": ipc, "teacher": str(teacher_path), "student": evaluation.student,
               "seeds": len(evaluation.seed_list), "evaluation": evaluation.model_dump(mode="json"),
               "budgets": [int(b) for b in budgets], **rows,
@@ -136,7 +136,8 @@ def arc_merge_effect(dataset: ImageDataset | str, teacher_paths: str | Path | Se
         teacher_paths = [teacher_paths]
     cfg = make_config("fadrm", overrides={"ipc": ipc, "iterations": iterations, "ipc_per_unit": ipc, "pack": ipc,
                                           **dict(overrides or {})})
-    cfg = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type)
+    cfg = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, torch.device(device).type,
+                      channels=dataset.channels)
     if not cfg.uses_arc:
         raise ValueError("this config has no ARC merge (k = 0 or alpha = 1)")
     teachers, infos = load_teachers(list(teacher_paths), dataset, cfg, device)

@@ -85,8 +85,8 @@ def main(argv=None) -> dict:
                 print(f"  {source} {method} with {labels_by}'s labels", file=sys.stderr, flush=True)
                 result = evaluate_run(run, cfg, teachers=[teacher], ipc=args.ipc, num_threads=1, progress=False)
                 rows.append({"images_from": source, "method": method, "labels_by": labels_by, "run": str(run),
-                             "top1_mean": result["top1_mean"], "top1_std": result["top1_std"],
-                             "top1_per_seed": result["top1_per_seed"],
+                             "top1_mean": result.top1_mean, "top1_std": result.top1_std,
+                             "top1_per_seed": result.top1_per_seed,
                              "class_probability": round(class_probability(run, args.ipc, teacher, cfg.crop_scale), 4)})
 
     header = "| images from | labels by | " + " | ".join(methods) + " | p(class) on views: " + ", ".join(methods) + " |"

@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
                               progress=False, ipc=ipc)
         else:
             ev = evaluate_images(images, labels, dataset, teachers, cfg, num_threads=args.threads, progress=False)
-        results[name] = ev["top1_per_seed"]
+        results[name] = ev.top1_per_seed
     lines = ["| set | pixel change | top-1 | minus the patches, seed by seed |", "|---|---|---|---|"]
     for name, per_seed in results.items():
         gain = "" if name == "patches" else gain_text(paired_gain(per_seed, results["patches"]))

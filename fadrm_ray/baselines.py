@@ -23,7 +23,9 @@ from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
+from fadrm_ray.ranking import rank_evaluation
 from fadrm_ray.runtime import torch_threads
+from fadrm_ray.scores import BaselineScore, Evaluation, PairedGain
 from fadrm_ray.settings import EvalConfig, EvaluationError
 from fadrm_ray.store import open_run
 
@@ -53,12 +55,7 @@ def distill_baseline(reader, bcfg: DistillConfig, dataset: ImageDataset, *, devi
                              progress=False)
 
 
-def _summary(ev: dict) -> dict:
-    keys = ("run_id", "run_dir", "preset", "top1_mean", "top1_std", "top1_per_seed", "best_top1_mean")
-    return {k: ev.get(k) for k in keys}
-
-
-def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> dict:
+def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> PairedGain:
     """The run's final top-1 minus a baseline's, seed by seed. The two students of one seed start
     from the same weights and see the same augmentation stream, so the difference cancels most of
     the spread between seeds: `mean` (equal to the gain of the means), `stderr` (its standard
@@ -67,25 +64,25 @@ def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> dict:
         raise ValueError(f"paired seeds must match: {len(run_top1)} against {len(base_top1)}")
     diffs = [a - b for a, b in zip(run_top1, base_top1)]
     stderr = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-    return {"mean": round(statistics.fmean(diffs), 3), "stderr": None if stderr is None else round(stderr, 3),
-            "higher": sum(d > 0 for d in diffs), "seeds": len(diffs)}
+    return PairedGain(mean=round(statistics.fmean(diffs), 3), stderr=None if stderr is None else round(stderr, 3),
+                      higher=sum(d > 0 for d in diffs), seeds=len(diffs))
 
 
-def gain_text(paired: dict, seeds: bool = True) -> str:
+def gain_text(paired: PairedGain, seeds: bool = True) -> str:
     """'+0.54 ± 0.29 s.e., higher on 4 of 5 seeds' for a `paired_gain` (without the count when
     `seeds` is False; without the error with one seed)."""
-    text = f"{paired['mean']:+.2f}"
-    if paired.get("stderr") is not None:
-        text += f" ± {paired['stderr']:.2f}" + (" s.e." if seeds else "")
+    text = f"{paired.mean:+.2f}"
+    if paired.stderr is not None:
+        text += f" ± {paired.stderr:.2f}" + (" s.e." if seeds else "")
     if seeds:
-        text += f", higher on {paired['higher']} of {paired['seeds']} seed{'s' if paired['seeds'] != 1 else ''}"
+        text += f", higher on {paired.higher} of {paired.seeds} seed{'s' if paired.seeds != 1 else ''}"
     return text
 
 
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
                             device: str = "cpu", progress: bool = True, incomplete: bool = False,
-                            ipc: int | None = None) -> dict:
+                            ipc: int | None = None, ranking: bool = True, ars: bool = False) -> Evaluation:
     """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
     and soft labels), `gains` (the run's top-1 minus each baseline's, in points) and
     `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
@@ -94,12 +91,16 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
     students of all three learn from `teachers` (default: the run's). A baseline that cannot be
     built (a teacher file gone) is reported with its error instead of a number. `ipc` reads the
     run, and builds the baselines, at that IPC (as `evaluate_run` does).
+
+    `ranking` adds DD-Ranking's scores (`ranking.rank_evaluation`: HLR, IOR and LRS; ARS too with
+    `ars`), which train hard-label students on the run and, once per dataset, on its full
+    training split.
     """
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
     result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
                           device=device, progress=progress, incomplete=incomplete, ipc=ipc)
-    baselines, gains, paired = {}, {}, {}
+    baselines, gains, paired, evaluations = {}, {}, {}, {}
     for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:
             run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads)
@@ -107,9 +108,15 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
                 run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
                 progress=progress, ipc=run.ipc)
         except (EvaluationError, OSError, ValueError) as exc:
-            baselines[name] = {"error": str(exc)}
+            baselines[name] = BaselineScore(error=str(exc))
             continue
-        baselines[name] = _summary(ev)
-        gains[name] = round(result["top1_mean"] - ev["top1_mean"], 3)
-        paired[name] = paired_gain(result["top1_per_seed"], ev["top1_per_seed"])
-    return {**result, "baselines": baselines, "gains": gains, "paired_gains": paired}
+        baselines[name], evaluations[name] = ev.brief(), ev
+        gains[name] = round(result.top1_mean - ev.top1_mean, 3)
+        paired[name] = paired_gain(result.top1_per_seed, ev.top1_per_seed)
+    scores = None
+    if ranking:
+        scores = rank_evaluation(run_dir, result, evaluations.get("random_real"), dataset, teachers=teachers, ars=ars,
+                                 device=device, num_threads=num_threads, progress=progress, incomplete=incomplete,
+                                 ipc=ipc)
+    return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
+                                     "ranking": scores})

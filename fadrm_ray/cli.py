@@ -176,10 +176,27 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
         result = _needs_ray(ray_distill)(cfg, args.dataset, args.teacher, args.out, spec)
     from fadrm_ray.runtime import process_info
 
-    payload = {**result.to_dict(), "process": process_info()}
+    from fadrm_ray.config import RECIPE_FIELDS
+
+    recipe = result.recipe or "not recorded"
+    taken = [name for name in RECIPE_FIELDS if getattr(cfg, name) == "auto"]
+    recipe += f"; it gave {', '.join(taken)}" if taken else "; every value it sets was given explicitly"
+    payload = {**result.to_dict(), "recipe": recipe, "process": process_info()}
     _emit(args, payload, f"distilled {result.images} images ({len(result.units_run)} units run, "
                          f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s\n"
+                         f"recipe: {recipe}\n"
                          f"run: {result.run_dir} (read it at this IPC with --ipc {result.ipc})")
+
+
+def run_recipe(reader) -> str:
+    """The recipe a run's "auto" values came from, with why (`config.recipe_reason`), from its
+    saved config and the image size and channels its provenance records."""
+    from fadrm_ray.config import recipe_reason
+
+    data = reader.provenance.get("dataset") or {}
+    size, channels = data.get("image_size"), data.get("channels")
+    known = isinstance(size, int) and isinstance(channels, int)
+    return recipe_reason(str(reader.config.get("recipe", "")), size if known else None, channels if known else 1)
 
 
 def cmd_export(args) -> None:
@@ -219,22 +236,28 @@ def cmd_evaluate(args) -> None:
     reader.verify()  # before a dataset is loaded or a teacher read
     if args.baselines:
         result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
-                                         incomplete=args.incomplete, ipc=args.ipc)
+                                         incomplete=args.incomplete, ipc=args.ipc, ranking=args.ranking, ars=args.ars)
     else:
         result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
                               incomplete=args.incomplete, ipc=args.ipc)
-    result["report"] = write_report(args.run, evaluation=result, incomplete=args.incomplete)
-    result["process"] = process_info()
-    per_seed = ", ".join(f"{v:.2f}" for v in result["top1_per_seed"])
-    lines = [f"student {result['student']} on {args.run}: top-1 {result['top1_mean']:.2f} "
-             f"± {result['top1_std']:.2f}% over {len(result['top1_per_seed'])} seeds ({per_seed})"]
-    for name, base in (result.get("baselines") or {}).items():
-        if "error" in base:
-            lines.append(f"  {BASELINES[name]}: not available ({base['error']})")
+    report = write_report(args.run, evaluation=result, incomplete=args.incomplete)
+    per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
+    tested = "" if result.classes is None else f", tested on its {len(result.classes)} classes ({result.test_size} images)"
+    lines = [f"student {result.student} on {args.run}: top-1 {result.top1_mean:.2f} "
+             f"± {result.top1_std:.2f}% over {len(result.top1_per_seed)} seeds ({per_seed}){tested}"]
+    for name, base in result.baselines.items():
+        if base.error is not None:
+            lines.append(f"  {BASELINES[name]}: not available ({base.error})")
         else:
-            lines.append(f"  {BASELINES[name]}: {base['top1_mean']:.2f} ± {base['top1_std']:.2f}% "
-                         f"(gain {gain_text(result['paired_gains'][name])})")
-    lines.append(f"report: {result['report'].get('evaluation_plot', result['report'].get('grid', ''))}")
+            lines.append(f"  {BASELINES[name]}: {base.top1_mean:.2f} ± {base.top1_std:.2f}% "
+                         f"(gain {gain_text(result.paired_gains[name])})")
+    if result.ranking is not None:
+        from fadrm_ray.ranking import ranking_text
+
+        lines.append(f"  DD-Ranking: {ranking_text(result.ranking)}")
+        lines.extend(f"    not measured: {why}" for why in result.ranking.missing)
+    lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
+    result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
     _emit(args, result, "\n".join(lines))
 
 
@@ -244,7 +267,9 @@ def cmd_info(args) -> None:
     from fadrm_ray.report import report_files, stale_reports
     from fadrm_ray.store import open_run
 
-    info = open_run(args.run, incomplete=True, ipc=args.ipc).info()
+    reader = open_run(args.run, incomplete=True, ipc=args.ipc)
+    info = reader.info()
+    info["recipe"] = run_recipe(reader)
     info["report"] = report_files(args.run)
     info["report_stale"] = stale_reports(args.run)
     if args.json:
@@ -325,7 +350,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
 
     parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_help = "digits, mnist-sample, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+    data_help = "digits, mnist-sample, fashion-mnist, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
     ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
@@ -375,7 +400,12 @@ def build_parser(ray_distill: "RayDistill | None" = None,
                    help="student schedule: short (about 600 steps, the default) or published (300 epochs, "
                         "1000 at IPC 1, stretched cosine)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false",
-                   help="skip the baselines (random real images, the run's starting patches)")
+                   help="skip the baselines (random real images, the run's starting patches) and DD-Ranking's scores")
+    p.add_argument("--no-ranking", dest="ranking", action="store_false",
+                   help="skip DD-Ranking's HLR and LRS (hard-label students on the run and, once per dataset, "
+                        "on its whole training split)")
+    p.add_argument("--ars", action="store_true",
+                   help="add DD-Ranking's ARS: the run and random real images evaluated again without augmentation")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--threads", type=int, default=None)

@@ -4,20 +4,22 @@ A config is validated once, when it is built (settings.py has the shared rules),
 fails before any work starts, with a message that names the field and the allowed range. Presets
 are named sets of overrides of the defaults (docs/method.md section 7). `make_config` builds a
 config in one pass from its layers: preset, YAML file, `key=value` overrides, then command-line
-flags. What depends on the dataset (stage budgets and resolutions, jitter, flip, precision) is
-filled in by `resolve`, and the resolved config is what every run saves beside its images.
+flags. What depends on the dataset (the recipe of the "auto" recover settings, stage budgets and
+resolutions, jitter, flip, precision) is filled in by `resolve`, and the resolved config is what
+every run saves beside its images.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence
+from typing import Annotated, Any, Literal, NamedTuple, Sequence
 
 import yaml
 from pydantic import Field, model_validator
 
 from fadrm_ray.fileio import read_yaml_mapping
-from fadrm_ray.settings import ConfigError, Count, Flag, Fraction, Index, Indices, ScaleRange, Settings, layered
+from fadrm_ray.settings import (AreaFraction, ConfigError, Count, Flag, Fraction, Index, Indices, ScaleRange, Settings,
+                                Weight, layered)
 
 
 # ---------------------------------------------------------------------- presets
@@ -30,49 +32,104 @@ _PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08, "bound": "clamp"}
 _NOISE = {"init": "noise", "patch_selection": "easy"}
 # RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate, lowest CE first.
 _RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5, "patch_selection": "easy"}
+# The released FADRM scripts' recover settings: lr 0.25, crops down to 8% of the image, the clamp,
+# "medium" RDED patches, T = 2000 (docs/method.md section 7b).
+_RELEASED = {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 2000}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
-    # The released FADRM scripts' recover settings at every image size, whatever this project's
-    # defaults are: lr 0.25, crops down to 8% of the image, "medium" RDED patches, flips, T = 2000.
-    "fadrm-paper": {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "flip": True, "iterations": 2000},
+    # The released FADRM scripts' recover settings, with flips, at every image size and whatever
+    # recipe "auto" would pick.
+    "fadrm-paper": {**_RELEASED, "flip": True},
     "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 1000},
     "cda": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 4000, "crop_curriculum": True},
     "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
     "rded": {**_NO_ARC, **_RDED_PATCHES, "iterations": 0},
     "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
+    # docs/method.md section 7c. G-VBSM (its released CIFAR-100 recover script): noise init,
+    # several backbones in turn, BN + convolution statistics at one weight 0.01, lr 0.05, 4000
+    # iterations, no ARC/MRO/MPT.
+    "g-vbsm": {**_NO_ARC, **_NOISE, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp", "iterations": 4000,
+               "r_bn": 0.01, "r_conv": 0.01},
+    # EDC (its released ImageNet recover script): RDED real-patch init, several backbones in turn,
+    # BN + convolution statistics at weight 0.1, lr 0.05, 1000 iterations, no ARC/MRO/MPT.
+    "edc": {**_NO_ARC, **_RDED_PATCHES, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp",
+            "iterations": 1000, "r_bn": 0.1, "r_conv": 0.1},
+    # CV-DD (its released recover scripts): "medium" real patches, a committee voting with
+    # softmax(test accuracy / 5) weights, lr 0.25, 4000 iterations, r_bn 0.01, no ARC/MRO/MPT.
+    "cv-dd": {**_NO_ARC, **_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 4000,
+              "committee": "prior", "committee_temperature": 5.0},
 }
 
-# Resolution-aware defaults (docs/benchmarks/accuracy.md, "Accuracy on small images"): field -> (value below
-# SMALL_IMAGE px, value at or above). Large images get the published recover settings. On the
-# small offline datasets those settings move the images far from their patches and train worse
-# students than the patches themselves; smaller steps, larger crops and whole lowest-CE images
-# keep recovered images at least as good as the real images they start from. Small data sets
-# (digits) have many pixels at exactly 0 or 1, which a clamp lets drift (docs/method.md
+# The recipes "auto" chooses from (docs/method.md section 7b): field -> value, for the fields that
+# take their value from the dataset (RECIPE_FIELDS). Each recipe says where its values come from.
+#
+# small-grey: measured here (docs/benchmarks/accuracy.md, "Accuracy on small images") on the
+# single-channel datasets below 64 px. There the released settings move the images far from their
+# patches and train worse students than the patches themselves; smaller steps, larger crops and
+# whole lowest-CE images keep recovered images at least as good as the real images they start
+# from. Such data has many pixels at exactly 0 or 1, which a clamp lets drift (docs/method.md
 # section 3); the sigmoid bound keeps them. At IPC 10 the ten most typical images of a class are
-# alike and random ones train better students; at IPC 1 the most typical one does: `spread` takes
-# that one first and then the most typical of small random groups. Large images keep "easy"
-# (there was no large-image data to measure it on).
-SMALL_IMAGE = 64
-AUTO_BY_SIZE: dict[str, tuple[Any, Any]] = {
-    "lr": (0.01, 0.25),
-    "crop_scale_min": (0.5, 0.08),
-    "patch_crop_scale": ((1.0, 1.0), (0.5, 1.0)),
-    "patch_crops": (1, 5),
-    "bound": ("sigmoid", "clamp"),
-    "iterations": (500, 2000),
-    "patch_selection": ("spread", "easy"),
-}
+# alike and random ones train better students; at IPC 1 the most typical one does: `spread`
+# takes that one first and then the most typical of small random groups.
+#
+# The released recipes: what the published FADRM scripts run for each family (lr 0.25, 4 stages
+# of 500 iterations, crops down to 8% of the image, the clamp, "medium" RDED patches). Where
+# nothing was measured here (colour images, or images of 64 px and more), the published evidence
+# is the only evidence, so it decides. The families differ in what follows the image size in
+# `resolve` (jitter 4 below 128 px and 32 from there, MRO 200/224 from 128 px), not in these fields.
+RECIPE_FIELDS = ("lr", "crop_scale_min", "patch_crop_scale", "patch_crops", "bound", "iterations", "patch_selection")
+_MEASURED_SMALL_GREY = {"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
+                        "bound": "sigmoid", "iterations": 500, "patch_selection": "spread"}
 
-NonNegative = Annotated[float, Field(strict=True, ge=0)]
+
+class Recipe(NamedTuple):
+    values: dict[str, Any]
+    source: str  # where the values come from
+
+
+RECIPES: dict[str, Recipe] = {
+    "small-grey": Recipe(_MEASURED_SMALL_GREY,
+                         "measured on single-channel images below 64 px (docs/benchmarks/accuracy.md)"),
+    "cifar": Recipe(_RELEASED, "the released FADRM scripts' CIFAR-10/100 recipe (32 px colour; no MRO)"),
+    "tiny-imagenet": Recipe(_RELEASED, "the released FADRM scripts' Tiny-ImageNet recipe (64 px; no MRO)"),
+    "imagenet": Recipe(_RELEASED, "the released FADRM scripts' ImageNet recipe (224 px; MRO 200/224)"),
+}
+SMALL_IMAGE = 64     # below it: small-grey for one channel, cifar for more
+LARGE_IMAGE = 128    # from it: imagenet (MRO and jitter 32 start here too)
+
+
+def auto_recipe(image_size: int, channels: int) -> str:
+    """The recipe "auto" takes for images of `image_size` px with `channels` channels: the
+    measured one only where it was measured, else the released recipe of the size's family."""
+    if image_size < SMALL_IMAGE:
+        return "small-grey" if channels == 1 else "cifar"
+    return "tiny-imagenet" if image_size < LARGE_IMAGE else "imagenet"
+
+
+def recipe_reason(name: str, image_size: int | None = None, channels: int = 1) -> str:
+    """One line on a recipe: its name, whether it is auto's choice for images of `image_size` px
+    with `channels` channels (when the size is given), and where its values come from."""
+    if name not in RECIPES:
+        return "not recorded (the run was distilled before recipes were)"
+    text = name
+    if image_size is not None:
+        auto, images = auto_recipe(image_size, channels), f"{channels}-channel {image_size}-px images"
+        text += f", auto's choice for {images}" if auto == name else f", set (auto takes {auto} for {images})"
+    return f"{text}: {RECIPES[name].source}"
+
 
 # Fields that change how fast a run goes but not its images (beyond float rounding).
 SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile")
-# Left out of the run id: the speed fields, and the IPC (a run grows or is read at any IPC).
-NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc")
+# Left out of the run id: the speed fields, the IPC (a run grows or is read at any IPC) and the
+# recipe (a record of where the "auto" values came from; the values themselves are in the id).
+NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc", "recipe")
 # Fields added after runs were stored, with the value that gives the images those runs have:
-# at that value a field is left out of the run id, so the older runs keep theirs.
-LATER_FIELDS = {"bound": "clamp", "patch_group": 4}
+# at that value a field is left out of the run id (and of a saved config compared with an older
+# one), so the older runs keep theirs. Runs below 64 px stored before the recipe was recorded
+# took the small-grey values.
+LATER_FIELDS = {"bound": "clamp", "patch_group": 4, "recipe": "small-grey",
+                "r_conv": 0.0, "committee": "round-robin", "committee_temperature": 5.0}
 
 
 def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -80,9 +137,9 @@ def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
 
-def auto_values(image_size: int) -> dict[str, Any]:
-    """What the AUTO_BY_SIZE fields resolve to at `image_size` (at >= SMALL_IMAGE: the published values)."""
-    return {name: small if image_size < SMALL_IMAGE else large for name, (small, large) in AUTO_BY_SIZE.items()}
+def auto_values(image_size: int, channels: int) -> dict[str, Any]:
+    """What the RECIPE_FIELDS resolve to for such images (`auto_recipe`)."""
+    return dict(RECIPES[auto_recipe(image_size, channels)].values)
 
 
 class DistillConfig(Settings):
@@ -99,9 +156,11 @@ class DistillConfig(Settings):
     # easy = lowest teacher CE first; medium = middle of the ranking; random = random crops;
     # grouped = the lowest-CE image of each group of `patch_group` shuffled images (typical, yet as
     # varied as random ones); spread = the class's lowest-CE image first, then grouped;
-    # whole = random whole images (random-real); auto = by image size (AUTO_BY_SIZE)
+    # whole = random whole images (random-real); auto = the recipe's (RECIPES)
     patch_selection: Literal["easy", "medium", "grouped", "spread", "random", "whole", "auto"] = "auto"
-    # "auto" fields take their value from the image size (AUTO_BY_SIZE).
+    # "auto" fields of RECIPE_FIELDS take their value from the recipe: `recipe`, or for "auto" the
+    # one `auto_recipe` picks by the images' size and channels. The resolved config records it.
+    recipe: Literal[("auto", *RECIPES)] = "auto"
     patch_crops: Count | Literal["auto"] = "auto"  # random square crops scored per candidate image
     patch_crop_scale: ScaleRange | Literal["auto"] = "auto"  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
@@ -109,13 +168,20 @@ class DistillConfig(Settings):
 
     # The optimization loop (docs/method.md section 3).
     iterations: Index | Literal["auto"] = "auto"  # T, over all stages
-    lr: Annotated[float, Field(strict=True, gt=0)] | Literal["auto"] = "auto"
-    r_bn: NonNegative = 0.01
-    first_bn_weight: NonNegative = 10.0
+    lr: Annotated[float, Field(strict=True, gt=0, le=100)] | Literal["auto"] = "auto"
+    r_bn: Weight = 0.01
+    # G-VBSM, EDC (docs/method.md section 7c): weight of the convolution-statistics loss against
+    # real-data targets (fadrm_ray/statistics.py); 0 = off.
+    r_conv: Weight = 0.0
+    # How several teachers share the steps: "round-robin" (one per step, FADRM+, G-VBSM) or
+    # "prior" (CV-DD: all of them every step, weighted by softmax(test accuracy / temperature)).
+    committee: Literal["round-robin", "prior"] = "round-robin"
+    committee_temperature: Annotated[float, Field(strict=True, gt=0, le=1e4)] = 5.0
+    first_bn_weight: Weight = 10.0
     # Roll offset bound in pixels; auto = 32 at >= 128 px, else D // 8 capped at 4.
     jitter: Index | Literal["auto"] = "auto"
     flip: Flag | Literal["auto"] = "auto"  # auto = the dataset says whether a flip keeps the label
-    crop_scale_min: Fraction | Literal["auto"] = "auto"  # RandomResizedCrop lower scale bound
+    crop_scale_min: AreaFraction | Literal["auto"] = "auto"  # RandomResizedCrop lower scale bound
     crop_curriculum: Flag = False        # CDA: the lower bound anneals 1.0 -> crop_scale_min by cosine
 
     # Stages, ARC, MRO, MPT (docs/method.md section 4).
@@ -128,8 +194,8 @@ class DistillConfig(Settings):
     stage_resolutions: list[Count] | None = None  # explicit R_s per stage; the last must be D
     # "converged": end a stage early once CE and BN losses are small.
     arc_timing: Literal["fixed", "converged"] = "fixed"
-    arc_ce_threshold: NonNegative = 0.01
-    arc_bn_threshold: NonNegative = 60.0
+    arc_ce_threshold: Annotated[float, Field(strict=True, ge=0)] = 0.01  # finite (Settings)
+    arc_bn_threshold: Annotated[float, Field(strict=True, ge=0)] = 60.0
     # How images stay in [0, 1]: "clamp" after every step (as published), or "sigmoid": optimize
     # the logits of the pixels, so a pixel at 0 or 1 moves only when its gradient keeps pushing.
     bound: Literal["auto", "clamp", "sigmoid"] = "auto"
@@ -183,22 +249,32 @@ class DistillConfig(Settings):
         base, extra = divmod(self.iterations, n)
         return [base + (1 if s < extra else 0) for s in range(n)]
 
-    def sized(self, image_size: int) -> "DistillConfig":
-        """This config with the resolution-aware "auto" values (AUTO_BY_SIZE) made explicit."""
-        changes = {name: value for name, value in auto_values(image_size).items() if getattr(self, name) == "auto"}
+    def recipe_for(self, image_size: int, channels: int) -> str:
+        """The recipe this config takes its "auto" values from for such images."""
+        return auto_recipe(image_size, channels) if self.recipe == "auto" else self.recipe
+
+    def sized(self, image_size: int, channels: int) -> "DistillConfig":
+        """This config with the recipe's "auto" values (RECIPE_FIELDS) made explicit, and the
+        recipe recorded."""
+        name = self.recipe_for(image_size, channels)
+        changes = {k: v for k, v in RECIPES[name].values.items() if getattr(self, k) == "auto"}
         if "iterations" in changes and self.stage_iterations is not None:
             changes["iterations"] = sum(self.stage_iterations)  # explicit stage budgets decide T
+        if self.recipe != name:
+            changes["recipe"] = name
         return self.model_copy(update=changes) if changes else self
 
-    def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu") -> "DistillConfig":
-        """A new config with every dataset-dependent "auto" made explicit; checks fit to the dataset."""
+    def resolve(self, image_size: int, num_classes: int, hflip: bool = True, device_type: str = "cpu", *,
+                channels: int) -> "DistillConfig":
+        """A new config with every dataset-dependent "auto" made explicit; checks fit to the dataset.
+        `channels` picks the recipe with the size (`auto_recipe`)."""
         if self.classes is not None and max(self.classes) >= num_classes:
             raise ConfigError(f"classes must be in [0, {num_classes - 1}] for this dataset, got {self.classes}",
                               ("classes",))
         downsample = self.downsample_size
         if downsample == "default":
             # MRO as published: 200/224 at large resolutions, none on small data (docs/method.md section 4).
-            downsample = int(round(image_size * 200 / 224)) if image_size >= 128 else None
+            downsample = int(round(image_size * 200 / 224)) if image_size >= LARGE_IMAGE else None
         if isinstance(downsample, int) and downsample > image_size:
             raise ConfigError(f"downsample_size must be <= the image size {image_size}, got {downsample}",
                               ("downsample_size",))
@@ -214,10 +290,10 @@ class DistillConfig(Settings):
             resolutions = mro_resolutions(self.k, image_size, downsample)
         jitter = self.jitter
         if jitter == "auto":
-            jitter = 32 if image_size >= 128 else min(4, max(1, image_size // 8))
-        sized = self.sized(image_size)
+            jitter = 32 if image_size >= LARGE_IMAGE else min(4, max(1, image_size // 8))
+        sized = self.sized(image_size, channels)
         changes = {
-            **sized.model_dump(include=set(AUTO_BY_SIZE)),
+            **sized.model_dump(include={*RECIPE_FIELDS, "recipe"}),
             "jitter": jitter,
             "flip": bool(hflip) if self.flip == "auto" else self.flip,
             "precision": default_precision(device_type) if self.precision == "auto" else self.precision,

@@ -136,9 +136,13 @@ def default_device() -> str:
 
 
 def frozen_teachers(parts: JobParts, cfg: DistillConfig) -> list[FrozenTeacher]:
-    """The job's teacher models, frozen for recover on the parts' device."""
-    return [FrozenTeacher(model.to(parts.device), in_chans=info.in_chans, first_bn_weight=cfg.first_bn_weight)
-            for model, info in zip(parts.models, parts.infos)]
+    """The job's teacher models, frozen for recover on the parts' device, with what the config's
+    objective needs of them (`committee.equip_teachers`: priors, convolution targets)."""
+    from fadrm_ray.committee import equip_teachers
+
+    teachers = [FrozenTeacher(model.to(parts.device), in_chans=info.in_chans, first_bn_weight=cfg.first_bn_weight)
+                for model, info in zip(parts.models, parts.infos)]
+    return equip_teachers(teachers, parts.infos, parts.dataset, cfg, parts.device)
 
 
 def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: DistillConfig,
@@ -290,6 +294,7 @@ class DistillResult(BaseModel):
     units_skipped: list[str] = Field(default_factory=list)
     seconds: float = 0.0
     ipc: int | None = None       # the IPC asked for; read the run at it with open_run(run_dir, ipc=ipc)
+    recipe: str | None = None    # where the config's "auto" values came from, and why (DistillJob.recipe)
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -349,7 +354,8 @@ def run_job(job: DistillJob, executor: Executor, parts: JobParts | None = None) 
                            device_type=executor.device_type)
         todo = [u for u in units if u.unit_id not in done]
         result = DistillResult(run_id=job.run_id, run_dir=store.run_dir, images=request_images(cfg, job.num_classes),
-                               units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc)
+                               units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc,
+                               recipe=job.recipe)
         stats = executor.execute(job, store, units, todo, result, parts)
         result.seconds = time.perf_counter() - started
         if result.units_run or not store.is_complete():

@@ -4,7 +4,9 @@ The protocol of docs/method.md section 6: the student sees only the distilled im
 under a random-resized crop, flip (where allowed) and CutMix, and learns the frozen teacher(s)'
 distribution on that exact view (relabel.py) by KL divergence at temperature T [20]; AdamW
 (lr 1e-3, wd 0.01, no decay on biases and norm parameters), batch 16, a cosine schedule stepped
-once per epoch (torch's LambdaLR); top-1 on the dataset's full real test split.
+once per epoch (torch's LambdaLR); top-1 on the real test images of the classes distilled (a
+run of a class subset is tested on those classes' test images, the prediction being the best of
+their outputs: `models.evaluate_top1`).
 
 The cosine may be *stretched*: the published student trainer multiplies the learning rate by
 0.5 * (1 + cos(pi * epoch / (epochs * eta))), with eta chosen per dataset, student and IPC in their
@@ -40,7 +42,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +53,10 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.relabel import AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
 from fadrm_ray.runtime import torch_threads, tune_allocator
+from fadrm_ray.scores import Evaluation, StudentScore
 from fadrm_ray.settings import EvalConfig, EvaluationError
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.store import open_run, to_plain
+from fadrm_ray.store import open_run
 
 # The published 300 epochs (1000 for IPC 1) are thousands of steps even on 100 images. The
 # default is set by steps instead, so that 3 seeds take about a minute on mnist-sample with one
@@ -132,16 +135,28 @@ def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
     return set(range(epochs - 1, -1, -every))
 
 
-def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler, cfg: EvalConfig,
+class Targets(Protocol):
+    """What a student learns instead of the teachers' soft labels (ranking.HardLabels)."""
+
+    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int): ...  # .epoch(e) -> steps
+
+    def loss(self, logits: torch.Tensor, step) -> torch.Tensor: ...
+
+
+def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler | None, cfg: EvalConfig,
                   seed: int, *, device: str = "cpu", soft_label_dir: str | Path | None = None,
-                  progress: bool = False, return_model: bool = False,
-                  on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
+                  progress: bool = False, return_model: bool = False, classes: Sequence[int] | None = None,
+                  on_eval: Callable[[int, int, int, float], None] | None = None, augment: bool = True,
+                  targets: Targets | None = None) -> StudentScore | tuple[StudentScore, nn.Module]:
     """Train one student (one seed) on `images_uint8` with soft labels from `labeler`.
 
     Labels of the images are not used: the targets are the teachers' logits. `cfg.seeds` is not
-    read here (`seed` is the one to train). Returns final_top1, best_top1 (percent), the
-    evaluated curve [(epoch, top1)], steps and seconds. `on_eval(seed, epoch, epochs, top1)` is
-    called at every test evaluation (a sweep reports it as the student's intermediate result).
+    read here (`seed` is the one to train). The student is tested on the test images of
+    `classes` (None: every class). Returns its StudentScore (and the model, `return_model`).
+    `on_eval(seed, epoch, epochs, top1)` is called at every test evaluation (a sweep reports it
+    as the student's intermediate result). `augment=False` shows the images as they are (no
+    crop, flip or CutMix). `targets` replaces the soft labels and their views by its own batches
+    and loss (`labeler` is then not read).
     """
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
@@ -149,11 +164,18 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
         n = images_uint8.shape[0]
         cfg = resolve_protocol(cfg, n, images_per_class(None, n, dataset.num_classes))
     epochs = cfg.epochs
-    spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale), hflip=dataset.hflip,
-                       cutmix_prob=cfg.cutmix_prob)
-    source = soft_label_source(cfg.soft_labels, images_uint8, labeler, spec, cfg.batch_size, seed, epochs,
-                               soft_label_dir, dtype=cfg.soft_label_dtype)
     device_t = torch.device(device)
+    if targets is None:
+        # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
+        spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
+                           hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
+        source = soft_label_source(cfg.soft_labels, images_uint8, labeler, spec, cfg.batch_size, seed, epochs,
+                                   soft_label_dir, dtype=cfg.soft_label_dtype)
+
+        def loss_of(logits, step):
+            return kd_loss(logits, step.logits.to(device_t), cfg.temperature)
+    else:
+        source, loss_of = targets.source(images_uint8, cfg.batch_size, seed), targets.loss
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the student's initial weights depend on the seed only
         model = create_model(cfg.student, dataset.num_classes, in_chans=dataset.channels,
@@ -176,24 +198,22 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
         model.train()
         for step in source.epoch(epoch):
             x = (step.view01.to(device_t) - mean) / std
-            loss = kd_loss(model(x), step.logits.to(device_t), cfg.temperature)
+            loss = loss_of(model(x), step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             steps += 1
         scheduler.step()
         if epoch in evaluate_at:
-            top1 = evaluate_top1(model, dataset.test, dataset)
+            top1 = evaluate_top1(model, dataset.test, dataset, classes=classes)
             curve.append((epoch + 1, round(top1, 4)))
             bar.set_postfix(top1=f"{top1:.1f}")
             if on_eval is not None:
                 on_eval(seed, epoch + 1, epochs, top1)
     bar.close()
-    out = {"final_top1": curve[-1][1], "best_top1": max(v for _, v in curve), "curve": curve, "epochs": epochs,
-           "steps": steps, "seconds": time.perf_counter() - started, "seed": seed}
-    if return_model:
-        out["model"] = model
-    return out
+    score = StudentScore(seed=seed, final_top1=curve[-1][1], best_top1=max(v for _, v in curve), curve=curve,
+                         epochs=epochs, steps=steps, seconds=time.perf_counter() - started)
+    return (score, model) if return_model else score
 
 
 def _as_dataset(dataset: ImageDataset | str) -> ImageDataset:
@@ -211,34 +231,36 @@ def _as_labeler(teachers, dataset: ImageDataset, device: str) -> SoftLabeler:
     return SoftLabeler.from_paths(teachers, dataset, device=device)
 
 
-def _summarize(per_seed: list[dict]) -> dict:
-    finals = [r["final_top1"] for r in per_seed]
-    bests = [r["best_top1"] for r in per_seed]
-    std = statistics.stdev(finals) if len(finals) > 1 else 0.0  # sample std (n - 1) over seeds
-    return {
-        "top1_mean": round(statistics.fmean(finals), 3),
-        "top1_std": round(std, 3),
-        "top1_per_seed": finals,
-        "best_top1_mean": round(statistics.fmean(bests), 3),
-        "best_top1_std": round(statistics.stdev(bests) if len(bests) > 1 else 0.0, 3),
-        "best_top1_per_seed": bests,
-        "curves": [r["curve"] for r in per_seed],
-    }
+def _spread(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0  # sample std (n - 1) over seeds
+
+
+def run_classes(config: dict, num_classes: int) -> list[int] | None:
+    """The classes a run was distilled for, as its saved config names them; None when it is every
+    class of the dataset (then nothing is restricted)."""
+    classes = config.get("classes")
+    if classes is None or sorted(classes) == list(range(num_classes)):
+        return None
+    return sorted(int(c) for c in classes)
 
 
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
                     teachers, cfg: EvalConfig, *, num_threads: int | None = None, device: str = "cpu",
                     progress: bool = True, soft_label_dir: str | Path | None = None,
+                    classes: Sequence[int] | None = None,
                     on_eval: Callable[[int, int, int, float], None] | None = None,
-                    known: dict[int, dict] | None = None, on_seed: Callable[[dict], None] | None = None) -> dict:
-    """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real test split.
+                    known: dict[int, StudentScore] | None = None,
+                    on_seed: Callable[[StudentScore], None] | None = None, augment: bool = True) -> Evaluation:
+    """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real
+    test images of `classes` (None: the whole test split; `models.evaluate_top1`).
 
     `teachers`: checkpoint path(s) or a SoftLabeler. `labels` are only counted (images per
     class); the targets come from the teachers. The result carries `config`: `cfg` with the
     epochs it ran made explicit. `on_eval` is passed to every student (`train_student`).
-    `known` maps seeds to students already trained on these images with these settings (their
-    `train_student` results): they are not trained again. `on_seed` sees each new student's result
-    as soon as it is trained (`evaluate_run` keeps it, so an interrupted evaluation resumes).
+    `known` maps seeds to students already trained on these images with these settings: they are
+    not trained again. `on_seed` sees each new student as soon as it is trained (`evaluate_run`
+    keeps it, so an interrupted evaluation resumes). `augment=False`: students that see the images
+    as they are (`train_student`).
     """
     tune_allocator()
     dataset = _as_dataset(dataset)
@@ -256,30 +278,25 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
         for s in cfg.seed_list:
             if s not in per_seed:
                 per_seed[s] = train_student(images_uint8, dataset, labeler, cfg, s, device=device,
-                                            soft_label_dir=soft_label_dir, progress=progress, on_eval=on_eval)
+                                            soft_label_dir=soft_label_dir, progress=progress, classes=classes,
+                                            on_eval=on_eval, augment=augment)
                 if on_seed is not None:
                     on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
     per_class = None
     if labels is not None:
         per_class = torch.bincount(torch.as_tensor(labels).long(), minlength=dataset.num_classes).tolist()
-    return {
-        **_summarize(per_seed),
-        "student": cfg.student,
-        "student_kwargs": dict(cfg.student_kwargs),
-        "epochs": cfg.epochs,
-        "steps_per_seed": per_seed[0]["steps"],
-        "seeds": cfg.seed_list,
-        "seeds_reused": sorted(known),
-        # The students trained now, plus the training time of those reused.
-        "seconds": round(time.perf_counter() - started + sum(r.get("seconds", 0.0) for r in known.values()), 2),
-        "images": int(images_uint8.shape[0]),
-        "images_per_class": per_class,
-        "dataset": dataset.name,
-        "test_size": len(dataset.test),
-        "teachers": list(labeler.ids),
-        "config": cfg.model_dump(mode="json"),
-    }
+    finals, bests = [r.final_top1 for r in per_seed], [r.best_top1 for r in per_seed]
+    return Evaluation(
+        top1_mean=round(statistics.fmean(finals), 3), top1_std=round(_spread(finals), 3), top1_per_seed=finals,
+        best_top1_mean=round(statistics.fmean(bests), 3), best_top1_std=round(_spread(bests), 3),
+        best_top1_per_seed=bests, curves=[r.curve for r in per_seed],
+        student=cfg.student, student_kwargs=dict(cfg.student_kwargs), epochs=cfg.epochs,
+        steps_per_seed=per_seed[0].steps, seeds=cfg.seed_list, seeds_reused=sorted(known),
+        seconds=round(time.perf_counter() - started + sum(r.seconds for r in known.values()), 2),
+        images=int(images_uint8.shape[0]), images_per_class=per_class, dataset=dataset.name,
+        classes=None if classes is None else sorted(int(c) for c in classes),
+        test_size=len(dataset.test.of_classes(classes)), teachers=list(labeler.ids), config=cfg, augment=augment)
 
 
 def run_teacher_paths(provenance: dict) -> list[dict]:
@@ -334,23 +351,29 @@ def _digest(key_source: dict) -> str:
     return hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _keep_students(result: dict, seed_files: dict[int, Path]) -> None:
+def _keep_students(result: Evaluation, seed_files: dict[int, Path]) -> None:
     """Write each student of a cached evaluation to its own file, where it is not there yet."""
-    for i, seed in enumerate(result["seeds"]):
-        path = seed_files.get(seed)
-        if path is None or path.is_file():
-            continue
-        student = {"final_top1": result["top1_per_seed"][i], "best_top1": result["best_top1_per_seed"][i],
-                   "curve": result["curves"][i], "epochs": result["epochs"], "steps": result["steps_per_seed"],
-                   "seconds": result["seconds"] / len(result["seeds"]), "seed": seed}
-        atomic_write_text(path, json.dumps(to_plain(student)))
+    for student in result.students:
+        path = seed_files.get(student.seed)
+        if path is not None and not path.is_file():
+            atomic_write_text(path, student.model_dump_json())
+
+
+def _read(model, path: Path):
+    """`model` read from the JSON file `path`, or None when it is missing or not one (train again)."""
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
 
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
                  progress: bool = True, cache: bool = True, incomplete: bool = False,
-                 ipc: int | None = None, on_eval: Callable[[int, int, int, float], None] | None = None) -> dict:
-    """Evaluate a store run: students trained on the run's images only, top-1 on the real test split.
+                 ipc: int | None = None, on_eval: Callable[[int, int, int, float], None] | None = None,
+                 augment: bool = True) -> Evaluation:
+    """Evaluate a store run: students trained on the run's images only, top-1 on the real test
+    images of the run's classes (all of them for a run of every class).
 
     `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
     that IPC asked for); None takes every image the run holds.
@@ -362,7 +385,8 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     The images are checked against the run's manifests as they are read, before any cached
     result is looked up; a run that is not finished is evaluated only with `incomplete`.
     `on_eval(seed, epoch, epochs, top1)` sees every test evaluation of the students trained
-    (none when the result comes from the cache).
+    (none when the result comes from the cache). `augment=False`: students that see the images as
+    they are (`train_student`).
     """
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
@@ -372,45 +396,44 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
     cfg = resolve_protocol(cfg, images.shape[0], images_per_class(labels, images.shape[0], dataset.num_classes))
     labeler = _as_labeler(teachers, dataset, device)
+    classes = run_classes(reader.config, dataset.num_classes)
     # Everything that decides the result names its cached copy: a later identical call (a
     # baseline shared by several runs, a benchmark rerun) reads it instead of training again.
     key_source = {"config": cfg.model_dump(mode="json"), "teachers": list(labeler.ids), "data": dataset.fingerprint(),
                   "images": reader.content_hash(), "device": torch.device(device).type,
                   "version": EVALUATION_CACHE_VERSION}
+    if classes is not None:  # tested on the subset's test images (runs of every class keep their key)
+        key_source["test_classes"] = classes
+    if not augment:  # likewise: augmented evaluations keep the key they had
+        key_source["augment"] = False
     cached = reader.layout.evaluation(_digest(key_source))
     # Each student is kept on its own too, keyed by the same things but its seed instead of the
     # seed list: asking for more seeds later, or again after an interruption, trains only the new ones.
     per_seed_source = {**key_source, "config": {k: v for k, v in key_source["config"].items() if k != "seeds"}}
     seed_files = {s: reader.layout.evaluation(_digest({**per_seed_source, "seed": s})) for s in cfg.seed_list}
-    if cache and cached.is_file():
-        try:
-            result = json.loads(cached.read_text())
-        except (OSError, ValueError):
-            result = None  # unreadable: evaluate again and write it anew
-        if isinstance(result, dict):
-            # An evaluation cached before students were kept apart gives them up now (where it can).
-            with contextlib.suppress(OSError, KeyError, IndexError, TypeError, ZeroDivisionError):
-                _keep_students(result, seed_files)
-            return {**result, "cached": True}
+    result = _read(Evaluation, cached) if cache and cached.is_file() else None  # unreadable: evaluate again
+    if result is not None:
+        # An evaluation cached before students were kept apart gives them up now (where it can).
+        with contextlib.suppress(OSError):
+            _keep_students(result, seed_files)
+        return result.model_copy(update={"cached": True})
     known = {}
     for seed, path in (seed_files.items() if cache else ()):
-        try:
-            student = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # not trained yet, or unreadable: train it
-        if isinstance(student, dict) and student.get("seed") == seed:
+        student = _read(StudentScore, path)  # None: not trained yet, or unreadable: train it
+        if student is not None and student.seed == seed:
             known[seed] = student
 
-    def keep(student: dict) -> None:
+    def keep(student: StudentScore) -> None:
         if cache:
-            atomic_write_text(seed_files[student["seed"]], json.dumps(to_plain(student)))
+            atomic_write_text(seed_files[student.seed], student.model_dump_json())
 
     result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
-                             progress=progress, soft_label_dir=reader.layout.soft_labels, on_eval=on_eval,
-                             known=known, on_seed=keep)
-    result.update(run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
-                  ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
-                  complete=reader.complete)
+                             progress=progress, soft_label_dir=reader.layout.soft_labels, classes=classes,
+                             on_eval=on_eval, known=known, on_seed=keep, augment=augment)
+    result = result.model_copy(update=dict(
+        run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
+        ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
+        complete=reader.complete))
     if cache:
-        atomic_write_text(cached, json.dumps(to_plain(result)))
+        atomic_write_text(cached, result.model_dump_json(exclude={"cached"}))
     return result

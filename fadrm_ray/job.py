@@ -51,10 +51,20 @@ class DistillJob(BaseModel):
     dataset_fingerprint: str
     num_classes: int
     image_size: int
+    channels: int | None = None      # None in jobs recorded before the recipe depended on it
     teachers: tuple[TeacherRef, ...]
     store: str                       # the store root; the run is STORE/<run_id>
     run_id: str
     device_type: str                 # the device type the config was resolved for
+
+    @property
+    def recipe(self) -> str:
+        """The recipe the config's "auto" values came from, and why (`config.recipe_reason`)."""
+        from fadrm_ray.config import recipe_reason
+
+        if self.channels is None:
+            return recipe_reason(self.config.recipe)
+        return recipe_reason(self.config.recipe, self.image_size, self.channels)
 
     @property
     def run_dir(self) -> Path:
@@ -93,13 +103,14 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
         raise ConfigError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
     for info in teachers:
         check_teacher_fits(info, dataset)
-    resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type)
+    resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
+                           channels=dataset.channels)
     fingerprint = dataset.fingerprint()
     refs = tuple(TeacherRef(path=str(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
                             test_accuracy=i.test_accuracy) for i in teachers)
     return DistillJob(config=resolved, dataset_spec=dataset_spec, data_root=data_root,
                       dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
-                      image_size=dataset.image_size, teachers=refs, store=str(store),
+                      image_size=dataset.image_size, channels=dataset.channels, teachers=refs, store=str(store),
                       run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type)
 
 

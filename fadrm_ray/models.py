@@ -16,6 +16,7 @@ import os
 import warnings
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -179,18 +180,24 @@ def model_in_chans(model: nn.Module, fallback: int) -> int:
 
 
 @torch.no_grad()
-def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_size: int = 512) -> float:
+def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_size: int = 512,
+                  classes: Sequence[int] | None = None) -> float:
     """Top-1 accuracy (percent) of ``model`` on ``split``, normalized with the dataset's mean/std.
 
+    With ``classes``, only the images of those classes count and the prediction is the best of
+    those classes' outputs: a set distilled for a class subset is judged on the task it was made
+    for, not on classes it never saw (chance is then 1 / len(classes)).
     The model runs in eval mode on the device of its parameters and is put back in the mode it
     was in, so a training loop can score its model between epochs.
     """
+    split = split.of_classes(classes)
     n = len(split)
     if n == 0:
         return float("nan")
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
     in_chans = model_in_chans(model, dataset.channels)
+    columns = None if classes is None else torch.as_tensor(list(classes), dtype=torch.long)
     was_training = model.training
     model.eval()
     correct = 0
@@ -198,7 +205,8 @@ def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_s
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(n, start + batch_size))
             x = match_channels(dataset.normalize(split.load(idx)), in_chans).to(device)
-            pred = model(x).argmax(dim=1).cpu()
+            logits = model(x).cpu()
+            pred = logits.argmax(dim=1) if columns is None else columns[logits[:, columns].argmax(dim=1)]
             correct += int((pred == split.labels[idx]).sum())
     finally:
         model.train(was_training)

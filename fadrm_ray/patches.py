@@ -112,7 +112,7 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     their best crop (a stable sort). `cfg` must be resolved (its precision is the scoring's)."""
     if not teachers:
         raise ValueError(f"patch_selection {cfg.patch_selection!r} scores crops with the teacher; none was given")
-    cfg = cfg.sized(dataset.image_size)
+    cfg = cfg.sized(dataset.image_size, dataset.channels)
     candidates, gen = _candidates(dataset, label, cfg)
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
     images = dataset.train.load(candidates)
@@ -161,7 +161,7 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
     """
     indices = [int(i) for i in ipc_indices]
     size = dataset.image_size
-    cfg = cfg.sized(size)
+    cfg = cfg.sized(size, dataset.channels)
     if cfg.patch_selection in SCORED:
         if selection is None:
             raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")
@@ -187,7 +187,7 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
 def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
                   teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu") -> torch.Tensor:
     """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, in order."""
-    cfg = cfg.sized(dataset.image_size)
+    cfg = cfg.sized(dataset.image_size, dataset.channels)
     selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in SCORED else None
     return class_patch_images(dataset, label, range(cfg.ipc), cfg, selection)
 
@@ -200,7 +200,7 @@ def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: S
     `cache` (label -> ClassSelection, a dict the caller keeps) saves re-scoring a class for every
     unit that needs it; classes scored here are added to it.
     """
-    cfg = cfg.sized(dataset.image_size)
+    cfg = cfg.sized(dataset.image_size, dataset.channels)
     per_class = []
     for label in classes:
         selection = None

@@ -3,7 +3,7 @@
 `run_demo` is what `fadrm demo` runs: it trains a teacher (or reuses the one it trained
 before in the same output folder), distills the dataset with the `fadrm` preset, trains
 students on the result and on its two baselines (random real images and its starting
-patches, baselines.py), writes the report (image grid, loss curves, accuracy against the
+patches, baselines.py) with DD-Ranking's scores (ranking.py), writes the report (image grid, loss curves, accuracy against the
 baselines), exports an ImageFolder and returns a summary of where everything is.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Callable
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.baselines import evaluate_with_baselines
+from fadrm_ray.ranking import ranking_text
 from fadrm_ray.report import write_report
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
@@ -57,10 +58,13 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         "run": str(result.run_dir),
         "images": result.images,
         "distill_seconds": round(result.seconds, 1),
-        "student_top1_mean": round(evaluation["top1_mean"], 2),
-        "student_top1_std": round(evaluation["top1_std"], 2),
-        **{f"{name}_top1_mean": round(b["top1_mean"], 2) for name, b in evaluation["baselines"].items()
-           if "top1_mean" in b},
+        "student_top1_mean": round(evaluation.top1_mean, 2),
+        "student_top1_std": round(evaluation.top1_std, 2),
+        **{f"{name}_top1_mean": round(b.top1_mean, 2) for name, b in evaluation.baselines.items()
+           if b.top1_mean is not None},
+        # DD-Ranking's scores (ranking.py): how much of the result is the images, not the labels.
+        "dd_ranking": "not measured" if evaluation.ranking is None else ranking_text(evaluation.ranking),
+        "ranking": None if evaluation.ranking is None else evaluation.ranking.model_dump(mode="json"),
         "report_evaluation": report.get("evaluation_plot"),
         "report_grid": report.get("grid"),
         "report_losses": report.get("losses"),

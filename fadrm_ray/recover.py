@@ -31,6 +31,8 @@ from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
+from fadrm_ray.statistics import ConvStatistics, GroupStats
+from fadrm_ray.committee import committee_weights
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
 # a pixel that starts saturated is written back as 0 or 255.
@@ -48,10 +50,13 @@ class FrozenTeacher:
     yields G separate losses.
     """
 
-    def __init__(self, model: nn.Module, in_chans: int | None = None, first_bn_weight: float = 10.0):
+    def __init__(self, model: nn.Module, in_chans: int | None = None, first_bn_weight: float = 10.0,
+                 prior: float | None = None):
         self.model = model.eval().requires_grad_(False)  # only input gradients are needed
         self.in_chans = in_chans
         self.first_bn_weight = first_bn_weight
+        self.prior = prior           # test accuracy in percent: a committee's vote (committee.py)
+        self.conv: ConvStatistics | None = None  # the convolution-statistics loss, once attached
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if not self.bn_layers:
             raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
@@ -67,7 +72,7 @@ class FrozenTeacher:
         def hook(module, inputs, output):
             if not self._groups:  # a forward of the same model from elsewhere (another FrozenTeacher)
                 return
-            mean, var = _GroupStats.apply(inputs[0], self._groups)
+            mean, var = GroupStats.apply(inputs[0], self._groups)
             loss = (torch.linalg.vector_norm(mean - module.running_mean, dim=1)
                     + torch.linalg.vector_norm(var - module.running_var, dim=1))
             self._bn_loss = weight * loss if self._bn_loss is None else self._bn_loss + weight * loss
@@ -84,6 +89,19 @@ class FrozenTeacher:
             self._groups = 0
         bn_loss, self._bn_loss = self._bn_loss, None
         return logits, bn_loss
+
+    def measure(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits, the per-group BN loss and, when attached, the per-group convolution loss
+        (None otherwise). Only recover's steps pay for the convolution hooks."""
+        if self.conv is None:
+            return (*self(x, groups), None)
+        self.conv.groups, self.conv.loss = groups, None
+        try:
+            logits, bn_loss = self(x, groups)
+        finally:
+            self.conv.groups = 0
+        conv_loss, self.conv.loss = self.conv.loss, None
+        return logits, bn_loss, conv_loss
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Plain logits, with the BN-statistics hooks idle (patch scoring needs no BN loss)."""
@@ -102,49 +120,8 @@ class FrozenTeacher:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-
-
-class _GroupStats(torch.autograd.Function):
-    """Per-group channel mean and biased variance of a BN layer's input, in fp32: (G, C) each.
-
-    The BN input is the largest tensor of a step, and autograd's graph for `mean` and
-    `((a - mean) ** 2).mean()` walks it five or six times in the backward. The gradient is
-    affine in the centred activation d = a - mean for each (group, channel):
-        dL/da = dL/dmean / n + 2 dL/dvar / n * d,
-    so one fused pass (addcmul) computes it. This was the costliest part of a step on CPU.
-    """
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, groups: int):
-        v, channels_last = _grouped(a, groups)
-        v = v.float()
-        mean = v.mean(dim=(1, 3), keepdim=True)
-        d = v - mean
-        var = (d * d).mean(dim=(1, 3))
-        ctx.save_for_backward(d)
-        ctx.shape, ctx.channels_last, ctx.dtype = a.shape, channels_last, a.dtype
-        return mean.view(var.shape), var
-
-    @staticmethod
-    def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor):
-        d, = ctx.saved_tensors
-        n = d.shape[1] * d.shape[3]
-        grad = torch.addcmul((grad_mean / n)[:, None, :, None], d, (grad_var * (2.0 / n))[:, None, :, None])
-        if ctx.channels_last:  # back from (G, B*H*W, C, 1) to an (N, C, H, W) channels-last tensor
-            n_, c, h, w = ctx.shape
-            grad = grad.view(n_, h, w, c).permute(0, 3, 1, 2)
-        else:
-            grad = grad.view(ctx.shape)
-        return grad.to(ctx.dtype), None
-
-
-def _grouped(a: torch.Tensor, groups: int) -> tuple[torch.Tensor, bool]:
-    """A (G, M, C, K) view of a BN input whose statistics reduce over dims 1 and 3, without a
-    copy for both contiguous and channels-last activations; and whether it was channels-last."""
-    if a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last):
-        n, c, h, w = a.shape
-        return a.permute(0, 2, 3, 1).reshape(groups, n // groups * h * w, c, 1), True
-    return a.reshape(groups, a.shape[0] // groups, a.shape[1], -1), False
+        if self.conv is not None:
+            self.conv.remove_hooks()
 
 
 # --------------------------------------------------------------------------- state
@@ -252,6 +229,11 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     jitter, flip = int(cfg.jitter), bool(cfg.flip)
     autocast, scaler = mixed_precision(cfg.precision, device)
     losses = [teacher_loss(t, cfg) for t in teachers]
+    if cfg.r_conv > 0 and any(t.conv is None for t in teachers):
+        raise ValueError("r_conv > 0 needs each teacher's convolution targets from real images: "
+                         "call statistics.attach_conv_targets(teachers, dataset) first")
+    votes = committee_weights([t.prior for t in teachers], cfg.committee_temperature).tolist() \
+        if cfg.committee == "prior" else None
     converge = cfg.arc_timing == "converged" and s < last
 
     sigmoid = cfg.bound == "sigmoid"
@@ -276,10 +258,13 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
         opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
         scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
         view = augment(normalized(x), groups, gens, res, scale_min, flip, jitter)
-        loss_fn = losses[t % len(teachers)]  # FADRM+: the teachers take turns (section 5)
         with autocast():
-            ce, bn = loss_fn(view, labels, groups)
-        loss = (ce + cfg.r_bn * bn).sum()  # a sum over groups keeps each group's gradient its own
+            if votes is None:  # FADRM+ and G-VBSM: the teachers take turns (section 5)
+                ce, bn, stat = step_loss(losses[t % len(teachers)], view, labels, groups, cfg)
+            else:  # CV-DD: every teacher votes, weighted by its prior (section 7c)
+                parts = [step_loss(fn, view, labels, groups, cfg) for fn in losses]
+                ce, bn, stat = (sum(w * p[i] for w, p in zip(votes, parts)) for i in range(3))
+        loss = (ce + stat).sum()  # a sum over groups keeps each group's gradient its own
         opt.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -326,8 +311,20 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     return state
 
 
+def step_loss(fn, view: torch.Tensor, labels: torch.Tensor, groups: int,
+              cfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group CE, BN loss and weighted statistics term r_bn * BN + r_conv * conv of one
+    teacher's `teacher_loss` fn (the convolution term of G-VBSM and EDC, section 7c)."""
+    ce, bn, conv = fn(view, labels, groups)
+    stat = cfg.r_bn * bn
+    if conv is not None and cfg.r_conv > 0:
+        stat = stat + cfg.r_conv * conv
+    return ce, bn, stat
+
+
 def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
-    """`fn(view, labels, groups) -> (ce, bn)`: the per-group CE and BN losses of one teacher.
+    """`fn(view, labels, groups) -> (ce, bn, conv)`: the per-group CE, BN and convolution
+    (None unless attached) losses of one teacher.
 
     With `cfg.compile` the function is compiled once per input shape and kept on the teacher,
     so later stages and units reuse it.
@@ -336,9 +333,9 @@ def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
     teacher.set_memory_format(memory_format)
 
     def loss(view: torch.Tensor, labels: torch.Tensor, groups: int):
-        logits, bn = teacher(view.contiguous(memory_format=memory_format), groups)
+        logits, bn, conv = teacher.measure(view.contiguous(memory_format=memory_format), groups)
         ce = F.cross_entropy(logits.float(), labels, reduction="none").view(groups, -1).mean(dim=1)
-        return ce, bn
+        return ce, bn, conv
 
     if not cfg.compile:
         return loss

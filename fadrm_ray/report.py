@@ -26,7 +26,8 @@ import numpy as np
 
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.store import open_run, to_plain
+from fadrm_ray.scores import BaselineScore, Evaluation
+from fadrm_ray.store import open_run
 from fadrm_ray.store.manifests import content_hash
 from fadrm_ray.store.records import utc_now
 
@@ -196,25 +197,26 @@ def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = Fa
 
 
 # --------------------------------------------------------------------------- evaluation
-def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
+def write_evaluation_plot(evaluation: Evaluation, path: str | Path) -> Path | None:
     """The student's test top-1 during training, one line per seed; beside it, when the
-    evaluation has baselines (baselines.py), the run's final top-1 against theirs."""
-    curves = evaluation.get("curves") or []
-    if not curves:
+    evaluation has baselines (baselines.py), the run's final top-1 against theirs, with
+    DD-Ranking's scores (ranking.py) under them."""
+    if not any(evaluation.curves):
         return None
     plt = pyplot()
-    baselines = {k: v for k, v in (evaluation.get("baselines") or {}).items() if "top1_mean" in v}
+    baselines = {k: v for k, v in evaluation.baselines.items() if v.top1_mean is not None}
     fig, axes = plt.subplots(1, 2 if baselines else 1, figsize=(10 if baselines else 6, 3.6), dpi=120,
                              squeeze=False, gridspec_kw={"width_ratios": [3, 2]} if baselines else None)
     ax = axes[0][0]
-    for seed, curve in zip(evaluation.get("seeds", range(len(curves))), curves):
+    for seed, curve in zip(evaluation.seeds, evaluation.curves):
         if curve:
             e, acc = zip(*curve)
             ax.plot(e, acc, marker="o", ms=3, lw=1, label=f"seed {seed}")
     ax.set_xlabel("student epoch")
-    ax.set_ylabel("test top-1 (%)")
-    ax.set_title(f"student {evaluation.get('student', '')}: final top-1 {evaluation.get('top1_mean', float('nan')):.2f}"
-                 f" ± {evaluation.get('top1_std', float('nan')):.2f}", fontsize=9)
+    ax.set_ylabel("test top-1 (%)" if evaluation.classes is None else
+                  f"test top-1 on its {len(evaluation.classes)} classes (%)")
+    ax.set_title(f"student {evaluation.student}: final top-1 {evaluation.top1_mean:.2f} ± {evaluation.top1_std:.2f}",
+                 fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if baselines:
@@ -222,33 +224,35 @@ def write_evaluation_plot(evaluation: dict, path: str | Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def _baseline_bars(ax, evaluation: dict, baselines: dict) -> None:
+def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScore]) -> None:
     """Final top-1 of the run and of each baseline: bars at the mean, dots per seed, gains above."""
     from fadrm_ray.baselines import BASELINES, gain_text
 
-    paired, gains = evaluation.get("paired_gains") or {}, evaluation.get("gains") or {}
     # (gain, its label) per baseline; an evaluation.json written before paired gains were
     # recorded has the plain gain only.
-    labels = {k: (paired[k]["mean"], gain_text(paired[k], seeds=False)) for k in paired}
-    labels.update({k: (g, f"{g:+.2f}") for k, g in gains.items() if k not in paired})
-    rows = [("this run", evaluation, None)] + [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
+    labels = {k: (g.mean, gain_text(g, seeds=False)) for k, g in evaluation.paired_gains.items()}
+    labels.update({k: (g, f"{g:+.2f}") for k, g in evaluation.gains.items() if k not in labels})
+    rows = [("this run", evaluation.brief(), None)] + [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
     colors = ["tab:blue", "tab:gray", "tab:olive"]
     for i, (label, ev, key) in enumerate(rows):
-        ax.bar(i, ev["top1_mean"], yerr=ev.get("top1_std") or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
-        seeds = ev.get("top1_per_seed") or []
-        ax.plot([i] * len(seeds), seeds, "k.", ms=4)
+        ax.bar(i, ev.top1_mean, yerr=ev.top1_std or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
+        ax.plot([i] * len(ev.top1_per_seed), ev.top1_per_seed, "k.", ms=4)
         if key in labels:  # above the error bar and the seeds' dots, so that neither hides it
             gain, text = labels[key]
-            top = max([ev["top1_mean"] + (ev.get("top1_std") or 0), *seeds])
+            top = max([ev.top1_mean + (ev.top1_std or 0), *ev.top1_per_seed])
             ax.annotate(text, (i, top), xytext=(0, 5), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
-    lows = [ev["top1_mean"] - (ev.get("top1_std") or 0) for _, ev, _ in rows]
-    ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev["top1_mean"] for _, ev, _ in rows) + 8))
+    lows = [ev.top1_mean - (ev.top1_std or 0) for _, ev, _ in rows]
+    ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev.top1_mean for _, ev, _ in rows) + 8))
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=8, rotation=15)
     ax.set_title("final top-1 against the baselines\n(this run minus the baseline, seed by seed: mean ± s.e.)",
                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    if evaluation.ranking is not None:  # DD-Ranking's scores under the bars (ranking.py)
+        from fadrm_ray.ranking import ranking_text
+
+        ax.set_xlabel("DD-Ranking: " + ranking_text(evaluation.ranking).replace(", IOR", ",\nIOR"), fontsize=8)
 
 
 def _message_png(path: Path, message: str) -> Path:
@@ -259,7 +263,7 @@ def _message_png(path: Path, message: str) -> Path:
     return save_figure(fig, path)
 
 
-def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classes: int = 20,
+def write_report(run_dir: str | Path, evaluation: Evaluation | None = None, max_classes: int = 20,
                  max_ipc: int = 20, *, incomplete: bool = False) -> dict[str, str]:
     """Write `<run_dir>/report/` and return {name: path} of every report file there.
 
@@ -274,8 +278,7 @@ def write_report(run_dir: str | Path, evaluation: dict | None = None, max_classe
     write_losses(run_dir, files["losses"], incomplete=incomplete)
     atomic_write_text(layout.report_source, json.dumps({"content_hash": source, "written_at": utc_now()}))
     if evaluation is not None:
-        plain = to_plain({k: v for k, v in evaluation.items() if k != "model"})
-        atomic_write_text(files["evaluation"], json.dumps(plain, indent=2, allow_nan=True))
-        write_evaluation_plot(plain, files["evaluation_plot"])
+        atomic_write_text(files["evaluation"], evaluation.model_dump_json(indent=2))
+        write_evaluation_plot(evaluation, files["evaluation_plot"])
     return report_files(run_dir)
 

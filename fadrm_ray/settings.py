@@ -44,7 +44,8 @@ class Settings(BaseModel):
     """Base of the settings models: unknown keys refused, immutable once built, and every
     validation failure raised as one `error_class` (a ConfigError) whose message starts with the field."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # No infinity or NaN anywhere: `lr: inf` would "succeed" with black images and null losses.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
     error_class: ClassVar[type[ConfigError]] = ConfigError
 
     def __init__(self, **data: Any) -> None:
@@ -82,8 +83,12 @@ Flag = Annotated[bool, Field(strict=True)]
 Count = Annotated[int, Field(strict=True, ge=1)]
 Index = Annotated[int, Field(strict=True, ge=0)]
 Fraction = Annotated[float, Field(strict=True, gt=0, le=1)]
+# A crop's area as a fraction of the image: below 1e-4 a crop is less than a pixel of a 100-px image.
+AreaFraction = Annotated[float, Field(strict=True, ge=1e-4, le=1)]
 # A [low, high] range of area fractions (random-resized crops, patch crops).
-ScaleRange = Annotated[tuple[Fraction, Fraction], AfterValidator(_ordered)]
+ScaleRange = Annotated[tuple[AreaFraction, AreaFraction], AfterValidator(_ordered)]
+# A loss weight: finite and far below where a bf16/fp16 product overflows.
+Weight = Annotated[float, Field(strict=True, ge=0, le=1e4)]
 Indices = Annotated[list[Index], MinLen(1), AfterValidator(_distinct)]
 
 
@@ -92,7 +97,12 @@ def error_loc(exc: ValidationError) -> tuple:
     """Where the problem `error_message` describes is: an unknown key, else the first error's loc."""
     errors = exc.errors()
     unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
-    return tuple((unknown or [errors[0]["loc"]])[0])
+    inner = errors[0].get("ctx", {}).get("error")
+    if not unknown and isinstance(inner, ConfigError):  # raised by __init__ (model_validate calls it): its loc
+        return inner.loc
+    loc = tuple((unknown or [errors[0]["loc"]])[0])
+    # The field, then positions in it; pydantic's names of union branches ("constrained-float") are not places.
+    return loc[:1] + tuple(x for x in loc[1:] if isinstance(x, int))
 
 
 def error_message(exc: ValidationError, model: type[BaseModel], data: Any) -> str:
@@ -189,9 +199,9 @@ class EvalConfig(Settings):
     epochs: Count | None = None          # None: chosen by the protocol
     seeds: Count | Annotated[list[Index], MinLen(1)] = 3   # a count (seeds 0..n-1) or the seeds themselves
     batch_size: Count = 16
-    temperature: float = Field(20.0, strict=True, gt=0)    # KD temperature T
-    lr: float = Field(1e-3, strict=True, gt=0)             # AdamW
-    weight_decay: float = Field(0.01, strict=True, ge=0)
+    temperature: float = Field(20.0, strict=True, gt=0, le=1e3)  # KD temperature T
+    lr: float = Field(1e-3, strict=True, gt=0, le=10)      # AdamW
+    weight_decay: float = Field(0.01, strict=True, ge=0, le=10)
     cosine_stretch: float | None = Field(None, strict=True, ge=1)  # eta of the stretched cosine; None: by protocol
     soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
     soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels

@@ -50,14 +50,14 @@ def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=1)
     first = evaluate_run(run_dir, cfg, progress=False)
-    assert not first.get("cached") and list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
+    assert not first.cached and list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached evaluation trained a student again")
 
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
     again = evaluate_run(run_dir, cfg, progress=False)
-    assert again["cached"] and again["top1_per_seed"] == first["top1_per_seed"]
+    assert again.cached and again.top1_per_seed == first.top1_per_seed
     with pytest.raises(AssertionError, match="trained a student again"):  # other settings: a new evaluation
         evaluate_run(run_dir, EvalConfig(epochs=3, seeds=1), progress=False)
     with pytest.raises(AssertionError, match="trained a student again"):  # cache=False: never read
@@ -82,39 +82,39 @@ def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digi
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=2)
     result = evaluate_with_baselines(run_dir, cfg, progress=False)
-    assert set(result["baselines"]) == {"random_real", "starting_patches"}
-    for name, base in result["baselines"].items():
-        assert base["run_id"] != result["run_id"]
-        assert result["gains"][name] == pytest.approx(result["top1_mean"] - base["top1_mean"], abs=1e-3)
-        diffs = [a - b for a, b in zip(result["top1_per_seed"], base["top1_per_seed"])]
-        paired = result["paired_gains"][name]
-        assert paired["mean"] == pytest.approx(result["gains"][name], abs=2e-3) and paired["seeds"] == 2
-        assert paired["higher"] == sum(d > 0 for d in diffs)
-        assert paired["stderr"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2, abs=1e-3)  # s.d. / sqrt(2), n = 2
-        images, labels, ipc = open_run(base["run_dir"]).read()
+    assert set(result.baselines) == {"random_real", "starting_patches"}
+    for name, base in result.baselines.items():
+        assert base.run_id != result.run_id
+        assert result.gains[name] == pytest.approx(result.top1_mean - base.top1_mean, abs=1e-3)
+        diffs = [a - b for a, b in zip(result.top1_per_seed, base.top1_per_seed)]
+        paired = result.paired_gains[name]
+        assert paired.mean == pytest.approx(result.gains[name], abs=2e-3) and paired.seeds == 2
+        assert paired.higher == sum(d > 0 for d in diffs)
+        assert paired.stderr == pytest.approx(abs(diffs[0] - diffs[1]) / 2, abs=1e-3)  # s.d. / sqrt(2), n = 2
+        images, labels, ipc = open_run(base.run_dir).read()
         assert sorted(set(labels.tolist())) == [0, 1, 2, 3] and images.shape[0] == 8  # same classes and IPC
     # The starting patches are the run's own patches: recover changed the pixels, not the choice.
-    patches, plabels, pipc = open_run(result["baselines"]["starting_patches"]["run_dir"]).read()
+    patches, plabels, pipc = open_run(result.baselines["starting_patches"].run_dir).read()
     distilled, dlabels, dipc = open_run(run_dir).read()
     assert torch.equal(plabels, dlabels) and torch.equal(pipc, dipc) and not torch.equal(patches, distilled)
     # Written into the report: evaluation.json carries them and the plot shows them.
     files = write_report(run_dir, evaluation=result)
     saved = json.loads(open_run(run_dir).layout.report_files()["evaluation"].read_text())
-    assert saved["gains"] == result["gains"] and set(saved["baselines"]) == set(result["baselines"])
-    assert saved["paired_gains"] == result["paired_gains"]
+    assert saved["gains"] == result.gains and set(saved["baselines"]) == set(result.baselines)
+    assert saved["paired_gains"] == {k: v.model_dump() for k, v in result.paired_gains.items()}
     assert files["evaluation_plot"].endswith(".png")
     # An evaluation saved before paired gains were recorded still plots, with the plain gains.
-    older = {k: v for k, v in result.items() if k != "paired_gains"}
+    older = result.model_copy(update={"paired_gains": {}})
     assert write_report(run_dir, evaluation=older)["evaluation_plot"].endswith(".png")
 
 
 def test_a_paired_gain_is_the_mean_seed_by_seed_difference_with_its_standard_error():
     gain = paired_gain([90.0, 88.0, 92.0, 85.0], [89.0, 88.5, 90.0, 84.0])  # differences 1, -0.5, 2, 1
-    assert gain == {"mean": 0.875, "stderr": pytest.approx(0.515, abs=1e-3), "higher": 3, "seeds": 4}
+    assert gain.model_dump() == {"mean": 0.875, "stderr": pytest.approx(0.515, abs=1e-3), "higher": 3, "seeds": 4}
     assert gain_text(gain) == "+0.88 ± 0.52 s.e., higher on 3 of 4 seeds"
     assert gain_text(gain, seeds=False) == "+0.88 ± 0.52"
     one = paired_gain([80.0], [81.5])
-    assert one == {"mean": -1.5, "stderr": None, "higher": 0, "seeds": 1}
+    assert one.model_dump() == {"mean": -1.5, "stderr": None, "higher": 0, "seeds": 1}
     assert gain_text(one) == "-1.50, higher on 0 of 1 seed"
     with pytest.raises(ValueError, match="paired seeds must match"):
         paired_gain([1.0, 2.0], [1.0])
@@ -129,6 +129,6 @@ def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path
         result = evaluate_with_baselines(run_dir, EvalConfig(epochs=2, seeds=1), teachers=[backup], progress=False)
     finally:
         shutil.copy(backup, teacher)
-    assert set(result["baselines"]) == {"random_real", "starting_patches"}
-    assert all("does not exist" in b["error"] for b in result["baselines"].values())
-    assert result["gains"] == {} and len(result["top1_per_seed"]) == 1  # the run itself is still evaluated
+    assert set(result.baselines) == {"random_real", "starting_patches"}
+    assert all("does not exist" in b.error for b in result.baselines.values())
+    assert result.gains == {} and len(result.top1_per_seed) == 1  # the run itself is still evaluated

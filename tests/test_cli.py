@@ -132,7 +132,7 @@ def test_flags_are_the_last_layer_and_configs_round_trip(digits, digits_teacher,
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["ipc"] == 4 and saved["classes"] == [0, 1]
     cfg = make_config("fadrm", overrides=sets, ipc=4, classes=[0, 1]).resolve(
-        digits.image_size, digits.num_classes, digits.hflip, "cpu")
+        digits.image_size, digits.num_classes, digits.hflip, "cpu", channels=digits.channels)
     assert DistillConfig.from_dict(saved) == cfg
 
     code, out, err = run_cli(capsys, "evaluate", "--run", str(run_dir), "--set", "seeds=[0, 1]", "--set",

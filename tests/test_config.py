@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from fadrm_ray.config import (PRESETS, ConfigError, DistillConfig, make_config, mro_resolutions,
-                              parse_overrides, tv_downsample_size)
+                              parse_overrides, recipe_reason, tv_downsample_size)
 from fadrm_ray.settings import EvalConfig, EvaluationError, SqueezeConfig, layered
 
 
@@ -26,7 +26,7 @@ def test_stage_lists_must_fit_k_and_iterations():
     with pytest.raises(ConfigError, match="stage_iterations must sum to iterations = 2000"):
         DistillConfig(iterations=2000, stage_iterations=[100, 100, 100, 100])
     # With T left to "auto", explicit stage budgets decide it.
-    staged = DistillConfig(stage_iterations=[100, 100, 100, 50]).resolve(8, 10)
+    staged = DistillConfig(stage_iterations=[100, 100, 100, 50]).resolve(8, 10, channels=1)
     assert (staged.iterations, staged.stage_iterations) == (350, [100, 100, 100, 50])
     with pytest.raises(ConfigError, match="stage_resolutions must have k \\+ 1 = 2"):
         DistillConfig(k=1, stage_resolutions=[8, 8, 8])
@@ -34,11 +34,11 @@ def test_stage_lists_must_fit_k_and_iterations():
 
 def test_resolve_checks_the_dataset():
     with pytest.raises(ConfigError, match=r"classes must be in \[0, 9\]"):
-        DistillConfig(classes=[3, 12]).resolve(8, 10)
+        DistillConfig(classes=[3, 12]).resolve(8, 10, channels=1)
     with pytest.raises(ConfigError, match="downsample_size must be <= the image size 32"):
-        DistillConfig(downsample_size=40).resolve(32, 10)
+        DistillConfig(downsample_size=40).resolve(32, 10, channels=1)
     with pytest.raises(ConfigError, match="stage_resolutions must end at the image size 32"):
-        DistillConfig(k=1, stage_resolutions=[32, 24]).resolve(32, 10)
+        DistillConfig(k=1, stage_resolutions=[32, 24]).resolve(32, 10, channels=1)
 
 
 def test_noise_init_with_arc_is_rejected():
@@ -48,14 +48,14 @@ def test_noise_init_with_arc_is_rejected():
 
 
 def test_resolve_fills_the_paper_defaults_at_224():
-    cfg = DistillConfig(precision="fp32").resolve(224, 1000)
+    cfg = DistillConfig(precision="fp32").resolve(224, 1000, channels=1)
     assert cfg.stage_iterations == [500, 500, 500, 500]
     assert cfg.stage_resolutions == [200, 224, 200, 224]  # docs/method.md section 4
     assert cfg.jitter == 32 and cfg.flip is True and cfg.downsample_size == 200
 
 
 def test_resolve_small_images_use_no_mro():
-    cfg = DistillConfig().resolve(32, 100, hflip=False)
+    cfg = DistillConfig().resolve(32, 100, hflip=False, channels=1)
     assert cfg.stage_resolutions == [32] * 4 and cfg.downsample_size is None
     assert cfg.jitter == 4 and cfg.flip is False
     assert cfg.precision in ("bf16", "fp32")
@@ -102,14 +102,14 @@ def test_baseline_presets_match_the_table():
     assert (fadrm.iterations, fadrm.k, fadrm.alpha) == ("auto", 3, 0.5)
     # T by image size: shorter on small images (docs/benchmarks/accuracy.md, "The recover budget on small images");
     # the paper's preset keeps the published T at every size.
-    assert (fadrm.sized(28).iterations, fadrm.sized(64).iterations) == (500, 2000)
-    assert make_config("fadrm-paper").sized(28).iterations == 2000
-    # Patches by image size: spread on small images, easy (lowest CE) at 64 px and up. RDED keeps
-    # its lowest-CE patches, the noise presets a fixed value, the paper's preset "medium".
-    assert (fadrm.sized(28).patch_selection, fadrm.sized(64).patch_selection) == ("spread", "easy")
-    assert make_config("sre2l++").resolve(28, 10).patch_selection == "spread"
+    assert (fadrm.sized(28, 1).iterations, fadrm.sized(64, 1).iterations) == (500, 2000)
+    assert make_config("fadrm-paper").sized(28, 1).iterations == 2000
+    # Patches by recipe: spread on small grey images, the released "medium" at 64 px and up. RDED
+    # keeps its lowest-CE patches, the noise presets a fixed value, the paper's preset "medium".
+    assert (fadrm.sized(28, 1).patch_selection, fadrm.sized(64, 1).patch_selection) == ("spread", "medium")
+    assert make_config("sre2l++").resolve(28, 10, channels=1).patch_selection == "spread"
     for preset, selection in (("rded", "easy"), ("sre2l", "easy"), ("cda", "easy"), ("fadrm-paper", "medium")):
-        assert make_config(preset).resolve(28, 10).patch_selection == selection
+        assert make_config(preset).resolve(28, 10, channels=1).patch_selection == selection
 
 
 def test_overrides_and_file_layering(tmp_path):
@@ -217,7 +217,7 @@ def test_settings_are_frozen_and_resolve_returns_a_new_validated_config():
     cfg = DistillConfig(ipc=2)
     with pytest.raises(ValueError):
         cfg.ipc = 3
-    resolved = cfg.resolve(8, 10, hflip=False)
+    resolved = cfg.resolve(8, 10, hflip=False, channels=1)
     assert resolved is not cfg and cfg.stage_iterations is None and resolved.stage_iterations == [125] * 4
     assert DistillConfig.from_dict(resolved.to_dict()) == resolved
 
@@ -230,3 +230,70 @@ def test_flags_are_the_last_layer_and_none_means_not_given(tmp_path):
     with pytest.raises(ConfigError, match="ipc must be an integer >= 1, got 0"):
         make_config("fadrm", overrides=["ipc=3"], ipc=0)
     assert layered(EvalConfig, {"epochs": 3}, flags={"epochs": None, "seeds": 1}) == EvalConfig(epochs=3, seeds=1)
+
+
+# --------------------------------------------------------------------------- recipes
+# The released CIFAR recipe, written out from docs/method.md section 7b rather than read from
+# RECIPES, so that a change of the recipe table shows here.
+RELEASED_CIFAR = {"lr": 0.25, "iterations": 2000, "stage_iterations": [500] * 4, "stage_resolutions": [32] * 4,
+                  "downsample_size": None, "jitter": 4, "crop_scale_min": 0.08, "patch_selection": "medium",
+                  "patch_crops": 5, "patch_crop_scale": (0.5, 1.0), "bound": "clamp", "classes_per_batch": 100,
+                  "k": 3, "alpha": 0.5, "r_bn": 0.01}
+MEASURED_SMALL_GREY = {"lr": 0.01, "iterations": 500, "stage_iterations": [125] * 4, "stage_resolutions": [28] * 4,
+                       "downsample_size": None, "jitter": 3, "crop_scale_min": 0.5, "patch_selection": "spread",
+                       "patch_crops": 1, "patch_crop_scale": (1.0, 1.0), "bound": "sigmoid"}
+
+
+def _values(cfg: DistillConfig, names) -> dict:
+    return {name: getattr(cfg, name) for name in names}
+
+
+def test_colour_32_px_data_gets_the_released_cifar_recipe_and_says_why():
+    cfg = DistillConfig().resolve(32, 10, hflip=True, channels=3)
+    assert _values(cfg, RELEASED_CIFAR) == RELEASED_CIFAR
+    assert cfg.recipe == "cifar" and cfg.flip is True
+    why = recipe_reason(cfg.recipe, 32, 3)
+    assert why.startswith("cifar, auto's choice for 3-channel 32-px images") and "released" in why
+    # The paper's preset is the same recipe with flips asked for whatever the data says.
+    paper = make_config("fadrm-paper").resolve(32, 10, hflip=False, channels=3)
+    assert _values(paper, RELEASED_CIFAR) == RELEASED_CIFAR and paper.flip is True
+
+
+def test_grey_28_px_data_keeps_the_measured_values_and_says_why():
+    cfg = DistillConfig().resolve(28, 10, hflip=False, channels=1)
+    assert _values(cfg, MEASURED_SMALL_GREY) == MEASURED_SMALL_GREY
+    assert cfg.recipe == "small-grey"
+    why = recipe_reason(cfg.recipe, 28, 1)
+    assert why.startswith("small-grey, auto's choice for 1-channel 28-px images") and "measured" in why
+    # One channel is what `resolve` assumes when it is not told.
+    assert DistillConfig().resolve(28, 10, hflip=False, channels=1) == cfg
+    # The paper's preset keeps the published settings on the same data.
+    paper = make_config("fadrm-paper").resolve(28, 10, hflip=False, channels=1)
+    assert (paper.lr, paper.iterations, paper.crop_scale_min, paper.patch_selection, paper.bound) == \
+        (0.25, 2000, 0.08, "medium", "clamp")
+
+
+@pytest.mark.parametrize("size, channels, recipe, resolutions, jitter", [
+    (16, 3, "cifar", [16] * 4, 2), (63, 1, "small-grey", [63] * 4, 4), (64, 1, "tiny-imagenet", [64] * 4, 4),
+    (64, 3, "tiny-imagenet", [64] * 4, 4), (128, 3, "imagenet", [114, 128, 114, 128], 32),
+    (224, 3, "imagenet", [200, 224, 200, 224], 32),
+])
+def test_the_recipe_follows_size_and_channels(size, channels, recipe, resolutions, jitter):
+    cfg = DistillConfig().resolve(size, 10, channels=channels)
+    assert (cfg.recipe, cfg.stage_resolutions, cfg.jitter) == (recipe, resolutions, jitter)
+
+
+def test_a_pinned_recipe_decides_the_values_and_the_record_is_not_in_the_run_id():
+    pinned = DistillConfig(recipe="small-grey").resolve(32, 10, channels=3)
+    assert (pinned.recipe, pinned.lr, pinned.patch_selection, pinned.bound) == ("small-grey", 0.01, "spread", "sigmoid")
+    assert recipe_reason(pinned.recipe, 32, 3).startswith("small-grey, set (auto takes cifar for 3-channel 32-px")
+    assert recipe_reason("auto").startswith("not recorded")
+    # Explicit values leave nothing to the recipe: the same pixels, whichever recipe is recorded,
+    # so the same run id.
+    explicit = {k: v for k, v in RELEASED_CIFAR.items() if k not in ("stage_iterations", "stage_resolutions",
+                                                                     "downsample_size")}
+    a = DistillConfig(**explicit).resolve(32, 10, channels=3)
+    b = DistillConfig(**explicit).resolve(32, 10, channels=1)
+    assert (a.recipe, b.recipe) == ("cifar", "small-grey") and a.identity() == b.identity()
+    with pytest.raises(ConfigError, match="recipe must be one of auto, small-grey, cifar"):
+        DistillConfig(recipe="mnist")

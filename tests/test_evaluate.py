@@ -115,9 +115,9 @@ def test_flips_follow_the_dataset():
 def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher):
     images, _ = real_subset(digits, per_class=30)
     result = train_student(images, digits, labeler, EvalConfig(epochs=15), 0)
-    assert result["steps"] == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
+    assert result.steps == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
     # Chance is 10 %; the session teacher (4 epochs, width 32) is about 80 %.
-    assert result["final_top1"] >= 60.0, result
+    assert result.final_top1 >= 60.0, result
 
 
 def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
@@ -125,9 +125,9 @@ def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     cfg = EvalConfig(epochs=6, seeds=[5])
     a = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
     b = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
-    assert a["top1_per_seed"] == b["top1_per_seed"] and a["curves"] == b["curves"]
+    assert a.top1_per_seed == b.top1_per_seed and a.curves == b.curves
     c = evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(epochs=6, seeds=[6]), progress=False)
-    assert c["curves"] != a["curves"]
+    assert c.curves != a.curves
 
 
 def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path):
@@ -144,11 +144,12 @@ def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path)
             assert torch.equal(a.view01, b.view01)
             assert torch.allclose(a.logits, b.logits, rtol=2e-3, atol=2e-3)  # fp16 storage
     # A rerun fills in only what is missing; fp32 storage gives the very same student.
-    on = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="online"), 3, return_model=True)
-    st = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), 3,
+    on, on_model = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="online"), 3,
+                                 return_model=True)
+    st, st_model = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), 3,
                        soft_label_dir=tmp_path, return_model=True)
-    a, b = on["model"].state_dict(), st["model"].state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a) and on["curve"] == st["curve"]
+    a, b = on_model.state_dict(), st_model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and on.curve == st.curve
     assert epoch_generator(3, 1).initial_seed() != epoch_generator(3, 2).initial_seed()
 
 
@@ -175,13 +176,13 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
     run_dir, _ = tiny_run
     result = evaluate_run(run_dir, EvalConfig(epochs=3, seeds=2), progress=False)
-    assert DOCUMENTED_KEYS <= set(result)
-    assert result["student"] == "convnet-bn" and result["epochs"] == 3 and result["images"] == 20
-    assert len(result["top1_per_seed"]) == 2 and len(result["best_top1_per_seed"]) == 2
-    assert all(0 <= v <= 100 for v in result["top1_per_seed"])
-    assert all(b >= f for b, f in zip(result["best_top1_per_seed"], result["top1_per_seed"]))
-    assert result["top1_mean"] == pytest.approx(sum(result["top1_per_seed"]) / 2, abs=1e-3)
-    assert result["dataset"] == "digits" and result["run_id"] == run_dir.name and result["ipc"] == 2
+    assert DOCUMENTED_KEYS <= set(result.model_dump())
+    assert result.student == "convnet-bn" and result.epochs == 3 and result.images == 20
+    assert len(result.top1_per_seed) == 2 and len(result.best_top1_per_seed) == 2
+    assert all(0 <= v <= 100 for v in result.top1_per_seed)
+    assert all(b >= f for b, f in zip(result.best_top1_per_seed, result.top1_per_seed))
+    assert result.top1_mean == pytest.approx(sum(result.top1_per_seed) / 2, abs=1e-3)
+    assert result.dataset == "digits" and result.run_id == run_dir.name and result.ipc == 2
 
 
 def test_more_seeds_later_train_only_the_new_students(tiny_run):
@@ -189,17 +190,17 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     trained = []
     seen = lambda seed, epoch, epochs, top1: trained.append(seed) if epoch == epochs else None  # noqa: E731
     two = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=2), progress=False, on_eval=seen)
-    assert trained == [0, 1] and two["seeds_reused"] == []
+    assert trained == [0, 1] and two.seeds_reused == []
     three = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)
-    assert trained == [0, 1, 2] and three["seeds_reused"] == [0, 1] and not three.get("cached")
-    assert three["top1_per_seed"][:2] == two["top1_per_seed"]
+    assert trained == [0, 1, 2] and three.seeds_reused == [0, 1] and not three.cached
+    assert three.top1_per_seed[:2] == two.top1_per_seed
     # The reused students are the ones a fresh evaluation trains.
     fresh = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, cache=False)
-    assert fresh["top1_per_seed"] == three["top1_per_seed"]
-    assert fresh["curves"] == [[tuple(point) for point in curve] for curve in three["curves"]]  # JSON gave lists
+    assert fresh.top1_per_seed == three.top1_per_seed
+    assert fresh.curves == [[tuple(point) for point in curve] for curve in three.curves]  # JSON gave lists
     # A seed list alone, and a whole evaluation read back from its cache, train nothing.
     evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[2, 0]), progress=False, on_eval=seen)
-    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)["cached"]
+    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen).cached
     assert trained == [0, 1, 2]
     # A whole evaluation cached before students were kept apart gives them up when it is read.
     cached = {f: json.loads(f.read_text()) for f in open_run(run_dir).layout.evaluations_dir.glob("*.json")}
@@ -207,9 +208,9 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     assert len(students) == 3
     for f in students:
         f.unlink()
-    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False)["cached"]
+    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False).cached
     one = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[1]), progress=False, on_eval=seen)
-    assert trained == [0, 1, 2] and one["top1_per_seed"] == three["top1_per_seed"][1:2]
+    assert trained == [0, 1, 2] and one.top1_per_seed == three.top1_per_seed[1:2]
 
 
 def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
@@ -222,7 +223,7 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
         with pytest.raises(EvaluationError, match="changed since the run was distilled"):
             evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), progress=False)
         result = evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), teachers=[backup], progress=False)
-        assert len(result["top1_per_seed"]) == 1
+        assert len(result.top1_per_seed) == 1
     finally:
         shutil.copy(backup, teacher)
 
@@ -236,3 +237,51 @@ def test_bad_options_fail_clearly(digits, digits_teacher):
     with pytest.raises(ValueError, match="soft_label_dir"):
         evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(soft_labels="stored", epochs=1, seeds=1),
                         progress=False)
+
+
+def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp_path):
+    """A 2-class run is tested on the test images of its 2 classes, its prediction the better of
+    their two outputs: far above the 50 % of chance there, where the whole test set would put
+    it near 20 % (it never saw the other eight classes)."""
+    cfg = make_config("random-real", overrides={"ipc": 5, "classes": [3, 7]})
+    run = distill_local(cfg, digits, [digits_teacher[0]], tmp_path / "store", progress=False)
+    result = evaluate_run(run.run_dir, EvalConfig(epochs=20, seeds=2), progress=False)
+    tested = int(sum(int((digits.test.labels == c).sum()) for c in (3, 7)))
+    assert result.classes == [3, 7] and result.test_size == tested < len(digits.test)
+    assert result.top1_mean >= 65.0, result.top1_per_seed
+    # The same images scored on every class: the number a subset used to get.
+    images, labels, _ = open_run(run.run_dir).read()
+    everything = evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(epochs=20, seeds=2),
+                                 progress=False)
+    assert everything.classes is None and everything.test_size == len(digits.test)
+    assert everything.top1_mean < 40.0 < result.top1_mean
+    # The subset is part of what names the cached evaluation: the score read back is the subset's.
+    assert evaluate_run(run.run_dir, EvalConfig(epochs=20, seeds=2), progress=False).top1_per_seed == \
+        result.top1_per_seed
+
+
+def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digits, labeler, monkeypatch):
+    from fadrm_ray import evaluate as evaluate_module
+
+    specs = []
+    real_source = evaluate_module.soft_label_source
+
+    def recording(mode, images, lab, spec, *args, **kwargs):
+        specs.append(spec)
+        return real_source(mode, images, lab, spec, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "soft_label_source", recording)
+    images, _ = real_subset(digits, 2)
+    train_student(images, digits, labeler, EvalConfig(epochs=1), 0, augment=False)
+    assert specs[-1] == AugmentSpec(out_size=8, crop_scale=(1.0, 1.0), hflip=False, cutmix_prob=0.0)
+    # Every view of such a spec is a batch of the images themselves.
+    for step in OnlineSoftLabels(images, labeler, specs[-1], batch_size=8, seed=3).epoch(0):
+        assert torch.equal(step.view01, images[step.plan.indices].float() / 255)
+    # In a run, such an evaluation is kept apart from the augmented one of the same settings.
+    run_dir, _ = tiny_run
+    cfg = EvalConfig(epochs=2, seeds=1)
+    augmented = evaluate_run(run_dir, cfg, progress=False)
+    plain = evaluate_run(run_dir, cfg, progress=False, augment=False)
+    assert (augmented.augment, plain.augment, plain.cached) == (True, False, False)
+    assert evaluate_run(run_dir, cfg, progress=False, augment=False).cached
+    assert evaluate_run(run_dir, cfg, progress=False).top1_per_seed == augmented.top1_per_seed

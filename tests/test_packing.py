@@ -7,7 +7,7 @@ from fadrm_ray.packing import block_size, cpu_pack_limit, cuda_pack_limit, pack_
 
 
 def resolved(**overrides) -> DistillConfig:
-    return make_config("fadrm", overrides=overrides).resolve(32, 10)
+    return make_config("fadrm", overrides=overrides).resolve(32, 10, channels=1)
 
 
 def ranges(units):

@@ -53,7 +53,7 @@ def test_small_images_start_from_whole_images_of_lowest_teacher_ce(digits, teach
     assert torch.equal(class_patches(digits, 3, cfg.model_copy(update={"seed": 5}), [teacher]), patches)
     # The default below 64 px is spread: the lowest-CE image first, then the groups' best.
     default = DistillConfig(ipc=4)
-    assert default.sized(digits.image_size).patch_selection == "spread"
+    assert default.sized(digits.image_size, 1).patch_selection == "spread"
     spread = class_patches(digits, 3, default, [teacher])
     assert torch.equal(spread, class_patches(digits, 3, default.model_copy(update={"patch_selection": "spread"}), [teacher]))
     assert torch.equal(spread[0], lowest[0])
@@ -129,7 +129,7 @@ def test_a_selection_travels_as_plain_data_and_cuts_like_one_crop_at_a_time(digi
 def test_grouped_takes_the_lowest_ce_image_of_each_group_of_shuffled_candidates(digits, teacher):
     cfg = DistillConfig(ipc=5, patch_selection="grouped", patch_group=3, seed=2)
     patches = class_patches(digits, 6, cfg, [teacher])
-    shuffled, _ = _candidates(digits, 6, cfg.sized(digits.image_size))
+    shuffled, _ = _candidates(digits, 6, cfg.sized(digits.image_size, 1))
     for i in range(5):
         group = digits.train.load(shuffled[3 * i:3 * i + 3])
         ce = ce_of(group, 6, digits, teacher)

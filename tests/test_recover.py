@@ -33,7 +33,7 @@ def patches(g=2, b=10, seed=0):
 def cfg_for(**kw):
     base = dict(iterations=24, ipc=2, precision="fp32")
     base.update(kw)
-    return DistillConfig(**base).resolve(8, 10, hflip=False)
+    return DistillConfig(**base).resolve(8, 10, hflip=False, channels=1)
 
 
 def state_for(cfg, g=2, classes=range(10)):
@@ -149,7 +149,7 @@ def plain_sre2l_plus_plus(x, labels, teacher_model, cfg, gen):
 def test_k0_and_alpha1_reduce_to_plain_sre2l_plus_plus(teacher_model, bound):
     for overrides in ({"k": 0}, {"k": 0, "alpha": 1.0}):
         cfg = make_config("sre2l++", overrides={"iterations": 12, "precision": "fp32", "bound": bound,
-                                                **overrides}).resolve(8, 10, hflip=False)
+                                                **overrides}).resolve(8, 10, hflip=False, channels=1)
         state = state_for(cfg, g=1)
         gen = torch.Generator().set_state(state.rng_states[0])
         expected = plain_sre2l_plus_plus(state.x, state.labels, teacher_model, cfg, gen)
@@ -167,7 +167,7 @@ def test_recover_loss_falls_and_pixels_stay_in_range(digits, digits_teacher):
     from fadrm_ray.models import load_teacher
     model, _ = load_teacher(digits_teacher[0])
     teacher = FrozenTeacher(model)
-    cfg = make_config("fadrm", overrides={"iterations": 60, "ipc": 1, "precision": "fp32", "lr": 0.1}).resolve(8, 10, hflip=False)
+    cfg = make_config("fadrm", overrides={"iterations": 60, "ipc": 1, "precision": "fp32", "lr": 0.1}).resolve(8, 10, hflip=False, channels=1)
     real = torch.stack([digits.train.load(digits.train.indices_of_class(c)[:1])[0] for c in range(10)])
     state = init_state(cfg, list(range(10)), [0], real.unsqueeze(0), 8, 1, digits.mean, digits.std)
     # start from noisy versions of real digits so there is something to optimize
@@ -235,7 +235,7 @@ def test_teachers_take_turns(teacher_model):
 
 
 def test_noise_init_and_cda_curriculum(teacher_model):
-    cfg = make_config("cda", overrides={"iterations": 6, "precision": "fp32"}).resolve(8, 10, hflip=False)
+    cfg = make_config("cda", overrides={"iterations": 6, "precision": "fp32"}).resolve(8, 10, hflip=False, channels=1)
     state = state_for(cfg, g=1)
     assert state.patches is None and abs(float(state.x.std()) - 1.0) < 0.3
     recover(state, [FrozenTeacher(teacher_model)], cfg)

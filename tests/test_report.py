@@ -13,6 +13,7 @@ from fadrm_ray.distill import distill_local
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
 from fadrm_ray.report import loss_curves, report_files, write_report
+from fadrm_ray.scores import Evaluation
 from fadrm_ray.settings import EvalConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -40,8 +41,11 @@ def runs(digits, digits_teacher, tmp_path_factory):
 
 def test_report_files_exist_and_are_readable_pngs(runs):
     run = runs["fadrm"]
-    evaluation = {"top1_mean": 50.0, "top1_std": 1.0, "top1_per_seed": [49.0, 51.0], "student": "convnet-bn",
-                  "seeds": [0, 1], "curves": [[(1, 30.0), (2, 49.0)], [(1, 35.0), (2, 51.0)]], "epochs": 2}
+    evaluation = Evaluation(top1_mean=50.0, top1_std=1.0, top1_per_seed=[49.0, 51.0], best_top1_mean=51.0,
+                            best_top1_std=0.0, best_top1_per_seed=[51.0, 51.0], student="convnet-bn", seeds=[0, 1],
+                            curves=[[(1, 30.0), (2, 49.0)], [(1, 35.0), (2, 51.0)]], epochs=2, steps_per_seed=8,
+                            seconds=1.0, images=30, dataset="digits", test_size=359, teachers=["t"],
+                            config=EvalConfig(epochs=2, seeds=2))
     paths = write_report(run.run_dir, evaluation)
     assert set(paths) == {"grid", "losses", "evaluation", "evaluation_plot"}
     for key in ("grid", "losses", "evaluation_plot"):
@@ -85,8 +89,8 @@ def test_pre_merge_images_invert_the_arc_merge_exactly():
     def state(cfg):
         return init_state(cfg, list(range(10)), [0], patches, 8, 1, [0.3], [0.37])
 
-    arc = DistillConfig(iterations=8, k=1, alpha=0.5, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False)
-    plain = DistillConfig(iterations=8, k=1, alpha=1.0, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False)
+    arc = DistillConfig(iterations=8, k=1, alpha=0.5, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False, channels=1)
+    plain = DistillConfig(iterations=8, k=1, alpha=1.0, ipc=1, precision="fp32", stage_resolutions=[6, 8]).resolve(8, 10, False, channels=1)
     s_arc, s_plain = run_stage(state(arc), [teacher], arc), run_stage(state(plain), [teacher], plain)
     before, _ = pre_merge_images(s_arc, 0.5)
     assert torch.allclose(before, s_plain.x, atol=1e-5)

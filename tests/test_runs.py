@@ -31,7 +31,7 @@ def test_a_speed_setting_resumes_the_same_run(digits, digits_teacher, tmp_path):
     first = distill(digits, teacher, tmp_path, ipc=2, pack=1, ipc_per_unit=1)
     again = distill(digits, teacher, tmp_path, ipc=2, pack=2, ipc_per_unit=2, channels_last=False)
     assert again.run_id == first.run_id and again.units_run == [] and len(again.units_skipped) == 2
-    cfg = make_config("fadrm", overrides=SMALL).resolve(8, 10, False)
+    cfg = make_config("fadrm", overrides=SMALL).resolve(8, 10, False, channels=1)
     same = [cfg.model_copy(update=u) for u in ({"compile": True}, {"pack": 7}, {"ipc": 30}, {"ipc_per_unit": 3})]
     other = [cfg.model_copy(update=u) for u in ({"alpha": 0.6}, {"seed": 1}, {"precision": "bf16"},
                                                {"classes_per_batch": 5}, {"classes": [0, 1]}, {"bound": "clamp"})]

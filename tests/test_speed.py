@@ -46,7 +46,7 @@ def cfg_for(**kw):
     base = dict(iterations=24, ipc=4, precision="fp32", k=3, alpha=0.5, stage_resolutions=[6, 8, 7, 8],
                 lr=0.25, crop_scale_min=0.08)
     base.update(kw)
-    return DistillConfig(**base).resolve(8, 10, hflip=True)
+    return DistillConfig(**base).resolve(8, 10, hflip=True, channels=1)
 
 
 def plain_bn_loss(model, x, groups, first_bn_weight=10.0):
@@ -190,7 +190,7 @@ def test_converged_timing_still_stops_early_with_the_curve_buffer(teacher_model)
 
 
 def test_zero_iteration_stage(teacher_model):
-    cfg = DistillConfig(iterations=0, k=0, alpha=1.0, precision="fp32").resolve(8, 10, hflip=False)
+    cfg = DistillConfig(iterations=0, k=0, alpha=1.0, precision="fp32").resolve(8, 10, hflip=False, channels=1)
     state = run(cfg, FrozenTeacher(teacher_model), [0], patches(1))
     assert state.history[0]["ce"] == [] and state.history[0]["iterations"] == 0
 

@@ -38,6 +38,20 @@ class Split:
     def indices_of_class(self, label: int) -> torch.Tensor:
         return torch.nonzero(self.labels == label, as_tuple=False).flatten()
 
+    def of_classes(self, classes: Sequence[int] | None) -> "Split":
+        """The images of `classes` only, in their order here (the whole split for None)."""
+        if classes is None:
+            return self
+        keep = torch.nonzero(torch.isin(self.labels, torch.as_tensor(list(classes), dtype=torch.int64)),
+                             as_tuple=False).flatten()
+        parent = self.load
+
+        def load(indices):
+            return parent(keep[torch.as_tensor(indices, dtype=torch.long)])
+
+        return Split(labels=self.labels[keep], load=load,
+                     fingerprint_source=f"{self.fingerprint_source}:classes={sorted(int(c) for c in classes)}")
+
     @staticmethod
     def in_memory(images: torch.Tensor, labels: torch.Tensor) -> "Split":
         if images.dtype != torch.uint8 or images.dim() != 4:

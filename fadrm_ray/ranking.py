@@ -1,0 +1,258 @@
+"""DD-Ranking's scores of a distilled set: how much of its result is the images, not the labels.
+
+A student trained on distilled images with a teacher's soft labels learns much of what it knows
+from the teacher; the same soft labels on random real images already train a good student.
+DD-Ranking (Li et al., 2025) separates the two with scores this module computes for every
+evaluation with baselines (`baselines.evaluate_with_baselines`; docs/method.md section 6b):
+
+- HLR, hard-label recovery: the top-1 of a student trained on the whole training split with hard
+  labels, minus that of a student trained on the set with hard labels (the images' own classes,
+  no teacher). Lower is better: the set recovers more of the full data.
+- IOR, improvement over random: the set's top-1 minus that of random real images of the same
+  size under the same recipe (soft labels, augmentation, schedule): the `random_real` baseline.
+- LRS, label-robust score: alpha = w * IOR - (1 - w) * HLR with accuracies as fractions of 1,
+  mapped to [0, 1] by (e^alpha - e^-1) / (e - e^-1); w = 0.5 as on DD-Ranking's leaderboard.
+- ARS, augmentation-robust score: beta = g * IOR + (1 - g) * IOR', where IOR' is the IOR again
+  with students that see the images as they are (no crop, flip or CutMix), mapped like LRS;
+  g = 0.5. It needs two more evaluations (the set and the random images, unaugmented), so it is
+  asked for (`ars=True`, `fadrm evaluate --ars`).
+
+Every score is taken seed by seed (the students of one seed share their initial weights and
+data order) and averaged over seeds, as DD-Ranking averages over its evaluation rounds. Hard-
+label students train as DD-Ranking's do by default: cross-entropy, no augmentation, the same
+optimizer and schedule as the soft-label students of the set.
+
+The full-data student depends on the dataset, the classes, the student and the protocol, and on
+nothing about a run or a teacher: it is trained once and kept beside the store's runs, in
+`<store>/references/`, where every run of that data (and every store that shares the folder)
+finds it. A teacher's folder would tie it to a teacher it does not depend on.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.evaluate import EVALUATION_CACHE_VERSION, epochs_for_steps, evaluate_run, run_classes, train_student
+from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.relabel import epoch_batches, epoch_generator
+from fadrm_ray.runtime import torch_threads
+from fadrm_ray.scores import Evaluation, Ranking, StudentScore
+from fadrm_ray.settings import EvalConfig
+from fadrm_ray.store import open_run
+
+WEIGHT = 0.5  # w of LRS and gamma of ARS: DD-Ranking's default, both parts counted alike
+# The full-data student: larger batches than a distilled set's students (a training split has
+# thousands of images), for about FULL_DATA_STEPS steps under the short protocol and
+# FULL_DATA_EPOCHS epochs under the published one.
+FULL_DATA_BATCH = 128
+FULL_DATA_STEPS = 500
+FULL_DATA_EPOCHS = 30
+REFERENCES = "references"  # the folder of full-data students, beside the store's runs
+
+
+# --------------------------------------------------------------------------- the scores
+def normalized(x: float) -> float:
+    """(e^x - e^-1) / (e - e^-1): [-1, 1] onto [0, 1], as DD-Ranking maps its weighted sums."""
+    return (math.exp(x) - math.exp(-1.0)) / (math.e - math.exp(-1.0))
+
+
+def label_robust_score(hlr: float, ior: float, weight: float = WEIGHT) -> float:
+    """LRS of one seed from its HLR and IOR in points."""
+    return normalized(weight * ior / 100.0 - (1.0 - weight) * hlr / 100.0)
+
+
+def augmentation_robust_score(ior: float, plain_ior: float, weight: float = WEIGHT) -> float:
+    """ARS of one seed from its IOR with and without augmentation, in points."""
+    return normalized(weight * ior / 100.0 + (1.0 - weight) * plain_ior / 100.0)
+
+
+def _mean(values: Sequence[float], digits: int) -> float | None:
+    return round(statistics.fmean(values), digits) if values else None
+
+
+def _differences(a: Sequence[float] | None, b: Sequence[float] | None) -> list[float]:
+    if not a or not b:
+        return []
+    if len(a) != len(b):
+        raise ValueError(f"paired seeds must match: {len(a)} against {len(b)}")
+    return [x - y for x, y in zip(a, b)]
+
+
+def ranking_scores(top1: Sequence[float], random_top1: Sequence[float] | None = None,
+                   full_hard_top1: float | None = None, hard_top1: Sequence[float] | None = None,
+                   plain_top1: Sequence[float] | None = None, plain_random_top1: Sequence[float] | None = None,
+                   weight: float = WEIGHT, missing: Sequence[str] = ()) -> Ranking:
+    """The scores from per-seed top-1 values (points): the set's (`top1`) and the random real
+    images' (`random_top1`) under the evaluation's recipe, the full-data hard-label student's,
+    the set's hard-label students' (`hard_top1`), and the set's and random images' students
+    without augmentation (`plain_*`). A score whose inputs are not given is None."""
+    ior = _differences(top1, random_top1)
+    hlr = [full_hard_top1 - h for h in hard_top1 or ()] if full_hard_top1 is not None else []
+    plain = _differences(plain_top1, plain_random_top1)
+    if hlr and ior and len(hlr) != len(ior):
+        raise ValueError(f"paired seeds must match: {len(hlr)} against {len(ior)}")
+    lrs = [label_robust_score(h, i, weight) for h, i in zip(hlr, ior)]
+    ars = [augmentation_robust_score(i, p, weight) for i, p in zip(ior, plain)] if len(plain) == len(ior) else []
+    return Ranking(full_hard_top1=full_hard_top1, hard_top1_per_seed=list(hard_top1 or ()), hlr=_mean(hlr, 3),
+                   ior=_mean(ior, 3), lrs=_mean(lrs, 4), plain_ior=_mean(plain, 3), ars=_mean(ars, 4),
+                   weight=weight, missing=list(missing))
+
+
+# --------------------------------------------------------------------------- hard-label students
+class _Batch(NamedTuple):
+    view01: torch.Tensor   # (B, C, H, W) in [0, 1], as the images are
+    indices: torch.Tensor  # (B,) which images
+
+
+class _Batches:
+    """The images as they are, in a shuffled order per (seed, epoch) (relabel.epoch_batches)."""
+
+    def __init__(self, images_uint8: torch.Tensor, batch_size: int, seed: int):
+        self.images, self.batch_size, self.seed = images_uint8, int(batch_size), int(seed)
+
+    def epoch(self, epoch: int):
+        gen = epoch_generator(self.seed, epoch)
+        for idx in epoch_batches(self.images.shape[0], self.batch_size, gen):
+            yield _Batch(self.images[idx].float().div_(255.0), idx)
+
+
+class HardLabels:
+    """`evaluate.Targets` for hard-label students: cross-entropy on each image's class, images
+    unaugmented (DD-Ranking's default for hard labels)."""
+
+    def __init__(self, labels: torch.Tensor):
+        self.labels = torch.as_tensor(labels, dtype=torch.long)
+
+    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int) -> _Batches:
+        if images_uint8.shape[0] != self.labels.numel():
+            raise ValueError(f"{images_uint8.shape[0]} images but {self.labels.numel()} labels")
+        return _Batches(images_uint8, batch_size, seed)
+
+    def loss(self, logits: torch.Tensor, step: _Batch) -> torch.Tensor:
+        return F.cross_entropy(logits, self.labels[step.indices].to(logits.device))
+
+
+def _digest(source: dict) -> str:
+    return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cached_student(path: Path, train) -> StudentScore:
+    """The student kept at `path`, or `train()`'s, kept there (an unreadable file is trained again)."""
+    with contextlib.suppress(OSError, ValueError):
+        return StudentScore.model_validate_json(path.read_bytes())
+    student = train()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, student.model_dump_json())
+    return student
+
+
+def full_data_config(cfg: EvalConfig, num_images: int) -> EvalConfig:
+    """The full-data student's settings: the evaluation's student and optimizer, its own batch
+    and schedule (module constants), one seed."""
+    epochs = FULL_DATA_EPOCHS if cfg.protocol == "published" else \
+        epochs_for_steps(num_images, FULL_DATA_STEPS, FULL_DATA_BATCH)
+    return cfg.model_copy(update={"epochs": epochs, "batch_size": FULL_DATA_BATCH, "cosine_stretch": 1.0,
+                                  "seeds": [0]})
+
+
+def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | Path, *,
+                      classes: Sequence[int] | None = None, device: str = "cpu",
+                      progress: bool = False) -> StudentScore:
+    """A student trained on the whole training split (of `classes`) with hard labels, tested like
+    the set's; kept in `references` by dataset, classes, student and protocol (module docstring)."""
+    split = dataset.train.of_classes(classes)
+    full = full_data_config(cfg, len(split))
+    key = {"kind": "full-data hard labels", "data": dataset.fingerprint(), "student": full.student,
+           "student_kwargs": full.student_kwargs, "protocol": full.protocol, "epochs": full.epochs,
+           "batch_size": full.batch_size, "lr": full.lr, "weight_decay": full.weight_decay,
+           "classes": None if classes is None else sorted(int(c) for c in classes),
+           "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
+
+    def train() -> StudentScore:
+        images = split.load(torch.arange(len(split)))
+        return train_student(images, dataset, None, full, 0, device=device, progress=progress, classes=classes,
+                             targets=HardLabels(split.labels))
+
+    return _cached_student(Path(references) / f"full-hard-{_digest(key)}.json", train)
+
+
+def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset, *,
+                        device: str = "cpu", progress: bool = False, incomplete: bool = False,
+                        ipc: int | None = None) -> list[StudentScore]:
+    """One hard-label student per seed of `evaluation` on the run's images read at `ipc` (as
+    `evaluate_run` reads them), with its settings (epochs included), each kept in the run's
+    evaluation folder."""
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
+    images, labels, _ = reader.read()
+    classes = run_classes(reader.config, dataset.num_classes)
+    cfg = evaluation.config
+    key = {"kind": "hard labels", "config": cfg.model_dump(mode="json", exclude={"seeds"}),
+           "data": dataset.fingerprint(), "images": reader.content_hash(), "test_classes": classes,
+           "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
+    targets = HardLabels(labels)
+    return [_cached_student(reader.layout.evaluation(_digest({**key, "seed": seed})),
+                            lambda seed=seed: train_student(images, dataset, None, cfg, seed, device=device,
+                                                            progress=progress, classes=classes, targets=targets))
+            for seed in evaluation.seeds]
+
+
+# --------------------------------------------------------------------------- one evaluation's ranking
+def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evaluation | None, dataset: ImageDataset,
+                    *, teachers: Sequence[str | Path] | None = None, ars: bool = False, device: str = "cpu",
+                    num_threads: int | None = None, progress: bool = False, incomplete: bool = False,
+                    ipc: int | None = None) -> Ranking:
+    """The scores of the run's evaluation `result` (the run read at `ipc`) beside its
+    `random_real` baseline's (None when that baseline could not be built): HLR, IOR and LRS, and
+    ARS with `ars`. What cannot be measured is named in `missing`, with why, instead of failing
+    the evaluation."""
+    missing, full_top1, hard, plain, plain_random = [], None, None, None, None
+    random_top1 = None if random_real is None else random_real.top1_per_seed
+    if random_real is None:
+        missing.append("IOR, LRS and ARS: no random real images to compare with")
+    store = Path(run_dir).parent
+    classes = result.classes
+    with torch_threads(num_threads):
+        try:
+            full_top1 = full_data_student(dataset, result.config, store / REFERENCES, classes=classes, device=device,
+                                          progress=progress).final_top1
+            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, progress=progress,
+                                                              incomplete=incomplete, ipc=ipc)]
+        except (OSError, ValueError) as exc:
+            missing.append(f"HLR and LRS: {exc}")
+        if ars and random_real is not None:
+            plain_cfg = result.config
+            try:
+                plain = evaluate_run(run_dir, plain_cfg, teachers=teachers, dataset=dataset, device=device,
+                                     progress=progress, incomplete=incomplete, ipc=ipc, augment=False).top1_per_seed
+                plain_random = evaluate_run(random_real.run_dir, plain_cfg, teachers=teachers, dataset=dataset,
+                                            device=device, progress=progress, ipc=random_real.ipc,
+                                            augment=False).top1_per_seed
+            except (OSError, ValueError) as exc:
+                missing.append(f"ARS: {exc}")
+        elif not ars:
+            missing.append("ARS: not asked for (two more evaluations without augmentation; --ars)")
+    return ranking_scores(result.top1_per_seed, random_top1, full_top1, hard, plain, plain_random, missing=missing)
+
+
+def ranking_text(ranking: Ranking) -> str:
+    """'HLR 3.10 (full data, hard labels: 99.72%), IOR +0.54, LRS 0.4900' (and ARS), for the
+    scores that were measured."""
+    parts = []
+    if ranking.hlr is not None:
+        parts.append(f"HLR {ranking.hlr:.2f} (full data, hard labels: {ranking.full_hard_top1:.2f}%)")
+    if ranking.ior is not None:
+        parts.append(f"IOR {ranking.ior:+.2f}")
+    for name in ("lrs", "ars"):
+        value = getattr(ranking, name)
+        if value is not None:
+            parts.append(f"{name.upper()} {value:.4f}")
+    return ", ".join(parts) or "not measured"

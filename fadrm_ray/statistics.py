@@ -1,0 +1,164 @@
+"""Per-group feature statistics, and the convolution-statistics loss of G-VBSM and EDC.
+
+`GroupStats` is the one place that measures the channel mean and variance of an activation
+per group (the BatchNorm loss of recover.py and the convolution loss here both use it).
+
+The convolution loss (docs/method.md section 7c) compares the channel statistics of each
+convolution's *input* with the same statistics of the real training images, computed once per
+teacher by `real_conv_targets`: ||mu - mu_real||_2 + ||var - var_real||_2 per layer, the first
+convolution weighted `first_bn_weight`, as the BN loss weights its first layer. The input, not
+the output, is matched because in a conv -> BN network a convolution's output is the next BN
+layer's input, whose statistics the BN loss already matches; the input (after the previous
+activation) is new information.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+import torch.nn as nn
+
+from fadrm_ray.models import match_channels
+
+if TYPE_CHECKING:
+    from fadrm_ray.recover import FrozenTeacher
+
+# Real images per class the targets are measured on: enough for stable channel statistics of a
+# small teacher, and a bounded cost on large datasets (the statistics are a mean over pixels).
+CONV_STAT_IMAGES_PER_CLASS = 100
+_BATCH = 256
+
+
+class GroupStats(torch.autograd.Function):
+    """Per-group channel mean and biased variance of an activation, in fp32: (G, C) each.
+
+    The activation is the largest tensor of a step, and autograd's graph for `mean` and
+    `((a - mean) ** 2).mean()` walks it five or six times in the backward. The gradient is
+    affine in the centred activation d = a - mean for each (group, channel):
+        dL/da = dL/dmean / n + 2 dL/dvar / n * d,
+    so one fused pass (addcmul) computes it. This was the costliest part of a step on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, groups: int):
+        v, channels_last = _grouped(a, groups)
+        v = v.float()
+        mean = v.mean(dim=(1, 3), keepdim=True)
+        d = v - mean
+        var = (d * d).mean(dim=(1, 3))
+        ctx.save_for_backward(d)
+        ctx.shape, ctx.channels_last, ctx.dtype = a.shape, channels_last, a.dtype
+        return mean.view(var.shape), var
+
+    @staticmethod
+    def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor):
+        d, = ctx.saved_tensors
+        n = d.shape[1] * d.shape[3]
+        grad = torch.addcmul((grad_mean / n)[:, None, :, None], d, (grad_var * (2.0 / n))[:, None, :, None])
+        if ctx.channels_last:  # back from (G, B*H*W, C, 1) to an (N, C, H, W) channels-last tensor
+            n_, c, h, w = ctx.shape
+            grad = grad.view(n_, h, w, c).permute(0, 3, 1, 2)
+        else:
+            grad = grad.view(ctx.shape)
+        return grad.to(ctx.dtype), None
+
+
+def _grouped(a: torch.Tensor, groups: int) -> tuple[torch.Tensor, bool]:
+    """A (G, M, C, K) view of an activation whose statistics reduce over dims 1 and 3, without a
+    copy for both contiguous and channels-last activations; and whether it was channels-last."""
+    if a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last):
+        n, c, h, w = a.shape
+        return a.permute(0, 2, 3, 1).reshape(groups, n // groups * h * w, c, 1), True
+    return a.reshape(groups, a.shape[0] // groups, a.shape[1], -1), False
+
+
+def conv_layers(model: nn.Module) -> list[nn.Conv2d]:
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+
+
+class ConvStatistics:
+    """Hooks on a teacher's convolutions that measure the per-group convolution-statistics loss
+    against fixed targets (one (mean, var) pair per convolution, from `real_conv_targets`)."""
+
+    def __init__(self, model: nn.Module, targets: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 first_weight: float = 10.0):
+        self.layers = conv_layers(model)
+        if len(targets) != len(self.layers):
+            raise ValueError(f"{len(targets)} convolution targets for {len(self.layers)} convolutions")
+        self.targets = [(m.float(), v.float()) for m, v in targets]
+        self.first_weight = first_weight
+        self.groups = 0              # > 0 only while the owning teacher measures a view
+        self.loss: torch.Tensor | None = None
+        self._hooks = [layer.register_forward_hook(self._make_hook(i)) for i, layer in enumerate(self.layers)]
+
+    def _make_hook(self, index: int):
+        weight = self.first_weight if index == 0 else 1.0
+
+        def hook(module, inputs, output):
+            if not self.groups:
+                return
+            mean, var = GroupStats.apply(inputs[0], self.groups)
+            t_mean, t_var = self.targets[index]
+            loss = (torch.linalg.vector_norm(mean - t_mean.to(mean.device), dim=1)
+                    + torch.linalg.vector_norm(var - t_var.to(var.device), dim=1))
+            self.loss = weight * loss if self.loss is None else self.loss + weight * loss
+        return hook
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+@torch.no_grad()
+def real_conv_targets(model: nn.Module, images: torch.Tensor, in_chans: int | None = None,
+                      device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Channel mean and biased variance of every convolution's input over all pixels of the
+    normalized real `images` (N, C, H, W), in fp64 sums so the result does not depend on the
+    batching. The model must be in eval mode (BN uses its running statistics)."""
+    layers = conv_layers(model)
+    sums: list[list[torch.Tensor | None]] = [[None, None, 0] for _ in layers]
+
+    def make(i):
+        def hook(module, inputs, output):
+            a = inputs[0].detach().double()
+            s = sums[i]
+            part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
+            s[0] = part if s[0] is None else s[0] + part
+            s[1] = part_sq if s[1] is None else s[1] + part_sq
+            s[2] += a.shape[0] * a.shape[2] * a.shape[3]
+        return hook
+
+    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+    try:
+        for start in range(0, images.shape[0], _BATCH):
+            x = images[start:start + _BATCH].to(device)
+            model(match_channels(x, in_chans) if in_chans is not None else x)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for total, total_sq, n in sums:
+        mean = total / n
+        out.append((mean.float().cpu(), (total_sq / n - mean * mean).clamp_min(0).float().cpu()))
+    return out
+
+
+def real_images_for_statistics(dataset, per_class: int = CONV_STAT_IMAGES_PER_CLASS) -> torch.Tensor:
+    """The first `per_class` training images of every class, normalized: a fixed choice, so the
+    targets (and the images distilled against them) are a function of the dataset alone."""
+    labels = dataset.train.labels
+    keep = [int(i) for c in range(dataset.num_classes)
+            for i in torch.nonzero(labels == c, as_tuple=False).flatten()[:per_class]]
+    return dataset.normalize(dataset.train.load(sorted(keep)))
+
+
+def attach_conv_targets(teachers: Sequence["FrozenTeacher"], dataset, device: str | torch.device = "cpu") -> None:
+    """Measure each teacher's convolution targets on the dataset's real images, once, and hook
+    the loss onto it (recover's `r_conv` term)."""
+    images = real_images_for_statistics(dataset)
+    for teacher in teachers:
+        if teacher.conv is not None:
+            continue
+        targets = real_conv_targets(teacher.model, images, teacher.in_chans, device)
+        teacher.conv = ConvStatistics(teacher.model, targets, teacher.first_bn_weight)

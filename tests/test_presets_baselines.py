@@ -1,0 +1,161 @@
+"""G-VBSM, EDC and CV-DD as settings of the recover loop (docs/method.md section 7c): each
+preset's distinguishing mechanism is part of the objective."""
+import pytest
+import torch
+
+from fadrm_ray.committee import committee_weights, equip_teachers
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.models import create_model
+from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
+from fadrm_ray.statistics import ConvStatistics, attach_conv_targets, conv_layers, real_conv_targets
+
+MEAN, STD = [0.3], [0.37]
+
+
+def model(seed):
+    torch.manual_seed(seed)
+    m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
+    m.train()
+    with torch.no_grad():  # non-trivial running statistics
+        for _ in range(5):
+            m(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
+    return m.eval()
+
+
+def with_conv(teacher, seed=1):
+    """Targets from a fixed batch of stand-in 'real' images."""
+    images = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+    teacher.conv = ConvStatistics(teacher.model, real_conv_targets(teacher.model, images), teacher.first_bn_weight)
+    return teacher
+
+
+def cfg_for(preset, **kw):
+    values = dict(iterations=6, ipc=1, precision="fp32", classes_per_batch=0)
+    values.update(kw)
+    return make_config(preset, overrides=values).resolve(8, 10, hflip=False, channels=1)
+
+
+def stage_images(cfg, teachers):
+    patches = torch.randint(0, 256, (1, 10, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    state = init_state(cfg, list(range(10)), [0], patches if cfg.init == "real" else None, 8, 1, MEAN, STD)
+    return run_stage(state, teachers, cfg).x
+
+
+# ------------------------------------------------------------------ convolution statistics (G-VBSM, EDC)
+def test_conv_targets_are_the_real_images_statistics(monkeypatch):
+    m = model(0)
+    images = torch.randn(50, 1, 8, 8, generator=torch.Generator().manual_seed(3)) * 2 + 1
+    targets = real_conv_targets(m, images)
+    assert len(targets) == len(conv_layers(m)) > 1
+    mean, var = targets[0]  # the first convolution's input is the image itself
+    torch.testing.assert_close(mean, images.mean(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(var, images.var(dim=(0, 2, 3), unbiased=False), rtol=1e-5, atol=1e-5)
+    # Independent of the batching: fp64 sums over all pixels.
+    monkeypatch.setattr("fadrm_ray.statistics._BATCH", 7)
+    for (m7, v7), (m1, v1) in zip(real_conv_targets(m, images), targets):
+        torch.testing.assert_close(m7, m1, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v7, v1, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_loss_is_part_of_the_objective():
+    teacher = with_conv(FrozenTeacher(model(0)))
+    base = stage_images(cfg_for("g-vbsm", r_conv=0.01), [teacher])
+    assert not torch.equal(base, stage_images(cfg_for("g-vbsm", r_conv=1.0), [teacher]))
+    # r_conv = 0 is the BN-only objective, bit for bit, whether or not the hooks are attached.
+    off = stage_images(cfg_for("g-vbsm", r_conv=0.0), [teacher])
+    assert torch.equal(off, stage_images(cfg_for("g-vbsm", r_conv=0.0), [FrozenTeacher(model(0))]))
+    assert not torch.equal(off, base)
+
+
+def test_conv_loss_falls_as_the_images_match_the_targets():
+    teacher = with_conv(FrozenTeacher(model(0)))
+    x = torch.randn(10, 1, 8, 8, requires_grad=True)
+    _, _, first = teacher.measure(x, 1)
+    first.sum().backward()
+    with torch.no_grad():
+        x -= 0.05 * x.grad / x.grad.norm()
+    _, _, after = teacher.measure(x, 1)
+    assert after.item() < first.item()
+    assert teacher(x, 1)[1].shape == (1,)  # plain calls leave the convolution hooks idle
+    assert teacher.conv.loss is None
+
+
+def test_r_conv_without_targets_is_refused():
+    with pytest.raises(ValueError, match="attach_conv_targets"):
+        stage_images(cfg_for("g-vbsm"), [FrozenTeacher(model(0))])
+
+
+def test_attach_conv_targets_uses_the_dataset(digits):
+    m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
+    teacher = FrozenTeacher(m)
+    attach_conv_targets([teacher], digits)
+    mean, _ = teacher.conv.targets[0]
+    labels = digits.train.labels
+    keep = sorted(int(i) for c in range(10) for i in torch.nonzero(labels == c).flatten()[:100])
+    real = digits.normalize(digits.train.load(keep))
+    torch.testing.assert_close(mean, real.mean(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ committee voting (CV-DD)
+def test_committee_weights_follow_the_priors():
+    w = committee_weights([70.0, 60.0], 5.0)
+    assert w[0] > w[1] and abs(float(w.sum()) - 1) < 1e-6
+    torch.testing.assert_close(w, torch.softmax(torch.tensor([14.0, 12.0]), 0))
+    assert torch.equal(committee_weights([60.0, 70.0], 5.0), w.flip(0))
+    assert committee_weights([70.0, 60.0], 50.0)[0] < w[0]  # a higher temperature votes more evenly
+    with pytest.raises(ValueError, match="prior"):
+        committee_weights([70.0, float("nan")], 5.0)
+
+
+def test_committee_vote_is_weighted_by_the_priors():
+    def run(p0, p1):
+        teachers = [FrozenTeacher(model(0), prior=p0), FrozenTeacher(model(7), prior=p1)]
+        return stage_images(cfg_for("cv-dd"), teachers)
+
+    a = run(90.0, 40.0)
+    assert not torch.equal(a, run(40.0, 90.0))
+    # softmax weights: the same gaps give the same vote.
+    torch.testing.assert_close(a, run(80.0, 30.0), rtol=0, atol=1e-5)
+
+
+def test_committee_uses_every_teacher_each_step():
+    one = [FrozenTeacher(model(0), prior=50.0)]
+    # Round robin with one teacher and a committee of one are the same objective...
+    rr = stage_images(cfg_for("cv-dd", committee="round-robin"), one)
+    torch.testing.assert_close(stage_images(cfg_for("cv-dd"), one), rr, rtol=0, atol=1e-6)
+    # ...but with two, the committee is not the turn-taking of round robin.
+    two = [FrozenTeacher(model(0), prior=50.0), FrozenTeacher(model(7), prior=50.0)]
+    assert not torch.allclose(stage_images(cfg_for("cv-dd"), two),
+                              stage_images(cfg_for("cv-dd", committee="round-robin"), two))
+
+
+# ------------------------------------------------------------------ presets
+def test_presets_set_their_mechanisms():
+    g, e, c = (make_config(p) for p in ("g-vbsm", "edc", "cv-dd"))
+    assert g.r_conv > 0 and g.init == "noise" and g.committee == "round-robin" and not g.uses_arc
+    assert e.r_conv > 0 and e.init == "real" and e.patch_crop_scale == (0.5, 1.0) and not e.uses_arc
+    assert c.committee == "prior" and c.r_conv == 0 and c.init == "real" and c.patch_selection == "medium"
+
+
+def test_new_fields_keep_old_run_ids():
+    for preset in ("fadrm", "fadrm+", "sre2l", "cda", "sre2l++", "rded", "random-real", "fadrm-paper"):
+        ident = make_config(preset).identity()
+        assert not {"r_conv", "committee", "committee_temperature"} & set(ident), preset
+    assert "r_conv" in make_config("g-vbsm").identity()
+    assert "committee" in make_config("cv-dd").identity()
+
+
+def test_new_fields_are_validated():
+    for bad in ({"r_conv": -1.0}, {"r_conv": float("inf")}, {"committee_temperature": 0.0},
+                {"committee": "majority"}):
+        with pytest.raises(ValueError):
+            DistillConfig(**bad)
+
+
+def test_equip_teachers_brings_priors_and_targets(digits):
+    from types import SimpleNamespace
+    m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
+    infos = [SimpleNamespace(test_accuracy=61.5)]
+    plain = equip_teachers([FrozenTeacher(m)], infos, digits, make_config("fadrm"))
+    assert plain[0].conv is None and plain[0].prior == 61.5
+    assert equip_teachers([FrozenTeacher(m)], infos, digits, make_config("edc"))[0].conv is not None
