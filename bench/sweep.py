@@ -43,6 +43,8 @@ def measure(args, teacher: str, share: bool) -> dict:
                            seeds=1, epochs=args.epochs, scheduler="fifo", max_concurrent=args.concurrent,
                            cpus_per_trial=1.0, share=share, progress=False)
     summary = run_sweep(request)
+    if summary["interrupted"]:  # Tune caught a SIGINT and ended the fit: a partial sweep measures nothing
+        raise KeyboardInterrupt
     rows = summary["rows"]
     events = _events(out)
     starts = [e["t"] for e in events if e["event"] == "trial_started"]

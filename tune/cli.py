@@ -1,9 +1,26 @@
 """`fadrm tune`: sweep DistillConfig values on Ray Tune (tune.sweep), registered with the `fadrm`
-command through the `fadrm.commands` entry point (pyproject.toml)."""
+command through the `fadrm.commands` entry point (pyproject.toml).
+
+Exit status: 0 when the sweep ended; 2 for a bad command (one line); 130 when it was interrupted
+(SIGINT): the results so far are written and marked interrupted, and the same command resumes
+it; 1 when something unexpected failed after the checks, with its traceback on stderr.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import traceback
+from typing import get_args
+
+EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+
+
+def _choices(field: str) -> list[str]:
+    """The values SweepRequest accepts for a Literal field: the one list the flag offers."""
+    from tune.sweep import SweepRequest
+
+    return [v for v in get_args(SweepRequest.model_fields[field].annotation) if v is not None]
 
 
 class TuneCommand:
@@ -26,14 +43,14 @@ class TuneCommand:
         p.add_argument("--space", default=None, metavar="FILE.yaml", help="keys and specs as a YAML mapping")
         p.add_argument("--samples", type=int, default=None,
                        help="Tune samples (default: 1 for a grid, i.e. each grid point once; 10 for random/optuna)")
-        p.add_argument("--search", default="grid", choices=["grid", "random", "optuna"])
-        p.add_argument("--scheduler", default="asha", choices=["asha", "fifo"],
-                       help="asha (default): stop trials whose students lag at 25%% and 50%% of their schedule")
-        p.add_argument("--metric", default="top1", choices=["top1"], help="student test top-1, maximized")
+        p.add_argument("--search", default="grid", choices=_choices("search"))
+        p.add_argument("--scheduler", default="asha", choices=_choices("scheduler"),
+                       help="asha (default): stop trials whose students lag at 50%% of their schedule")
+        p.add_argument("--metric", default="top1", choices=_choices("metric"), help="student test top-1, maximized")
         p.add_argument("--student", default=None, help="student model (default convnet-bn)")
         p.add_argument("--seeds", type=int, default=None, help="student seeds per trial (default 3)")
         p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the protocol)")
-        p.add_argument("--protocol", default=None, choices=["short", "published"], help="as in fadrm evaluate")
+        p.add_argument("--protocol", default=None, choices=_choices("protocol"), help="as in fadrm evaluate")
         p.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one EvalConfig value of the students (repeatable)")
         p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as resources allow)")
@@ -44,11 +61,12 @@ class TuneCommand:
         p.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
         p.add_argument("--store", default=None, help="store the trials distill into (default OUT/store)")
         p.add_argument("--data-root", default=None)
-        p.add_argument("--out", required=True, help="sweep folder; the same command on it resumes the sweep")
+        p.add_argument("--out", required=True,
+                       help="sweep folder (local or mounted, not a URI); the same command on it resumes the sweep")
 
     def run(self, args: argparse.Namespace) -> None:
         from fadrm_ray.cli import _parse_classes
-        from tune.sweep import SweepRequest, run_sweep
+        from tune.sweep import SweepFailed, SweepRequest, run_sweep
 
         request = SweepRequest(
             dataset=args.dataset, teachers=args.teacher, out=args.out, preset=args.preset, ipc=args.ipc,
@@ -58,19 +76,36 @@ class TuneCommand:
             eval_set=args.eval_set, max_concurrent=args.max_concurrent, cpus_per_trial=args.cpus_per_trial,
             gpus_per_trial=args.gpus_per_trial, workers_per_trial=args.workers_per_trial, address=args.address,
             store=args.store, data_root=args.data_root, progress=not args.quiet)
-        summary = run_sweep(request)
+        try:
+            summary = run_sweep(request)
+        except SweepFailed as exc:
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
+            print(f"fadrm tune: error: {exc}; the traceback is above. Tune's state is in {args.out}/experiment "
+                  f"and the same command resumes the sweep", file=sys.stderr)
+            raise SystemExit(EXIT_FAILED) from None
         if args.json:
             print(json.dumps(summary, default=str))
-            return
-        print(f"{summary['trials']} trials ({'resumed' if summary['resumed'] else 'new'} sweep) in "
-              f"{summary['wall_seconds']:.0f} s; results in {summary['files']['results_md']}")
-        best = summary["best"]
-        if best is None:
-            print("no trial finished")
-            return
-        values = " ".join(f"{k}={best[k]}" for k in summary["swept"])
-        print(f"best: trial {best['trial']} {values}: top-1 {best['top1']:.2f} ± {best['top1_std'] or 0:.2f} "
-              f"(run {best['run_id']})\nconfig: {summary['files']['best_yaml']}")
+        if summary["interrupted"]:
+            s = summary["states"]
+            print(f"fadrm tune: interrupted: {s['done']} of {summary['trials_total']} trials finished "
+                  f"({s['stopped']} stopped, {s['error']} errored, {s['interrupted']} interrupted, {s['pending']} "
+                  f"not started); the results so far are in {summary['files']['results_md']}, no best.yaml; "
+                  f"the same command resumes the sweep", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED)
+        if not args.json:
+            _say(summary)
+
+
+def _say(summary: dict) -> None:
+    print(f"{summary['trials']} trials ({'resumed' if summary['resumed'] else 'new'} sweep) in "
+          f"{summary['wall_seconds']:.0f} s; results in {summary['files']['results_md']}")
+    best = summary["best"]
+    if best is None:
+        print("no trial finished")
+        return
+    values = " ".join(f"{k}={best[k]}" for k in summary["swept"])
+    print(f"best: trial {best['trial']} {values}: top-1 {best['top1']:.2f} ± {best['top1_std'] or 0:.2f} "
+          f"(run {best['run_id']})\nconfig: {summary['files']['best_yaml']}")
 
 
 COMMAND = TuneCommand()

@@ -4,7 +4,10 @@ A SPEC is a list of values (a grid: `alpha=0.3,0.5,0.7`, `stage_resolutions=[24,
 `downsample_size=null,20`) or a distribution: `uniform(a,b)`, `loguniform(a,b)`, `randint(a,b)`
 (both ends included) or `choice(v1,v2,...)`. A list of one value fixes the key for every trial.
 Values are read as YAML, like `fadrm distill --set`. A space file maps keys to the same specs: a
-YAML list, a scalar (fixed), or a string holding a distribution.
+YAML list, a scalar (fixed), or a string, read exactly as `--param` reads it (`alpha: 0.3,0.5` is
+the grid `--param alpha=0.3,0.5` makes). A value given twice in one grid or choice, and a key
+given twice with `--param`, are refused: either would run the same trial twice, or silently
+drop one of them.
 
 `DistillConfig` is the one judge of what a value may be: before any trial starts, every
 combination of the grid values, the choices and both ends of each range is built into a config
@@ -23,6 +26,8 @@ import yaml
 
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.settings import ConfigError
+
+from tune.settings import TrialBase
 
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 _DIST = re.compile(r"^\s*(uniform|loguniform|randint|choice)\s*\((.*)\)\s*$", re.S)
@@ -80,6 +85,7 @@ def parse_spec(key: str, spec: Any, where: str) -> Param:
         if kind == "choice":
             if not values:
                 raise ConfigError(f"{where}: choice(...) needs at least one value")
+            _refuse_repeats(values, where)
             return Param(key, kind, tuple(values))
         if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise ConfigError(f"{where}: {kind}(a, b) needs two numbers, got {spec!r}")
@@ -91,13 +97,24 @@ def parse_spec(key: str, spec: Any, where: str) -> Param:
         if kind == "randint" and not all(isinstance(v, int) for v in values):
             raise ConfigError(f"{where}: randint(a, b) needs two integers, got {spec!r}")
         return Param(key, kind, (low, high))
-    elif isinstance(spec, str) and where.startswith("--param"):
+    elif isinstance(spec, str):  # the command line's syntax, from either place
         values = _yaml_list(spec, where)
     else:
         values = [spec]
     if not values:
         raise ConfigError(f"{where}: no values")
+    _refuse_repeats(values, where)
     return Param(key, "grid", tuple(values))
+
+
+def _refuse_repeats(values: list, where: str) -> None:
+    """A grid or choice naming one value twice would run (or sample) the same trial twice."""
+    seen: list = []
+    for value in values:
+        # == matches 0.3 and 0.30, or 1 and 1.0, but a bool is not the number it equals.
+        if any(value == s and isinstance(value, bool) == isinstance(s, bool) for s in seen):
+            raise ConfigError(f"{where}: the value {_show(value)} is given twice; give each value once")
+        seen.append(value)
 
 
 def _yaml_list(text: str, where: str) -> list:
@@ -117,8 +134,10 @@ def _check_key(key: str, where: str) -> None:
 
 
 def parse_space(params: Sequence[str] = (), space_file: str | Path | None = None) -> dict[str, Param]:
-    """key -> Param from a space file, then `--param` (later wins); keys are checked to exist."""
+    """key -> Param from a space file, then `--param` (a key on the command line replaces the
+    file's); keys are checked to exist, and a key repeated with `--param` is refused."""
     space: dict[str, Param] = {}
+    given: set[str] = set()
     if space_file is not None:
         from fadrm_ray.fileio import read_yaml_mapping
 
@@ -135,6 +154,9 @@ def parse_space(params: Sequence[str] = (), space_file: str | Path | None = None
         if not sep or not key or not raw.strip():
             raise ConfigError(f"--param {item!r} must look like KEY=V1,V2,... or KEY=uniform(a,b)")
         _check_key(key, where)
+        if key in given:
+            raise ConfigError(f"{where} is given twice; give each key once (KEY=V1,V2,... for a grid)")
+        given.add(key)
         space[key] = parse_spec(key, raw.strip(), where)
     return space
 
@@ -145,14 +167,24 @@ def split_space(space: dict[str, Param]) -> tuple[dict[str, Any], dict[str, Para
     return fixed, {k: p for k, p in space.items() if k not in fixed}
 
 
-def trial_config(base: dict[str, Any], values: dict[str, Any]) -> DistillConfig:
+def trial_config(base: TrialBase, values: dict[str, Any]) -> DistillConfig:
     """The DistillConfig of one trial: the sweep's preset and flags, its fixed values, the trial's
     values (make_config's layering: preset -> overrides -> flags)."""
-    return make_config(base["preset"], None, {**base.get("fixed", {}), **values}, ipc=base.get("ipc"),
-                       classes=base.get("classes"), seed=base.get("seed"))
+    return make_config(base.preset, None, {**base.fixed, **values}, ipc=base.ipc, classes=base.classes,
+                       seed=base.seed)
 
 
-def validate_space(base: dict[str, Any], swept: dict[str, Param], dataset, device_type: str = "cpu") -> int:
+def check_values(base: TrialBase, swept: dict[str, Param]) -> None:
+    """Build the config of each swept value alone, without the dataset: a value the config model
+    refuses anywhere (alpha=2, k=uniform(1,3)) fails here, before the data and torch load."""
+    for key, param in swept.items():
+        for value in param.checked_values():
+            _check(base, {key: value}, None, "cpu", key)
+    if not swept:
+        _check(base, {}, None, "cpu", None)
+
+
+def validate_space(base: TrialBase, swept: dict[str, Param], dataset, device_type: str = "cpu") -> int:
     """Build and resolve the config of every combination of the swept values (grid values,
     choices, both ends of ranges), raising one ConfigError naming the key at the first bad one.
     Returns the number of combinations checked."""
@@ -171,10 +203,12 @@ def validate_space(base: dict[str, Any], swept: dict[str, Param], dataset, devic
     return checked
 
 
-def _check(base: dict, values: dict, dataset, device_type: str, key: str | None) -> None:
+def _check(base: TrialBase, values: dict, dataset, device_type: str, key: str | None) -> None:
     try:
         cfg = trial_config(base, values)
-        cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type)
+        if dataset is not None:  # the checks that depend on the images (sizes, classes)
+            cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
+                        channels=dataset.channels)
     except ConfigError as exc:
         shown = ", ".join(f"{k}={_show(v)}" for k, v in values.items())
         named = key or next((k for k in values if str(exc).startswith(k)), None)

@@ -1,10 +1,12 @@
 """A sweep of DistillConfig values on Ray Tune: `fadrm tune ...`, or `python -m tune.sweep ...`
 (the same command, for `ray job submit`; inside a job it joins the job's cluster).
 
-`run_sweep` checks everything before any trial starts (the output folder, the teachers, the
-dataset, every value of the search space against DistillConfig, the evaluation settings, the
-search and scheduler), then on Ray (`actors.coordinator.ray_session`: an embedded local Ray, the
-cluster at `--address`, or the Ray this process already joined):
+`run_sweep` checks everything before any trial starts: first what needs neither torch nor the
+data (the flags, as `SweepRequest` is built; the folders, local paths only; the teachers; the
+space and each of its values alone; the evaluation settings; whether OUT holds another sweep),
+then every combination of the space's values against the loaded dataset. Then, from absolute
+paths and working in OUT, on Ray (`actors.coordinator.ray_session`: an embedded local Ray, the
+cluster at `--address`, or the Ray this process already joined) it:
 
 - puts the dataset and the teachers' bytes into the object store once (`tune.with_parameters`)
   and scores the real patches once per patch setting (one Ray task each, with a trial's
@@ -12,99 +14,162 @@ cluster at `--address`, or the Ray this process already joined):
 - runs one function trial per configuration (tune.trainable) with `--cpus-per-trial` /
   `--gpus-per-trial` each (or a placement group of one bundle for the trial and one per
   DistillWorker with `--workers-per-trial`), ASHA on the students' intermediate top-1 by
-  default, results under OUT/experiment (`tune.RunConfig(storage_path=OUT)`: shared storage on
-  a cluster);
-- resumes OUT/experiment when it exists (`Tuner.can_restore` / `Tuner.restore`, errored trials
+  default (one rung, at half the students' schedule), under OUT/experiment;
+- resumes OUT/experiment when it exists (`Tuner.restore`, errored and interrupted trials
   resumed): finished trials are not run again;
-- writes results.csv, results.md, best.yaml and the plots (tune.results).
+- writes results.csv, results.md, best.yaml, the plots (tune.results) and summary.json before it
+  leaves Ray. A sweep stopped by SIGINT (Tune ends its fit and saves its state) is written as
+  interrupted, with its running and not yet started trials labelled so and no best.yaml.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import math
+import os
+import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
-from fadrm_ray.settings import ConfigError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from tune.space import Param, parse_space, split_space, trial_config, validate_space
+from fadrm_ray.settings import ConfigError, Count, EvalConfig, Index, Indices, describe, error_loc
+
+from tune.settings import TrialBase, TrialSettings
+from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space
+
+if TYPE_CHECKING:
+    from fadrm_ray.data.base import ImageDataset
 
 EXPERIMENT = "experiment"
-SEARCHES = ("grid", "random", "optuna")
-SCHEDULERS = ("asha", "fifo")
-METRICS = ("top1",)
-# ASHA on student_pct (percent of the students' schedule): rungs at 25 % and 50 %.
-ASHA_GRACE, ASHA_MAX, ASHA_REDUCTION = 25, 100, 2
+# ASHA on student_pct (percent of the students' schedule): one rung, at 50 %. The rung metric is
+# a student's test top-1 part-way through its cosine schedule, while the learning rate is still
+# high; an earlier rung ranks trials by noise (docs/benchmarks/sweeps.md).
+ASHA_GRACE, ASHA_MAX, ASHA_REDUCTION = 50, 100, 2
+# The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.cli).
+FLAGS = {"teachers": "--teacher", "params": "--param", "space_file": "--space", "progress": "--quiet"}
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-@dataclass
-class SweepRequest:
-    dataset: str
+def flag(field: str) -> str:
+    """The command-line flag of a SweepRequest field."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _local_folder(path: str | None) -> str | None:
+    # The driver writes results into OUT and trials write into the store with plain file I/O, so
+    # a URI (s3://, gs://) would become a local folder named "s3:".
+    if path is not None and _URI.match(path):
+        raise ValueError(f"must be a local or mounted folder, not a URI, got {path!r}")
+    return path
+
+
+Folder = Annotated[str, AfterValidator(_local_folder)]
+
+
+class SweepRequest(BaseModel):
+    """What `fadrm tune` was asked (tune.cli builds it from the flags). A bad value fails when
+    it is built, as one ConfigError line that names the flag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = Field(min_length=1)
     teachers: list[str]
-    out: str
+    out: Folder
     preset: str = "fadrm"
-    ipc: int | None = None
-    classes: list[int] | None = None
-    seed: int | None = None
-    params: list[str] = field(default_factory=list)
+    ipc: Count | None = None
+    classes: Indices | None = None
+    seed: Index | None = None
+    params: list[str] = []
     space_file: str | None = None
-    samples: int | None = None          # None: 1 for a grid, 10 for random and optuna
-    search: str = "grid"
-    scheduler: str = "asha"
-    metric: str = "top1"
+    samples: Count | None = None        # None: 1 for a grid, 10 for random and optuna
+    search: Literal["grid", "random", "optuna"] = "grid"
+    scheduler: Literal["asha", "fifo"] = "asha"
+    metric: Literal["top1"] = "top1"
     student: str | None = None
-    seeds: int | None = None
-    epochs: int | None = None
-    protocol: str | None = None
-    eval_set: list[str] = field(default_factory=list)
-    max_concurrent: int | None = None
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
-    workers_per_trial: int = 1
+    seeds: Count | None = None
+    epochs: Count | None = None
+    protocol: Literal["short", "published"] | None = None
+    eval_set: list[str] = []
+    max_concurrent: Count | None = None
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0)
+    workers_per_trial: Count = 1
     address: str | None = None
-    store: str | None = None            # default OUT/store
+    store: Folder | None = None         # default OUT/store
     data_root: str | None = None
     share: bool = True                  # dataset, teachers and patches shared (False: bench.sweep's control)
     progress: bool = True
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_request_error(exc, data), error_loc(exc)) from None
+
+    @property
+    def sample_count(self) -> int:
+        return self.samples or (1 if self.search == "grid" else 10)
 
     def identity(self) -> dict:
         """What makes a sweep this sweep (a rerun with the same identity resumes it)."""
         keep = ("dataset", "teachers", "preset", "ipc", "classes", "seed", "params", "space_file", "samples",
                 "search", "scheduler", "metric", "student", "seeds", "epochs", "protocol", "eval_set")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        return {k: v for k, v in self.model_dump(mode="json").items() if k in keep}
 
 
-@dataclass
+def _request_error(exc: ValidationError, data: dict) -> str:
+    """One line for the first problem, naming the flag."""
+    errors = exc.errors()
+    unknown = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return f"unknown sweep setting(s) {', '.join(unknown)}; known: {', '.join(SweepRequest.model_fields)}"
+    err = errors[0]
+    name = str(err["loc"][0])
+    if err["type"] == "value_error":  # a validator of the field said what is wrong
+        return f"{flag(name)} {err['ctx']['error']}"
+    return f"{flag(name)} must be {_accepts(SweepRequest.model_fields[name])}, got {data.get(name, err['input'])!r}"
+
+
+def _accepts(field) -> str:
+    # A flag left out is None, so "or null" would only confuse.
+    options = [a for a in get_args(field.annotation) if a is not type(None)]
+    if len(options) == 1 and get_origin(options[0]) is Literal:  # an optional choice
+        return "one of " + ", ".join(map(str, get_args(options[0])))
+    return describe(field).removesuffix(" or null")
+
+
+@dataclass(frozen=True)
 class Prepared:
+    """A checked request, with every path absolute (a Ray job's working folder may vanish)."""
+
     request: SweepRequest
     out: Path
     store: Path
-    dataset: Any
-    base: dict                          # preset, flags and fixed values of every trial
+    teachers: list[Path]
+    data_root: str | None
+    dataset: ImageDataset
+    base: TrialBase                     # preset, flags and fixed values of every trial
     swept: dict[str, Param]
-    eval_cfg: Any
+    eval_cfg: EvalConfig
     device: str
     checked: int                        # configurations checked before the sweep
+    total: int                          # trials of the whole sweep
 
 
-def _check_numbers(req: SweepRequest) -> None:
-    if req.search not in SEARCHES:
-        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, got {req.search!r}")
-    if req.scheduler not in SCHEDULERS:
-        raise ConfigError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {req.scheduler!r}")
-    if req.metric not in METRICS:
-        raise ConfigError(f"--metric must be one of {', '.join(METRICS)}, got {req.metric!r}")
-    for name, value, low in (("--samples", req.samples, 1), ("--max-concurrent", req.max_concurrent, 1),
-                             ("--workers-per-trial", req.workers_per_trial, 1)):
-        if value is not None and value < low:
-            raise ConfigError(f"{name} must be >= {low}, got {value}")
-    if not req.cpus_per_trial > 0:
-        raise ConfigError(f"--cpus-per-trial must be > 0, got {req.cpus_per_trial}")
-    if req.gpus_per_trial < 0:
-        raise ConfigError(f"--gpus-per-trial must be >= 0, got {req.gpus_per_trial}")
+def trial_count(swept: dict[str, Param], search: str, samples: int) -> int:
+    """The trials of a whole sweep: Tune runs every grid point `samples` times; random and optuna
+    searches draw `samples` trials (their grids become choices)."""
+    if search != "grid":
+        return samples
+    return samples * math.prod(len(q.values) for q in swept.values() if q.kind == "grid")
+
+
+def _check_search(req: SweepRequest) -> None:
     if req.search == "optuna":
         try:
             import optuna  # noqa: F401
@@ -113,13 +178,14 @@ def _check_numbers(req: SweepRequest) -> None:
 
 
 def prepare(req: SweepRequest) -> Prepared:
-    """Check every input before any trial: raises ConfigError (or a library error) in one line."""
+    """Check every input before any trial: raises ConfigError (or a library error) in one line.
+    The flags, the folders, the teachers, the space and each value alone are checked before
+    torch and the dataset load, so a bad command is refused at once."""
     from fadrm_ray.config import parse_overrides
-    from fadrm_ray.data import get_dataset
     from fadrm_ray.fileio import check_output_dir
-    from fadrm_ray.settings import EvalConfig, layered
+    from fadrm_ray.settings import layered
 
-    _check_numbers(req)
+    _check_search(req)
     out = check_output_dir(Path(req.out).absolute(), "--out")
     store = Path(req.store).absolute() if req.store else out / "store"
     check_output_dir(store, "--store")
@@ -130,15 +196,20 @@ def prepare(req: SweepRequest) -> Prepared:
             raise ConfigError(f"teacher checkpoint {path} does not exist")
     space = parse_space(req.params, req.space_file)
     fixed, swept = split_space(space)
-    base = {"preset": req.preset, "ipc": req.ipc, "classes": req.classes, "seed": req.seed, "fixed": fixed}
+    base = TrialBase(preset=req.preset, ipc=req.ipc, classes=req.classes, seed=req.seed, fixed=fixed)
+    check_values(base, swept)
     eval_cfg = layered(EvalConfig, parse_overrides(req.eval_set, EvalConfig),
                        flags={"student": req.student, "seeds": req.seeds, "epochs": req.epochs,
                               "protocol": req.protocol})
     _check_resume(out, req)
-    dataset = get_dataset(req.dataset, root=req.data_root)
+    from fadrm_ray.data import get_dataset  # torch loads here, after every check that does not need it
+
+    data_root = str(Path(req.data_root).absolute()) if req.data_root else None
+    dataset = get_dataset(req.dataset, root=data_root)
     device = "cuda" if req.gpus_per_trial > 0 else "cpu"
     checked = validate_space(base, swept, dataset, device)
-    return Prepared(req, out, store, dataset, base, swept, eval_cfg, device, checked)
+    return Prepared(req, out, store, [Path(t).absolute() for t in req.teachers], data_root, dataset, base, swept,
+                    eval_cfg, device, checked, trial_count(swept, req.search, req.sample_count))
 
 
 def _check_resume(out: Path, req: SweepRequest) -> None:
@@ -155,14 +226,14 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def trial_settings(p: Prepared) -> dict:
+def trial_settings(p: Prepared) -> TrialSettings:
     """What every trial reads (tune.trainable.run_trial's `sweep`)."""
     req = p.request
-    return {"base": p.base, "eval": p.eval_cfg.model_dump(mode="json"), "dataset": req.dataset,
-            "data_root": req.data_root, "teachers": [str(Path(t).absolute()) for t in req.teachers],
-            "store": str(p.store), "device": p.device, "threads": max(1, int(req.cpus_per_trial)),
-            "workers_per_trial": req.workers_per_trial, "cpus_per_worker": req.cpus_per_trial,
-            "gpus_per_worker": req.gpus_per_trial or None, "events": str(p.out / "events.jsonl")}
+    return TrialSettings(base=p.base, eval=p.eval_cfg, dataset=req.dataset, data_root=p.data_root,
+                         teachers=[str(t) for t in p.teachers], store=str(p.store), device=p.device,
+                         threads=max(1, int(req.cpus_per_trial)), workers_per_trial=req.workers_per_trial,
+                         cpus_per_worker=req.cpus_per_trial, gpus_per_worker=req.gpus_per_trial or None,
+                         events=str(p.out / "events.jsonl"))
 
 
 def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
@@ -182,8 +253,9 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
                                                                                        "patch_selection")]
     wanted: dict[str, tuple] = {}
     for combo in itertools.product(*(p.swept[k].values for k in keys)):
-        cfg = trial_config(p.base, dict(zip(keys, combo))).resolve(ds.image_size, ds.num_classes, ds.hflip, p.device)
-        key = patch_key(cfg, ds.fingerprint(), [_sha256(b) for b in blobs])
+        cfg = trial_config(p.base, dict(zip(keys, combo))).resolve(
+            ds.image_size, ds.num_classes, ds.hflip, p.device, channels=ds.channels)
+        key = patch_key(cfg, ds.fingerprint(), [hashlib.sha256(b).hexdigest() for b in blobs])
         if key is not None:  # the classes of every configuration that shares the key
             labels = set(cfg.classes) if cfg.classes is not None else set(range(ds.num_classes))
             wanted[key] = (wanted.get(key, (cfg,))[0], sorted(labels | set(wanted.get(key, (None, []))[1])))
@@ -207,17 +279,10 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     return out, cost
 
 
-def _sha256(blob: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(blob).hexdigest()
-
-
-def _tuner(p: Prepared, trainable, restore: bool):
+def _tuner(p: Prepared, trainable, restore: bool, progress):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from tune.results import ProgressLine
     from tune.trainable import TIME_ATTR
 
     req = p.request
@@ -231,53 +296,89 @@ def _tuner(p: Prepared, trainable, restore: bool):
     if req.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
         search_alg = OptunaSearch()
-    samples = req.samples or (1 if req.search == "grid" else 10)
     param_space = {k: q.tune_domain(req.search) for k, q in p.swept.items()}
     return tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(metric=req.metric, mode="max", scheduler=scheduler, search_alg=search_alg,
-                                    num_samples=samples, max_concurrent_trials=req.max_concurrent,
+                                    num_samples=req.sample_count, max_concurrent_trials=req.max_concurrent,
                                     trial_dirname_creator=trial_dirname, reuse_actors=True),
-        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(p.out), verbose=0,
-                                  callbacks=[ProgressLine(p.swept, enabled=req.progress)],
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(p.out), verbose=0, callbacks=[progress],
                                   failure_config=tune.FailureConfig(max_failures=1)))
 
 
-def run_sweep(req: SweepRequest) -> dict:
-    """Run (or resume) the sweep; returns the summary (files, best trial, costs)."""
-    from actors.coordinator import ray_session
-    from tune.results import collect_rows, write_results
+class SweepFailed(RuntimeError):
+    """Something unexpected failed after every check passed (the cause is chained): not a bad
+    command, so tune.cli shows its traceback."""
 
+
+@contextlib.contextmanager
+def _working_folder(folder: Path):
+    """Work in `folder`, then go back if the old folder still exists. Under `ray job submit` the
+    driver starts in the job's working_dir, which Ray deletes as the job's driver leaves; Tune
+    itself asks for the current folder as a fit ends (os.path.relpath), and a bare
+    `[Errno 2] No such file or directory` would lose a finished sweep."""
+    before = os.getcwd()  # it exists: prepare() has just resolved the paths against it
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(before)
+
+
+def run_sweep(req: SweepRequest) -> dict:
+    """Run (or resume) the sweep; returns the summary (files, best trial, costs, and whether it
+    was interrupted). Every file is written before Ray is left."""
     p = prepare(req)
+    from actors.coordinator import ray_session
+
     started = time.perf_counter()
     p.out.mkdir(parents=True, exist_ok=True)
-    (p.out / "sweep.json").write_text(json.dumps({"identity": req.identity(), "request": asdict(req)}, indent=1))
-    with ray_session(req.address):
-        from ray import tune
+    (p.out / "sweep.json").write_text(json.dumps({"identity": req.identity(), "request": req.model_dump(mode="json")},
+                                                 indent=1))
+    with _working_folder(p.out), ray_session(req.address):
+        try:
+            return _sweep_on_ray(p, started)
+        except Exception as exc:
+            raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
 
-        blobs = [Path(t).read_bytes() for t in req.teachers]
-        patches, patch_cost = shared_patches(p, blobs) if req.share else ({}, {"keys": 0, "scored": 0, "seconds": 0.0})
-        shared = {"dataset": p.dataset, "teacher_blobs": blobs, "selections": patches} if req.share else {}
-        from tune.trainable import run_trial
 
-        trainable = tune.with_parameters(run_trial, sweep=trial_settings(p), **shared)
-        if req.workers_per_trial > 1:
-            # One bundle for the trial itself (it evaluates the student), one per DistillWorker.
-            bundle = {k: v for k, v in {"CPU": req.cpus_per_trial, "GPU": req.gpus_per_trial}.items() if v}
-            bundles = [dict(bundle) for _ in range(req.workers_per_trial + 1)]
-            resources = tune.PlacementGroupFactory(bundles)
-        else:
-            resources = {"cpu": req.cpus_per_trial, "gpu": req.gpus_per_trial}
-        trainable = tune.with_resources(trainable, resources)
-        restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
-        with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
-            grid = _tuner(p, trainable, restore).fit()
-    rows = collect_rows(grid, p.swept)
-    files, best = write_results(p, rows)
+def _sweep_on_ray(p: Prepared, started: float) -> dict:
+    from ray import tune
+
+    from tune.results import SweepProgress, collect_rows, write_results
+    from tune.trainable import run_trial
+
+    req = p.request
+    blobs = [t.read_bytes() for t in p.teachers]
+    patches, patch_cost = shared_patches(p, blobs) if req.share else ({}, {"keys": 0, "scored": 0, "seconds": 0.0})
+    shared = {"dataset": p.dataset, "teacher_blobs": blobs, "selections": patches} if req.share else {}
+    trainable = tune.with_parameters(run_trial, sweep=trial_settings(p), **shared)
+    if req.workers_per_trial > 1:
+        # One bundle for the trial itself (it evaluates the student), one per DistillWorker.
+        bundle = {k: v for k, v in {"CPU": req.cpus_per_trial, "GPU": req.gpus_per_trial}.items() if v}
+        bundles = [dict(bundle) for _ in range(req.workers_per_trial + 1)]
+        resources = tune.PlacementGroupFactory(bundles)
+    else:
+        resources = {"cpu": req.cpus_per_trial, "gpu": req.gpus_per_trial}
+    trainable = tune.with_resources(trainable, resources)
+    restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
+    progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()
+    with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
+        grid = _tuner(p, trainable, restore, progress).fit()
+    rows = collect_rows(grid, p, progress.statuses)
+    states = {s: sum(r["state"] == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
+    interrupted = bool(states["interrupted"] or states["pending"])
+    files, best = write_results(p, rows, interrupted)
     summary = {"out": str(p.out), "experiment": str(p.out / EXPERIMENT), "store": str(p.store), "resumed": restore,
-               "trials": len(rows), "configs_checked": p.checked, "swept": {k: q.describe() for k, q in p.swept.items()},
-               "patches": patch_cost, "wall_seconds": round(time.perf_counter() - started, 2), "best": best,
+               "interrupted": interrupted, "trials": len(rows), "trials_total": p.total, "states": states,
+               "configs_checked": p.checked, "swept": {k: q.describe() for k, q in p.swept.items()},
+               "patches": patch_cost, "wall_seconds": round(time.perf_counter() - started, 2),
+               "best": None if interrupted else best, "best_so_far": best if interrupted else None,
                "files": files, "rows": rows}
+    if interrupted:
+        summary["resume"] = (f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials "
+                             f"are kept, interrupted ones continue from their last checkpoint, pending ones start)")
     (p.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from fadrm_ray.events import append_event
 
+from tune.settings import TrialSettings, TrialState
+
 TIME_ATTR = "student_pct"
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
@@ -73,11 +75,11 @@ def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: l
     return selections, time.perf_counter() - started
 
 
-def teacher_files(sweep: dict, blobs: list[bytes]) -> list[str]:
+def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
     """Teacher paths this node can read: the sweep's own paths where they exist here (shared
     storage), else a local copy of the bytes the object store brought."""
     paths = []
-    for path, blob in zip(sweep["teachers"], blobs):
+    for path, blob in zip(sweep.teachers, blobs):
         if Path(path).is_file() and Path(path).stat().st_size == len(blob):
             paths.append(path)
             continue
@@ -91,9 +93,9 @@ def teacher_files(sweep: dict, blobs: list[bytes]) -> list[str]:
     return paths
 
 
-def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, selections=None) -> None:
+def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs=None, selections=None) -> None:
     """The Tune function trainable (module docstring). `config` holds the trial's swept values;
-    `sweep` the sweep's settings (tune.sweep.trial_settings); `dataset`, `teacher_blobs` and
+    `sweep` the sweep's settings (tune.settings.TrialSettings); `dataset`, `teacher_blobs` and
     `selections` ({patch key: {label: ClassSelection}}) are shared, or None when the sweep
     shares nothing (each trial then loads and scores for itself, as bench.sweep compares)."""
     import ray
@@ -102,36 +104,35 @@ def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, se
 
     from fadrm_ray.data import get_dataset
     from fadrm_ray.evaluate import evaluate_run
-    from fadrm_ray.settings import EvalConfig
     from tune.space import trial_config
 
-    threads = sweep["threads"]
+    threads = sweep.threads
     torch.set_num_threads(threads)
     trial_id = tune.get_context().get_trial_id()
     node = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
-    events = sweep["events"]
+    events = sweep.events
     append_event(events, "trial_started", trial=trial_id, values=config, **node)
     started = time.perf_counter()
     if dataset is None:
-        dataset = get_dataset(sweep["dataset"], root=sweep.get("data_root"))
-    paths = teacher_files(sweep, teacher_blobs) if teacher_blobs is not None else list(sweep["teachers"])
-    cfg = trial_config(sweep["base"], config)
+        dataset = get_dataset(sweep.dataset, root=sweep.data_root)
+    paths = teacher_files(sweep, teacher_blobs) if teacher_blobs is not None else list(sweep.teachers)
+    cfg = trial_config(sweep.base, config)
 
-    state: dict[str, Any] = {}
+    state: TrialState | None = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            state = json.loads((Path(folder) / "trial.json").read_text())
+            state = TrialState.model_validate_json((Path(folder) / "trial.json").read_bytes())
     labeler = None  # the teachers the distillation loaded, reused for the soft labels
-    if "run_dir" not in state:
+    if state is None:
         state, labeler = distill_trial(cfg, dataset, paths, sweep, selections)
-        append_event(events, "distilled", trial=trial_id, **state, **node)
-    run_dir = state["run_dir"]
+        append_event(events, "distilled", trial=trial_id, **state.model_dump(), **node)
+    run_dir = state.run_dir
 
-    eval_cfg = EvalConfig.model_validate(sweep["eval"])
+    eval_cfg = sweep.eval
     seeds = eval_cfg.seed_list
-    common = {**node, "run_id": Path(run_dir).name, "distill_seconds": state["distill_seconds"],
-              "units_run": state["units_run"], "patches_scored": state["patches_scored"]}
+    common = {**node, "run_id": Path(run_dir).name, "distill_seconds": state.distill_seconds,
+              "units_run": state.units_run, "patches_scored": state.patches_scored}
     pending = {"checkpoint": _checkpoint(state)}  # goes with the first report
 
     def on_eval(seed: int, epoch: int, epochs: int, top1: float) -> None:
@@ -142,29 +143,29 @@ def run_trial(config: dict, *, sweep: dict, dataset=None, teacher_blobs=None, se
                     checkpoint=pending.pop("checkpoint", None))
 
     evaluated = time.perf_counter()
-    device = sweep["device"]
-    result = evaluate_run(run_dir, eval_cfg, teachers=paths if labeler is None else labeler, dataset=dataset, num_threads=threads, device=device,
-                          progress=False, ipc=cfg.ipc, on_eval=on_eval)
+    device = sweep.device
+    result = evaluate_run(run_dir, eval_cfg, teachers=paths if labeler is None else labeler, dataset=dataset,
+                          num_threads=threads, device=device, progress=False, ipc=cfg.ipc, on_eval=on_eval)
     student_seconds = time.perf_counter() - evaluated
-    append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result["top1_mean"],
-              cached=bool(result.get("cached")), seconds=student_seconds, **node)
-    tune.report({"top1": result["top1_mean"], "top1_std": result["top1_std"],
-                 "top1_per_seed": json.dumps(result["top1_per_seed"]), TIME_ATTR: 100.0, "final": True,
-                 "student_seconds": round(student_seconds, 3), "evaluation_cached": bool(result.get("cached")),
+    append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
+                 cached=result.cached, seconds=student_seconds, **node)
+    tune.report({"top1": result.top1_mean, "top1_std": result.top1_std,
+                 "top1_per_seed": json.dumps(result.top1_per_seed), TIME_ATTR: 100.0, "final": True,
+                 "student_seconds": round(student_seconds, 3), "evaluation_cached": result.cached,
                  "trial_seconds": round(time.perf_counter() - started, 3), **common},
                 checkpoint=pending.pop("checkpoint", None))
 
 
-def _checkpoint(state: dict):
+def _checkpoint(state: TrialState):
     from ray import tune
 
     folder = tempfile.mkdtemp(prefix="fadrm-trial-")
-    (Path(folder) / "trial.json").write_text(json.dumps(state))
+    (Path(folder) / "trial.json").write_text(state.model_dump_json())
     return tune.Checkpoint.from_directory(folder)
 
 
-def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict,
-                  selections: dict | None) -> tuple[dict, Any]:
+def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
+                  selections: dict | None) -> tuple[TrialState, Any]:
     """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
     recomputed), with the sweep's patch rankings written into the run first. The trial builds
     its job once (teachers loaded once) and runs it in this process, or on DistillWorker actors
@@ -178,11 +179,11 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict,
     from fadrm_ray.relabel import SoftLabeler
 
     started = time.perf_counter()
-    store_root, device = sweep["store"], sweep["device"]
-    on_ray = sweep.get("workers_per_trial", 1) > 1
-    job, parts = prepare_job(cfg, dataset, sweep["dataset"], teacher_paths, store_root,
+    store_root, device = sweep.store, sweep.device
+    on_ray = sweep.workers_per_trial > 1
+    job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
                              device="cpu" if on_ray else device, device_type=torch.device(device).type,
-                             data_root=sweep.get("data_root"))
+                             data_root=sweep.data_root)
     layout = RunLayout(job.run_dir)
     labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
     key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
@@ -194,13 +195,13 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: dict,
     if on_ray:
         from actors.coordinator import Coordinator
 
-        executor = Coordinator(workers=sweep["workers_per_trial"], cpus_per_worker=sweep["cpus_per_worker"],
-                               gpus_per_worker=sweep.get("gpus_per_worker"), progress=False)
+        executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
+                               gpus_per_worker=sweep.gpus_per_worker, progress=False)
     else:
         executor = LocalExecutor(device, progress=False)
     result = run_job(job, executor, parts)
     after = sum(layout.patch_selection(label).is_file() for label in labels)
-    state = {"run_dir": str(result.run_dir), "units_run": len(result.units_run),
-             "units_skipped": len(result.units_skipped), "patches_scored": after - before,
-             "distill_seconds": round(time.perf_counter() - started, 3)}
+    state = TrialState(run_dir=str(result.run_dir), units_run=len(result.units_run),
+                       units_skipped=len(result.units_skipped), patches_scored=after - before,
+                       distill_seconds=round(time.perf_counter() - started, 3))
     return state, SoftLabeler.from_loaded(parts.models, parts.infos, device)
