@@ -1,10 +1,13 @@
 """The REST service: `create_app(settings)` builds the FastAPI application `fadrm serve` runs.
 
 Every endpoint but /healthz requires `Authorization: Bearer <FADRM_API_TOKEN>` (compared in
-constant time; 401 without one, 403 for a wrong one). Bodies over `max_body_bytes` are refused
-(413) before they are read whole; ids and names are checked against their patterns (422) before
-anything touches the store. Work happens elsewhere: jobs are records (`api.jobs`), run by driver
-processes on Ray (`api.executor`), whose scheduler runs in a thread of this process.
+constant time; 401 without one, 403 for a wrong one), the OpenAPI schema included; Swagger UI
+and ReDoc are not served (their pages load from a CDN). Each token may make `rate_limit`
+requests a second (429 past it). Bodies over `max_body_bytes` are refused (413) however they are
+sent (FastAPI's `max_body_size`); ids and names are checked against their patterns (422) before
+anything touches the store. Every GET endpoint answers HEAD too (api.http). Work happens
+elsewhere: jobs are records (`api.jobs`), run by driver processes on Ray (`api.executor`), whose
+scheduler runs in a thread of this process.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from fadrm_ray.config import PRESETS, make_config
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.executor import Executor
+from api.http import HeadAsGet, RateLimiter
 from api.jobs import JobDB, JobRecord
 from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobAsked,
                         JobList, Problem, Ready, Report, TeacherInfo)
@@ -37,45 +41,9 @@ log = logging.getLogger("fadrm.api")
 TICK_S = 0.5
 RETRY_AFTER_S = 30
 JobId = PathParam(pattern=JOB_ID_PATTERN, description="a job id, as POST /v1/distillations returned it")
-ERRORS = {401: {"model": Problem}, 403: {"model": Problem}}
+ERRORS = {401: {"model": Problem}, 403: {"model": Problem},
+          429: {"model": Problem, "description": "this token's request rate is over the limit (see Retry-After)"}}
 JOB_ERRORS = {**ERRORS, 404: {"model": Problem}}
-
-
-class BodyLimit:
-    """ASGI middleware: refuse a request body larger than `limit` bytes with 413, whether it
-    announces its length or not."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            return await _too_large(self.limit)(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(self.limit)(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-def _too_large(limit: int) -> JSONResponse:
-    return JSONResponse({"detail": f"request body larger than {limit} bytes"}, status_code=413)
 
 
 class Scheduler(threading.Thread):
@@ -150,8 +118,10 @@ class Service:
 
     def finished(self, job_id: str) -> JobRecord:
         job = self.job(job_id)
+        if job.state in ("queued", "running"):
+            raise _Conflict(job, f"job {job.id} is {job.state}: its results are served once it has succeeded")
         if job.state != "succeeded":
-            raise _Conflict(job)
+            raise _Conflict(job, f"job {job.id} {job.state}: it has no results; submit the request again for a new job")
         return job
 
     def build(self, job: JobRecord, path, writer):
@@ -165,8 +135,11 @@ class Service:
 
 
 class _Conflict(Exception):
-    def __init__(self, job: JobRecord):
-        self.job = job
+    """409: the job is not in a state the request needs; `message` says which and why."""
+
+    def __init__(self, job: JobRecord, message: str):
+        super().__init__(message)
+        self.job, self.message = job, message
 
 
 def _iso(t: float | None) -> str | None:
@@ -192,11 +165,15 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan,
+    # The schema is served below, behind the token; the interactive docs are off because their
+    # pages load Swagger UI and ReDoc from a CDN (nothing in the installed packages ships them).
+    app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None, max_body_size=settings.max_body_bytes,
                   description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     bearer = HTTPBearer(auto_error=False)
+    limiter = RateLimiter(settings.rate_limit, settings.rate_burst)
 
     async def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if credentials is None:
@@ -204,6 +181,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                                 headers={"WWW-Authenticate": "Bearer"})
         if not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
             raise HTTPException(403, "the bearer token is not valid for this service")
+        if (wait := limiter.retry_after(credentials.credentials)) is not None:
+            raise HTTPException(429, f"more than {settings.rate_limit:g} requests a second with this token; "
+                                     f"retry in {wait} s", headers={"Retry-After": str(wait)})
 
     @app.exception_handler(RequestInvalid)
     async def _invalid(request: Request, exc: RequestInvalid):
@@ -215,17 +195,23 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if exc.status_code == 405:  # name every method of the path, not only those of the first route
             allowed = {m for route in app.router.routes if route.matches(request.scope)[0] != Match.NONE
                        for m in getattr(route, "methods", None) or ()}
+            allowed |= {"HEAD"} if "GET" in allowed else set()  # HeadAsGet answers HEAD for each GET
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        if exc.status_code == 413:  # Starlette's limit says "Content Too Large"; say which limit
+            exc = StarletteHTTPException(413, f"request body larger than {settings.max_body_bytes} bytes")
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(_Conflict)
     async def _conflict(request: Request, exc: _Conflict):
-        return JSONResponse({"detail": f"job {exc.job.id} is {exc.job.state}, not succeeded", "state": exc.job.state},
-                            status_code=409)
+        return JSONResponse({"detail": exc.message, "state": exc.job.state}, status_code=409)
 
     auth = [Depends(authorized)]
 
-    @app.get("/healthz", tags=["service"])
+    @app.get("/openapi.json", include_in_schema=False, dependencies=auth)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/healthz", tags=["service"])  # no token, no rate limit: what probes and balancers ask
     def healthz() -> dict[str, bool]:
         return {"ok": True}
 
@@ -239,7 +225,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     @app.post("/v1/distillations", status_code=202, tags=["distillations"], dependencies=auth,
               responses={**ERRORS, 200: {"model": Job, "description": "the same request: the job made before"},
-                         413: {"model": Problem}, 429: {"model": Problem}})
+                         400: {"model": Problem, "description": "a body that is not UTF-8 JSON text"},
+                         409: {"model": Problem, "description": "the Idempotency-Key was used for another request"},
+                         413: {"model": Problem},
+                         429: {"model": Problem, "description": "too many jobs waiting, or too many requests"}})
     def submit(body: DistillationRequest,
                idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
         plan = plan_request(body, service.catalog, settings)
@@ -247,11 +236,16 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         with service.submit_lock:
             if idempotency_key is not None and (same := service.db.by_key(idempotency_key)) is not None:
                 if same.fingerprint != key:
-                    raise RequestInvalid(("header", "Idempotency-Key"),
-                                         "Idempotency-Key was used before for a different request")
+                    return JSONResponse({"detail": f"Idempotency-Key {idempotency_key} was used for another request "
+                                                   f"(job {same.id}); use a new key for a new request"},
+                                        status_code=409)
                 return _job_response(service.view(same), 200)
             existing = service.db.live_with(key)
             if existing is not None:
+                if idempotency_key is not None and existing.idempotency_key is None:
+                    # The key now names this job: the same key with another body is a conflict,
+                    # not a new job.
+                    service.db.update(existing.id, idempotency_key=idempotency_key)
                 return _job_response(service.view(existing), 200)
             if not plan.evaluate and images_in_store(settings, plan):
                 job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
@@ -283,7 +277,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def cancel(job_id: str = JobId) -> Job:
         job = service.job(job_id)
         if not service.executor.cancel(job):
-            raise _Conflict(service.job(job_id))
+            job = service.job(job_id)
+            raise _Conflict(job, f"job {job.id} has already finished ({job.state}); only queued or running jobs "
+                                 "can be cancelled")
         return service.view(service.job(job_id))
 
     @app.get("/v1/distillations/{job_id}/dataset", tags=["results"], dependencies=auth, response_class=FileResponse,

@@ -7,11 +7,13 @@
 
 `distill` submits (idempotently: a retried submit returns the same job), waits with exponential
 backoff while the job is queued or running, and downloads the Parquet file, resuming a download
-that was cut off with an HTTP Range request. Errors of the service raise `ServiceError` with its
-status and message.
+that was cut off with an HTTP Range request. A call over the service's per-token request rate
+(429 with a short Retry-After) waits that long and is sent again. Errors of the service raise
+`ServiceError` with its status and message.
 """
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,9 @@ from typing import Any, Sequence
 import httpx
 
 FINAL = ("succeeded", "failed", "cancelled")
+# A 429 asking to wait at most this long is the request-rate limit: wait and send again. A longer
+# one (the job queue is full) goes to the caller, who knows whether waiting is worth it.
+RATE_WAIT_S = 5
 
 
 class ServiceError(RuntimeError):
@@ -35,9 +40,11 @@ class JobFailed(RuntimeError):
 
 
 class FadrmClient:
-    def __init__(self, url: str, token: str, timeout: float = 60.0):
+    def __init__(self, url: str, token: str, timeout: float = 60.0, verify: ssl.SSLContext | bool = True):
+        """`verify`: an SSLContext trusting the service's certificate, for an https `url` whose
+        certificate the system does not trust."""
         self.http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
-                                 timeout=timeout)
+                                 timeout=timeout, verify=verify)
 
     def close(self) -> None:
         self.http.close()
@@ -50,7 +57,11 @@ class FadrmClient:
 
     # ------------------------------------------------------------------ calls
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        for _ in range(5):
+            response = self.http.request(method, path, **kwargs)
+            if (wait := _rate_wait(response)) is None:
+                break
+            time.sleep(wait)
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail")
@@ -129,6 +140,9 @@ class FadrmClient:
                                       headers=headers) as response:
                     if response.status_code == 416:  # nothing left to fetch
                         break
+                    if (wait := _rate_wait(response)) is not None:
+                        time.sleep(wait)
+                        continue
                     if response.status_code >= 400:
                         response.read()
                         raise ServiceError(response.status_code, response.json().get("detail"))
@@ -149,3 +163,11 @@ class FadrmClient:
         job = self.submit(**request)
         self.wait(job["id"], timeout=timeout)
         return self.download(job["id"], out)
+
+
+def _rate_wait(response: httpx.Response) -> int | None:
+    """The seconds a 429 of the request-rate limit asks to wait; None for any other answer."""
+    wait = response.headers.get("retry-after", "")
+    if response.status_code == 429 and wait.isdigit() and int(wait) <= RATE_WAIT_S:
+        return max(1, int(wait))
+    return None

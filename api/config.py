@@ -1,18 +1,22 @@
 """The service's settings: environment variables, or one YAML file naming the same keys.
 
 `fadrm serve` reads them once at start (`ServiceSettings.load`, pydantic-settings with the prefix
-FADRM_); a missing token or a bad value stops the start with one line naming the key. The
-environment wins over the file.
+FADRM_); a missing or weak token or a bad value stops the start with one line naming the key.
+The environment wins over the file. The limits of one request (api.limits) are keys of their own
+prefix, FADRM_MAX_<NAME>; in the file they are a `limits:` mapping or flat keys (`max_k`,
+`FADRM_MAX_K`).
 
 | key | meaning |
 |---|---|
-| FADRM_API_TOKEN | the bearer token every endpoint but /healthz requires (required) |
+| FADRM_API_TOKEN | the bearer token every endpoint but /healthz requires (required, 128 bits or more) |
 | FADRM_STORE | the store root: runs go to STORE/<run_id>, the service's own state to STORE/.fadrm-api |
 | FADRM_TEACHERS | folder of teacher checkpoints (`NAME.pt`); requests name a teacher by its stem |
 | FADRM_DATASETS | optional YAML file mapping names to dataset specs the operator allows |
 | FADRM_RAY_ADDRESS | a Ray cluster to run on; without one the service starts a local Ray head |
 | FADRM_MAX_RUNNING / _QUEUED | jobs running at once / waiting (past it: 429) |
-| FADRM_MAX_IPC / _IMAGES | the largest IPC, and classes x IPC, one request may ask for |
+| FADRM_MAX_<NAME> | the limits of one request (`limits`, api.limits: FADRM_MAX_IPC, FADRM_MAX_K, ...) |
+| FADRM_RATE_LIMIT / _BURST | requests per second of one token (0: no limit) / how many at once (past it: 429) |
+| FADRM_MAX_BODY_BYTES | the largest request body (past it: 413) |
 | FADRM_WORKERS, FADRM_THREADS | distill actors per job, torch threads of its driver |
 | FADRM_CPUS_PER_WORKER | CPUs each distill actor reserves (default 1) |
 | FADRM_RAY_CPUS | CPUs of the local Ray head (default: this machine's) |
@@ -20,17 +24,22 @@ environment wins over the file.
 """
 from __future__ import annotations
 
+import math
 import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fadrm_ray.fileio import read_yaml_mapping
 
+from api.limits import RequestLimits
+
 ENV_PREFIX = "FADRM_"
+LIMITS_PREFIX = RequestLimits.model_config["env_prefix"]
+MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 FILE_ENV = "FADRM_SERVE_CONFIG"  # a YAML file of the keys below (also `fadrm serve --config`)
 
 
@@ -39,7 +48,8 @@ class SettingsError(ValueError):
 
 
 class _SettingsFile(PydanticBaseSettingsSource):
-    """The YAML settings file: the same keys as the environment (`FADRM_STORE` or `store`)."""
+    """The YAML settings file: the same keys as the environment (`FADRM_STORE` or `store`); the
+    limits as a `limits:` mapping or flat (`max_k`, `FADRM_MAX_K`)."""
 
     def __init__(self, settings_cls, path: Path):
         super().__init__(settings_cls)
@@ -49,12 +59,27 @@ class _SettingsFile(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        out = {}
+        out, limits = {}, {}
         for key, value in read_yaml_mapping(self.path, f"settings file {self.path}", SettingsError).items():
             name = str(key).lower().removeprefix(ENV_PREFIX.lower())
-            if name not in self.settings_cls.model_fields:
+            if name == "limits":
+                if not isinstance(value, dict):
+                    raise SettingsError(f"settings file {self.path}: limits must be a mapping of limit names")
+                for limit, number in value.items():
+                    limit = str(limit).lower().removeprefix(LIMITS_PREFIX.lower()).removeprefix("max_")
+                    if limit not in RequestLimits.model_fields:
+                        raise SettingsError(f"settings file {self.path}: unknown limit {limit}")
+                    limits[limit] = number
+            elif name not in self.settings_cls.model_fields and name.removeprefix("max_") in RequestLimits.model_fields:
+                limits[name.removeprefix("max_")] = value
+            elif name not in self.settings_cls.model_fields:
                 raise SettingsError(f"settings file {self.path}: unknown key {key}")
-            out[name] = value
+            else:
+                out[name] = value
+        if limits:
+            # The limits are validated as one RequestLimits, whose own environment source would
+            # give way to these values: the environment's limits are laid over them here instead.
+            out["limits"] = {**limits, **EnvSettingsSource(RequestLimits)()}
         return out
 
 
@@ -66,21 +91,31 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, case_sensitive=False,
                                       env_ignore_empty=True)
 
-    api_token: str = Field(min_length=16, repr=False)
+    api_token: str = Field(repr=False)
     store: Path
     teachers: Path
     datasets: Path | None = None
     ray_address: str | None = None
     max_running: int = Field(2, ge=1)
     max_queued: int = Field(16, ge=0)
-    max_ipc: int = Field(50, ge=1)
-    max_images: int = Field(2000, ge=1)
+    # Built from its own FADRM_MAX_* variables when no file names them (validating {} runs
+    # RequestLimits' settings sources).
+    limits: RequestLimits = Field(default_factory=dict, validate_default=True)
+    rate_limit: float = Field(20.0, ge=0)  # requests per second of one token; 0: none
+    rate_burst: int = Field(40, ge=1)
     workers: int | None = Field(None, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
     threads: int = Field(1, ge=1)
     ray_cpus: int | None = Field(None, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     max_body_bytes: int = Field(64 * 1024, ge=1024)
+
+    @field_validator("api_token")
+    @classmethod
+    def _strong(cls, token: str) -> str:
+        if weakness := token_weakness(token):
+            raise ValueError(weakness)
+        return token
 
     @property
     def state_dir(self) -> Path:
@@ -103,12 +138,19 @@ class ServiceSettings(BaseSettings):
             settings = cls()
         except ValidationError as exc:
             err = exc.errors()[0]
-            name = str(err["loc"][0]) if err["loc"] else ""
-            key = ENV_PREFIX + name.upper() if name else "settings"
+            loc = [str(part) for part in err["loc"]]
+            name = loc[0] if loc else ""
+            if name == "limits" and len(loc) > 1:
+                key = LIMITS_PREFIX + loc[1].upper()
+            else:
+                key = ENV_PREFIX + name.upper() if name else "settings"
             if err["type"] == "missing":
                 if name == "api_token":
-                    raise SettingsError("FADRM_API_TOKEN is not set: the service refuses to start without a token") from None
+                    raise SettingsError("FADRM_API_TOKEN is not set: the service refuses to start without a token; "
+                                        f"make one with {MAKE_TOKEN}") from None
                 raise SettingsError(f"{key} is not set") from None
+            if name == "api_token" and err["type"] == "value_error":
+                raise SettingsError(f"FADRM_API_TOKEN {err['ctx']['error']}") from None
             shown = "(hidden)" if name == "api_token" else repr(err.get("input"))
             raise SettingsError(f"{key}: {err['msg']}, got {shown}") from None
         finally:
@@ -118,3 +160,25 @@ class ServiceSettings(BaseSettings):
         if settings.datasets is not None and not settings.datasets.is_file():
             raise SettingsError(f"FADRM_DATASETS: {settings.datasets} is not a file")
         return settings
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_")
+
+
+def token_weakness(token: str) -> str | None:
+    """Why `token` is too weak to guard the service (None when it is strong enough): fewer than
+    128 bits if its characters were drawn at random from its alphabet (32 hex characters, or 22
+    base64/base64url ones), or a pattern no random draw makes."""
+    body = token.rstrip("=")  # base64 padding carries nothing
+    if not body.isascii() or not body.isprintable() or " " in body:
+        return f"must be printable ASCII without spaces; make one with {MAKE_TOKEN}"
+    alphabet = 16 if set(body) <= _HEX else 64 if set(body) <= _BASE64 else 95
+    bits = len(body) * math.log2(alphabet)
+    # A random token of 32 hex characters has fewer than 8 distinct ones practically never;
+    # one that repeats a shorter string (abcabc...) is a pattern, whatever its length.
+    repeats = body in (body + body)[1:-1]
+    if bits < 128 or len(set(body)) < 8 or repeats:
+        return ("is too weak: it needs 128 bits of entropy (32 hex or 22 base64url characters or more, drawn at "
+                f"random, not a pattern); make one with {MAKE_TOKEN}")
+    return None

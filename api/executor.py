@@ -8,10 +8,22 @@ by its record (pid and start time) and reuses it, and finds each running job's d
 its record holds. The head is stopped by pid when the service stops with no job queued or
 running, or by `fadrm serve --stop-ray`.
 
+The local head binds to loopback only: Ray turns a loopback `--node-ip-address` into the
+machine's routable address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode),
+and without that its GCS and raylet listen on every interface and its metrics endpoints answer
+anyone without a token. Metrics export is off (RAY_enable_metrics_collection=0); the monitor's
+and the minimal dashboard's metrics endpoints, which cannot be turned off, follow the node's
+loopback address. Drivers get the same variables, or they would look for the node elsewhere.
+
 `Executor.tick` is the scheduler, called about twice a second by the service: it settles the
 jobs whose driver ended (from the outcome file the driver writes, checked against the store:
-a run is complete only when its manifest says so), starts queued jobs while fewer than
-FADRM_MAX_RUNNING run, and finishes off cancelled drivers that did not stop in time.
+a run is complete only when its manifest says so), ends jobs running longer than the limit
+(`limits.job_seconds`, FADRM_MAX_JOB_SECONDS: failed, with that reason), starts queued jobs
+while fewer than FADRM_MAX_RUNNING run, and finishes off stopped drivers that did not stop in
+time. A job the service stops (cancel, time limit) has its end written first (`JobFiles.stop`),
+so the driver's outcome says what the API says. Once the driver of a job that did not succeed
+is gone, the service removes what the job left (`api.leftovers`) and writes the outcome file
+itself where the driver could not (killed), or where it disagrees with the record.
 """
 from __future__ import annotations
 
@@ -25,19 +37,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from fadrm_ray.fileio import atomic_write_text, read_json_object
+from fadrm_ray.fileio import read_json_object
 from fadrm_ray.job import ExecutionSpec
+from fadrm_ray.layout import RunLayout
 from fadrm_ray.runtime import heavy_process_env, proc_stat
 
 from api.config import ServiceSettings
+from api.errors import clean_line, job_error
+from api.files import private_append, private_write
 from api.jobs import JobDB, JobRecord
-from api.requests import images_in_store
+from api.leftovers import remove_added, remove_job_temporaries
+from api.requests import images_in_store, run_dir
 from api.runner import DriverInput
 
 CANCEL_GRACE_S = 10.0
 START_TIMEOUT_S = 180.0
+CANCELLED = "cancelled by request"
+# Ray's single-machine mode (the node's address stays loopback) and no metrics export port.
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,7 +86,8 @@ class LocalRay:
         self.cpus = cpus or os.cpu_count() or 1
 
     def env(self) -> dict[str, str]:
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token)}
+        """What the head and every driver joining it run with (module docstring)."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token), **LOOPBACK_RAY_ENV}
 
     def _read(self) -> dict | None:
         try:
@@ -101,20 +122,21 @@ class LocalRay:
 
     def _start(self) -> dict:
         if not self.token.is_file():
-            self.token.touch(mode=0o600)
-            self.token.write_text(secrets.token_hex(32))
+            private_write(self.token, secrets.token_hex(32))
         temp_dir = tempfile.mkdtemp(prefix="fadrm-ray-")  # short: Ray's socket paths have a length limit
-        log = open(Path(temp_dir) / "head.log", "wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0",
-             "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}",
-             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-             f"--object-store-memory={512 * 1024 * 1024}", "--block"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**_clean_env(), **self.env()})
-        log.close()
+        log = private_append(Path(temp_dir) / "head.log")
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0",
+                 "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--num-cpus={self.cpus}",
+                 "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+                 f"--object-store-memory={512 * 1024 * 1024}", "--block"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**_clean_env(), **self.env()})
+        finally:
+            os.close(log)
         head = {"pid": process.pid, "pid_start": proc_start(process.pid), "temp_dir": temp_dir}
-        atomic_write_text(self.record, json.dumps(head))
+        private_write(self.record, json.dumps(head))
         return head
 
     def stop(self, timeout: float = 20.0) -> bool:
@@ -143,7 +165,15 @@ class Executor:
         self.db = db
         self.local = None if settings.ray_address else LocalRay(settings.state_dir, settings.ray_cpus)
         self.children: list[subprocess.Popen] = []
-        self.killing: dict[int, tuple[str | None, float]] = {}  # pid -> (start time, SIGKILL deadline)
+        # Jobs that ended other than succeeded and are not tidied yet: job id -> (driver pid, its
+        # start time, when to SIGKILL it). Rebuilt at start from the marker files those jobs still
+        # have, so a restart in between loses nothing.
+        self.ending: dict[str, tuple[int | None, str | None, float]] = {}
+        for marker in [*settings.state_dir.glob("jobs/*/stop.json"),
+                       *settings.state_dir.glob("jobs/*/soft-labels-before.json")]:
+            job = db.get(marker.parent.name)
+            if job is not None and job.state in ("failed", "cancelled"):
+                self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
 
     # ------------------------------------------------------------------ ray
     def ray_address(self) -> str:
@@ -160,38 +190,89 @@ class Executor:
         for proc in list(self.children):
             if proc.poll() is not None:
                 self.children.remove(proc)
+        limit = self.settings.limits.job_seconds
         for job in self.db.in_state("running"):
-            self._settle(job)
-        for pid, (start, deadline) in list(self.killing.items()):
-            if not alive(pid, start):
-                del self.killing[pid]
-            elif time.time() > deadline:
-                _signal_group(pid, signal.SIGKILL)
+            if not self._settle(job) and job.started_at is not None and time.time() - job.started_at > limit:
+                self._end(job, "failed", f"ran longer than the service's job limit of {limit:g} s "
+                                         "(FADRM_MAX_JOB_SECONDS)")
+        for job_id, (pid, start, kill_at) in list(self.ending.items()):
+            if alive(pid, start):
+                if time.time() > kill_at:
+                    _signal_group(pid, signal.SIGKILL)
+            elif self._tidy(job_id):
+                self.ending.pop(job_id, None)
         queued = self.db.in_state("queued")
         if queued:
             free = self.settings.max_running - self.db.count("running")
             for job in queued[:max(0, free)]:
                 self._start(job)
 
-    def _settle(self, job: JobRecord) -> None:
+    def _settle(self, job: JobRecord) -> bool:
+        """Finish a running job whose driver has ended; True when it did."""
         files = self.db.files(job.id)
         outcome = read_json_object(files.outcome)
         if outcome is None:
             if job.pid is None or alive(job.pid, job.pid_start):
                 if job.pid is None and job.started_at and time.time() - job.started_at > START_TIMEOUT_S:
-                    self._finish(job, "failed", "the job's driver did not start")
-                return
+                    return self._finish(job, "failed", "the job's driver did not start")
+                return False
             outcome = read_json_object(files.outcome)  # it may have written it just before it ended
             if outcome is None:
-                self._finish(job, "failed", f"the job's driver ended without an outcome; see {files.log.name}")
-                return
+                return self._finish(job, "failed", f"the job's driver ended without an outcome; see {files.log.name}")
         state, error = outcome.get("state"), outcome.get("error")
         if state == "succeeded" and not images_in_store(self.settings, job.plan):
             state, error = "failed", "the driver ended, but the store's run is not complete"
-        self._finish(job, state if state in ("succeeded", "failed", "cancelled") else "failed", error)
+        if state not in ("succeeded", "failed", "cancelled"):
+            state, error = "failed", f"the job's driver wrote an outcome the service does not know: {state!r}"
+        return self._finish(job, state, None if error is None else clean_line(str(error)))
 
-    def _finish(self, job: JobRecord, state: str, error: str | None) -> None:
-        self.db.update(job.id, only_from=("running",), state=state, error=error, finished_at=time.time())
+    def _finish(self, job: JobRecord, state: str, error: str | None) -> bool:
+        """Record the end of a running job whose driver has ended (or never started)."""
+        if not self.db.update(job.id, only_from=("running",), state=state, error=error, finished_at=time.time()):
+            return False
+        if state != "succeeded":
+            self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
+        return True
+
+    def _end(self, job: JobRecord, state: str, error: str) -> bool:
+        """End a running job now (failed past the time limit): record it, then stop its driver."""
+        if not self.db.update(job.id, only_from=("running",), state=state, error=error, finished_at=time.time()):
+            return False
+        self._stop(self.db.get(job.id) or job)
+        return True
+
+    def _stop(self, job: JobRecord) -> None:
+        """Stop the driver of a job the service has ended: say why (its outcome repeats it), then
+        SIGTERM it (it kills its actors and leaves Ray); SIGKILL after a grace period."""
+        files = self.db.files(job.id)
+        if files.root.is_dir():
+            private_write(files.stop, json.dumps({"state": job.state, "error": job.error}))
+        if job.pid is not None and alive(job.pid, job.pid_start):
+            _signal_group(job.pid, signal.SIGTERM)
+        self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
+
+    def _tidy(self, job_id: str) -> bool:
+        """Once the driver of a job that did not succeed is gone: remove what it left and make
+        its outcome file say what the record says. False to try again later (another running job
+        evaluates the same run, and may be writing soft labels it would take for this one's)."""
+        job = self.db.get(job_id)
+        if job is None or job.state not in ("failed", "cancelled"):
+            return True
+        files = self.db.files(job.id)
+        before = read_json_object(files.soft_labels_before)
+        if before is not None:
+            if any(other.plan.run_id == job.plan.run_id and other.plan.evaluate
+                   for other in self.db.in_state("running")):
+                return False
+            remove_added(RunLayout(run_dir(self.settings, job.plan)).soft_labels, before)
+            files.soft_labels_before.unlink(missing_ok=True)
+        remove_job_temporaries(files.root)
+        outcome = read_json_object(files.outcome)
+        if files.root.is_dir() and (outcome is None or outcome.get("state") != job.state
+                                    or outcome.get("error") != job.error):
+            private_write(files.outcome, json.dumps({**(outcome or {}), "state": job.state, "error": job.error}))
+        files.stop.unlink(missing_ok=True)
+        return True
 
     def _start(self, job: JobRecord) -> None:
         if not self.db.update(job.id, only_from=("queued",), state="running", started_at=time.time()):
@@ -199,45 +280,44 @@ class Executor:
         files = self.db.files(job.id)
         try:
             address = self.ray_address()
-            files.root.mkdir(parents=True, exist_ok=True)
+            files.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             execution = ExecutionSpec(address=address, workers=self.settings.workers,
                                       cpus_per_worker=self.settings.cpus_per_worker,
                                       gpus_per_worker=1.0 if self.settings.device == "cuda" else 0.0,
                                       device=self.settings.device, threads=self.settings.threads, progress=False)
-            atomic_write_text(files.plan, DriverInput(plan=job.plan, execution=execution).model_dump_json())
+            private_write(files.plan, DriverInput(plan=job.plan, execution=execution).model_dump_json())
             env = {**_clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
             if self.local is not None:
                 env.update(self.local.env())
-            with open(files.log, "ab") as log:
+            log = private_append(files.log)
+            try:
                 proc = subprocess.Popen([sys.executable, "-m", "api.runner", str(files.root)], stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            finally:
+                os.close(log)
         except Exception as exc:
-            self._finish(job, "failed", f"the job could not start: {' '.join(str(exc).split())}"[:2000])
+            self._finish(job, "failed", f"the job could not start: {job_error(exc)}")
             return
         self.children.append(proc)
         start = proc_start(proc.pid)
         if not self.db.update(job.id, only_from=("running",), pid=proc.pid, pid_start=start):
-            self._stop_driver(proc.pid, start)  # cancelled while it started
+            ended = self.db.get(job.id)  # cancelled while it started
+            if ended is not None:
+                self._stop(replace(ended, pid=proc.pid, pid_start=start))
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, job: JobRecord) -> bool:
         """Cancel a queued or running job; True when it was (a finished job is left as it is)."""
-        if job.state == "running":
-            self._settle(job)  # a driver that already ended has its outcome: the job is not cancelled then
-        if not self.db.update(job.id, only_from=("queued", "running"), state="cancelled",
-                              error="cancelled by request", finished_at=time.time()):
+        if job.state == "running" and self._settle(job):
+            return False  # its driver had ended: the job is what its outcome says, not cancelled
+        if not self.db.update(job.id, only_from=("queued", "running"), state="cancelled", error=CANCELLED,
+                              finished_at=time.time()):
             return False
         fresh = self.db.get(job.id)
-        if fresh and fresh.pid:
-            self._stop_driver(fresh.pid, fresh.pid_start)
+        if fresh is not None and fresh.started_at is not None:  # it was running: a driver may be up
+            self._stop(fresh)
         return True
-
-    def _stop_driver(self, pid: int, start: str | None) -> None:
-        """SIGTERM the driver (it kills its actors and leaves Ray); SIGKILL after a grace period."""
-        if alive(pid, start):
-            _signal_group(pid, signal.SIGTERM)
-            self.killing[pid] = (start, time.time() + CANCEL_GRACE_S)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:

@@ -4,10 +4,12 @@ A record holds what was asked (the plan the driver runs), its state, and the dri
 that runs it (pid and start time, so a reused pid is never taken for it). Records outlive the
 HTTP process: a restarted service lists every job with its state and picks up the drivers still
 running. Each job also has a folder (`JobFiles`) for what its driver and the service write:
-the plan, the driver's log and outcome, the dataset file, the preview.
+the plan, the driver's log and outcome, the dataset file, the preview. The database and every
+file there are the service's user's alone (mode 0600).
 """
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
 import threading
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from api.files import PRIVATE
 from api.requests import JobPlan
 
 _SCHEMA = """
@@ -83,6 +86,18 @@ class JobFiles:
         return self.root / "outcome.json"
 
     @property
+    def stop(self) -> Path:
+        """Written by the service before it stops the driver: the state and error the job ends
+        with (cancelled, or failed past the time limit), which the driver's outcome repeats."""
+        return self.root / "stop.json"
+
+    @property
+    def soft_labels_before(self) -> Path:
+        """Written by the driver before an evaluation that stores soft labels: what the run's
+        soft-label folder held then, so a job that does not succeed can remove what it added."""
+        return self.root / "soft-labels-before.json"
+
+    @property
     def log(self) -> Path:
         return self.root / "driver.log"
 
@@ -111,6 +126,11 @@ class JobDB:
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = state_dir / "jobs.sqlite"
+        # Created 0600 before SQLite opens it: its -wal and -shm files take the database's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE))
+        for path in (self.path, self.path.with_name("jobs.sqlite-wal"), self.path.with_name("jobs.sqlite-shm")):
+            if path.exists():  # those of an earlier version, made with the umask's mode
+                os.chmod(path, PRIVATE)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()

@@ -7,11 +7,12 @@ naming the field.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from fadrm_ray.config import PRESETS
+from fadrm_ray.scores import Evaluation, Ranking
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
@@ -20,7 +21,8 @@ STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 Name = Field(pattern=NAME_PATTERN, description="a name from GET /v1/datasets or GET /v1/teachers")
-ClassRef = int | str  # a class index, or a class name
+# A class index, or a class name: strictly, so that true is not class 1 nor 3.0 class 3.
+ClassRef = Annotated[int, Strict()] | Annotated[str, Strict()]
 
 
 class DistillationRequest(BaseModel):
@@ -127,11 +129,45 @@ class TeacherInfo(BaseModel):
     test_accuracy: float | None
 
 
+class BaselineReported(BaseModel):
+    """A baseline's students in brief (`fadrm_ray.scores.BaselineScore`, less where it lives)."""
+
+    run_id: str | None = None
+    preset: str | None = None
+    top1_mean: float | None = None
+    top1_std: float | None = None
+    top1_per_seed: list[float] = []
+    error: str | None = None
+
+
+class EvaluationReported(BaseModel):
+    """The students of a job's evaluation (`fadrm_ray.scores.Evaluation`, less the server's paths)."""
+
+    student: str
+    top1_mean: float
+    top1_std: float
+    top1_per_seed: list[float]
+    seeds: list[int]
+    epochs: int
+    classes: list[int] | None = Field(None, description="the classes the students were tested on (null: all)")
+    test_size: int = Field(description="test images the students were scored on")
+    config: dict[str, Any]
+    baselines: dict[str, BaselineReported] = {}
+    gains: dict[str, float] = {}
+    paired_gains: dict[str, dict[str, Any]] = {}
+    ranking: Ranking | None = Field(None, description="DD-Ranking's scores, where they were measured")
+
+    @classmethod
+    def of(cls, evaluation: Evaluation) -> "EvaluationReported":
+        """The fields above of `evaluation` (pydantic ignores the others: run folders, curves)."""
+        return cls.model_validate(evaluation.model_dump(mode="json"))
+
+
 class Report(BaseModel):
     run_id: str
     ipc: int
     losses: dict[str, Any]
-    evaluation: dict[str, Any] | None = None
+    evaluation: EvaluationReported | None = None
 
 
 class Ready(BaseModel):

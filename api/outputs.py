@@ -5,11 +5,11 @@ The dataset file is one Parquet table of the requested classes at the requested 
 store's own part layout (`fadrm_ray.store.records.part_schema`: an `image` struct of PNG bytes and
 path, `label` the dataset's class index, `ipc_index`, the losses), with the class names as a
 `ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`. Each file is
-written once per job, atomically, beside the job record, and served from there.
+written once per job, atomically and with mode 0600, beside the job record, and served from
+there; a write that fails leaves no partial file behind.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 
 from fadrm_ray.distill import Unit
 from fadrm_ray.events import LedgerEvent, read_events
-from fadrm_ray.fileio import atomic_write_bytes
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import export_imagefolder, open_run
 from fadrm_ray.store.records import part_schema
+
+from api.files import make_private, private_write
 
 if TYPE_CHECKING:
     from api.requests import JobPlan
@@ -130,7 +131,7 @@ def write_dataset(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="none")  # PNG bytes are compressed already
-    return atomic_write_bytes(out, sink.getvalue().to_pybytes())
+    return private_write(out, sink.getvalue().to_pybytes())
 
 
 def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
@@ -143,7 +144,7 @@ def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
             for path in sorted(folder.rglob("*")):
                 if path.is_file():
                     zf.write(path, path.relative_to(folder).as_posix())
-        os.replace(partial, out)
+        os.replace(make_private(partial), out)
     return out
 
 
@@ -152,8 +153,12 @@ def write_preview(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     from fadrm_ray.report import write_grid
 
     partial = out.with_name(f".{out.name}.{os.getpid()}.png")
-    write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan.ipc, 20))
-    os.replace(partial, out)
+    try:
+        write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan.ipc, 20))
+        os.replace(make_private(partial), out)
+    except BaseException:
+        remove_partial(partial)
+        raise
     return out
 
 
@@ -175,28 +180,17 @@ def report(run_dir: Path, plan: "JobPlan", evaluation_file: Path) -> dict:
         "units": int(curves["units"]),
     }
     evaluation = None
-    if evaluation_file.is_file():
-        full = json.loads(evaluation_file.read_text())
-        keys = ("student", "top1_mean", "top1_std", "top1_per_seed", "seeds", "epochs", "config", "baselines",
-                "gains", "paired_gains")
-        evaluation = clean({k: full.get(k) for k in keys if k in full})
+    if evaluation_file.is_file():  # the driver's `Evaluation`, less the server's paths and the curves
+        from api.models import EvaluationReported
+        from fadrm_ray.scores import Evaluation
+
+        evaluation = EvaluationReported.of(Evaluation.model_validate_json(evaluation_file.read_text()))
     return {"run_id": plan.run_id, "ipc": plan.ipc, "losses": losses, "evaluation": evaluation}
 
 
 def finite(value) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def clean(obj):
-    """JSON-safe: NaN and infinities become null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    return obj
 
 
 def remove_partial(path: Path) -> None:

@@ -1,8 +1,8 @@
 """A request, checked and turned into the plan its driver runs.
 
 Everything a request names is checked against what the operator offers (datasets, teachers,
-classes by index or name) and the service's limits, then its settings are built the way the
-CLI builds them (`make_config`: preset -> overrides -> ipc/classes/seed) and built into the
+classes by index or name) and the service's limits (api.limits: every count compared as it was
+sent, before anything is built from it), then its settings are built the way the CLI builds them (`make_config`: preset -> overrides -> ipc/classes/seed) and built into the
 job the driver will run (`build_job`: resolved for the dataset, run id computed), so a bad
 value fails here as a 422 naming the field, before any job record exists. The run id makes a
 repeated request find its images: a run that holds them at the same or a larger IPC is served
@@ -23,6 +23,7 @@ from fadrm_ray.store import StoreError, open_run
 
 from api.catalog import Catalog, UnknownName
 from api.config import ServiceSettings
+from api.limits import OverLimit, check_evaluation, check_overrides, check_totals
 from api.models import CLASS_NAME_MAX, DistillationRequest, JobAsked
 
 # Set by the request's own fields, never through `overrides`.
@@ -65,8 +66,17 @@ class JobPlan(JobAsked):
 
 
 def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings) -> JobPlan:
-    """The plan of a request, or RequestInvalid: the settings validated once (`make_config`),
-    resolved once and the run id computed once (`build_job`)."""
+    """The plan of a request, or RequestInvalid: the limits checked on the values as sent, the
+    settings validated once (`make_config`), resolved once and the run id computed once
+    (`build_job`), then the totals of the resolved job checked against the limits."""
+    try:
+        return _plan(body, catalog, settings)
+    except OverLimit as exc:
+        raise RequestInvalid(exc.loc, str(exc)) from None
+
+
+def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings) -> JobPlan:
+    limits = settings.limits
     try:
         dataset = catalog.dataset(body.dataset)
     except UnknownName as exc:
@@ -84,14 +94,19 @@ def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceS
             raise RequestInvalid(where, f"teacher {name!r} does not fit dataset {body.dataset!r}: {exc}") from None
         teachers.append(teacher)
     classes = _class_indices(body.classes, dataset.class_names)
-    if body.ipc > settings.max_ipc:
-        raise RequestInvalid("ipc", f"ipc must be at most {settings.max_ipc} on this service, got {body.ipc}")
-    if body.ipc * len(classes) > settings.max_images:
-        raise RequestInvalid("ipc", f"{len(classes)} classes x ipc {body.ipc} = {body.ipc * len(classes)} images; "
-                                    f"this service makes at most {settings.max_images} per request")
+    if body.ipc > limits.ipc:
+        raise RequestInvalid("ipc", f"ipc must be at most {limits.ipc} on this service, got {body.ipc}")
+    images = body.ipc * len(classes)
+    if images > limits.images:
+        raise RequestInvalid("ipc", f"{len(classes)} classes x ipc {body.ipc} = {images} images; "
+                                    f"this service makes at most {limits.images} per request")
     for key in body.overrides:
         if key in _TOP_LEVEL:
             raise RequestInvalid(("overrides", key), f"overrides.{key}: set {key} as a field of the request itself")
+    check_overrides(body.overrides, limits)
+    if body.evaluation and not body.evaluate:
+        raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
+    check_evaluation(body.evaluation, limits)
     if body.preset == "fadrm+" and len(teachers) < 2:
         raise RequestInvalid("teachers", "preset fadrm+ needs at least two teachers (teachers: [a, b])")
     try:
@@ -100,15 +115,30 @@ def plan_request(body: DistillationRequest, catalog: Catalog, settings: ServiceS
                         settings.store, settings.device)
     except ConfigError as exc:
         raise RequestInvalid(("overrides", *(exc.loc or ("__root__",))), f"overrides: {exc}") from None
-    if body.evaluation and not body.evaluate:
-        raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
     try:
         evaluation = EvalConfig.model_validate(dict(body.evaluation)) if body.evaluate else None
     except ConfigError as exc:
         raise RequestInvalid(("evaluation", *(exc.loc or ("__root__",))), f"evaluation: {exc}") from None
+    _check_totals(job, evaluation, images, body.ipc, limits)
     return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers], classes=classes,
                    class_names=[str(dataset.class_names[c]) for c in classes], ipc=body.ipc, preset=body.preset,
                    seed=body.seed, evaluate=body.evaluate, evaluation=evaluation)
+
+
+def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits) -> None:
+    """The resolved job's recover work, and its evaluation's work and stored soft labels."""
+    from fadrm_ray.evaluate import resolve_protocol
+
+    epochs, seeds, label_bytes = None, 1, 0
+    if evaluation is not None:
+        resolved = resolve_protocol(evaluation, images, ipc)
+        epochs, seeds = resolved.epochs, len(resolved.seed_list)
+        if resolved.soft_labels == "stored":
+            per_logit = 2 if resolved.soft_label_dtype == "float16" else 4
+            # Each stored epoch holds every view's logits and its crop plan (a few dozen bytes).
+            label_bytes = images * epochs * seeds * (job.num_classes * per_logit + 64)
+    check_totals(images, job.config.iterations, images if evaluation is not None else None, epochs, seeds,
+                 label_bytes, limits)
 
 
 def run_dir(settings: ServiceSettings, plan: JobPlan) -> Path:
@@ -156,4 +186,6 @@ def _class_indices(refs: list, class_names: list[str]) -> list[int]:
     repeated = sorted({c for c in out if out.count(c) > 1})
     if repeated:
         raise RequestInvalid("classes", f"classes names class {repeated[0]} more than once")
-    return out
+    # In index order: a class set is one distillation whichever order a request lists it in
+    # (the order of a config's classes is part of its run id, since it decides the batches).
+    return sorted(out)

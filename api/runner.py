@@ -4,9 +4,14 @@ The service starts it as a process of its own session, so it outlives a restart 
 process. It reads the job the request built (`DriverInput`: the plan and its execution spec),
 runs it through the coordinator on the Ray cluster the spec names (`actors.coordinator.run_on_ray`;
 the job is neither resolved again nor given a new run id), evaluates when asked, and ends by writing the
-job's outcome file once: succeeded (with the result), failed (with one line saying why) or
-cancelled. SIGTERM (a cancel) stops the run: the coordinator's cleanup kills its actors and
-leaves the Ray session, and finished units stay in the store for a later request.
+job's outcome file once: succeeded (with the result), failed (with one line saying why:
+`api.errors.job_error`) or cancelled. SIGTERM stops the run: the coordinator's cleanup kills its
+actors and leaves the Ray session, and finished units stay in the store for a later request.
+The service writes why it stopped the driver (`JobFiles.stop`: cancelled, or failed past the
+time limit) before it sends SIGTERM, and the outcome says the same, whichever exception the
+signal raised here (Ray's own SIGTERM handler replaces this one once the driver joins Ray).
+Before an evaluation that stores soft labels, the driver records the run's soft-label folder
+(`api.leftovers`), so the service can remove what a job that did not succeed added there.
 """
 from __future__ import annotations
 
@@ -19,10 +24,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.fileio import read_json_object
 from fadrm_ray.job import ExecutionSpec
 
+from api.errors import job_error
+from api.files import private_write
 from api.jobs import JobFiles
+from api.leftovers import write_snapshot
 from api.requests import JobPlan
 
 
@@ -54,12 +62,14 @@ def run(files: JobFiles) -> dict:
         outcome = {"state": "succeeded", "result": result.to_dict()}
         if plan.evaluate:
             from fadrm_ray.evaluate import evaluate_run
-            from fadrm_ray.store import to_plain
+            from fadrm_ray.layout import RunLayout
 
+            if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
+                write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
             evaluation = evaluate_run(result.run_dir, plan.evaluation, ipc=plan.ipc, num_threads=spec.threads,
                                       progress=False)
-            evaluation = {k: v for k, v in evaluation.items() if k != "model"}
-            atomic_write_text(files.evaluation, json.dumps(to_plain(evaluation)))
+            private_write(files.evaluation, evaluation.model_dump_json())
+            files.soft_labels_before.unlink(missing_ok=True)  # the labels are the finished evaluation's
     return outcome
 
 
@@ -69,18 +79,26 @@ def main(argv: list[str]) -> int:
     started = time.time()
     try:
         outcome = run(files)
-    except Cancelled:
-        outcome = {"state": "cancelled", "error": "cancelled"}
-    except BaseException as exc:  # the job failed: say why in one line, and keep the trace in the log
-        import traceback
-
-        traceback.print_exc()
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        outcome = {"state": "failed", "error": f"{type(exc).__name__}: {message}"[:2000]}
+    except BaseException as exc:
+        outcome = _ended(files, exc)
     outcome.update(pid=os.getpid(), seconds=time.time() - started)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the outcome is written whatever comes now
-    atomic_write_text(files.outcome, json.dumps(outcome))
+    private_write(files.outcome, json.dumps(outcome))
     return 0 if outcome["state"] == "succeeded" else 1
+
+
+def _ended(files: JobFiles, exc: BaseException) -> dict:
+    """The outcome of a driver that did not finish: what the service stopped it for, or why it failed."""
+    import traceback
+
+    stop = read_json_object(files.stop)
+    if stop is not None and stop.get("state") in ("cancelled", "failed"):
+        print(f"stopped by the service: {stop['state']}: {stop.get('error')}", flush=True)
+        return {"state": stop["state"], "error": stop.get("error")}
+    if isinstance(exc, Cancelled) or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):
+        return {"state": "cancelled", "error": "the driver was stopped (SIGTERM)"}
+    traceback.print_exc()  # the whole chain stays in driver.log; the API shows one clean line
+    return {"state": "failed", "error": job_error(exc)}
 
 
 if __name__ == "__main__":

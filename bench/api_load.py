@@ -13,10 +13,12 @@ with a small digits teacher (trained once into DIR/teacher). Then:
    for `--seconds`, each waiting `--interval` seconds between its requests (0: back to back,
    the worst case; a polling client would wait).
 
-Prints the latency percentiles (p50/p95/p99, in ms) over every request of the load, the request
-count and rate, the errors (anything but 200, or no answer), and the job's slowdown under load:
-its running time under load over its baseline running time (the load covers `overlap` of it).
-Writes DIR/api_load.json. Every process of this run shares the machine, the clients included.
+Prints the latency percentiles (p50/p95/p99, in ms) of the status polls and of the list calls
+apart (a list reads a page of job records, a poll one), the request count and rate, the errors
+(anything but 200, or no answer), and the job's slowdown under load: its running time under
+load over its baseline running time (the load covers `overlap` of it). The service's per-token
+rate limit is off for the run (all clients share one token). Writes DIR/api_load.json. Every
+process of this run shares the machine, the clients included.
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ import signal
 import socket
 import subprocess
 import sys
+import secrets
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-TOKEN = "bench-token-" + "0123456789abcdef"
+TOKEN = secrets.token_urlsafe(32)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +60,7 @@ def _teacher(folder: Path) -> Path:
 def _start(root: Path, port: int) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(root / "store"),
            "FADRM_TEACHERS": str(root / "teachers"), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
-           "FADRM_MAX_RUNNING": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "FADRM_MAX_RUNNING": "1", "FADRM_RATE_LIMIT": "0", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     log = open(root / "serve.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", "--port", str(port), "--log-level", "warning"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -93,12 +96,13 @@ def _wait_job(http: httpx.Client, job_id: str, states=("succeeded", "failed", "c
 
 
 async def _load(url: str, job_id: str, clients: int, seconds: float, interval: float) -> dict:
-    latencies: list[float] = []
+    latencies: dict[str, list[float]] = {"poll": [], "list": []}
     slow: list[tuple[float, float]] = []  # (seconds into the load, latency) of requests over 1 s
     errors: dict[str, int] = {}
     stop_at = begin = float("inf")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     paths = [f"/v1/distillations/{job_id}", "/v1/distillations?limit=20"]
+    kinds = ["poll", "list"]
 
     async def client(http: httpx.AsyncClient, k: int) -> None:
         await http.get(paths[k % 2])  # opens this client's connection; not measured
@@ -112,9 +116,10 @@ async def _load(url: str, job_id: str, clients: int, seconds: float, interval: f
                     errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
             except httpx.HTTPError as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-            latencies.append(time.perf_counter() - started)
-            if latencies[-1] > 1.0:
-                slow.append((round(started - begin, 2), round(latencies[-1], 2)))
+            took = time.perf_counter() - started
+            latencies[kinds[i % 2]].append(took)
+            if took > 1.0:
+                slow.append((round(started - begin, 2), round(took, 2)))
             i += 1
             if interval:
                 await asyncio.sleep(interval)
@@ -135,13 +140,19 @@ async def _load(url: str, job_id: str, clients: int, seconds: float, interval: f
         for http in https:
             await http.aclose()
     wall = time.perf_counter() - started
-    latencies.sort()
 
-    def pct(p: float) -> float:
-        return round(1000 * latencies[min(len(latencies) - 1, int(p * len(latencies)))], 1) if latencies else float("nan")
+    def summary(values: list[float]) -> dict:
+        values = sorted(values)
 
-    return {"requests": len(latencies), "seconds": round(wall, 1), "rate_per_s": round(len(latencies) / wall, 1),
-            "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+        def pct(p: float) -> float:
+            return round(1000 * values[min(len(values) - 1, int(p * len(values)))], 1) if values else float("nan")
+
+        return {"requests": len(values), "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
+                "max_ms": pct(1.0)}
+
+    every = latencies["poll"] + latencies["list"]
+    return {"requests": len(every), "seconds": round(wall, 1), "rate_per_s": round(len(every) / wall, 1),
+            **summary(every), "poll": summary(latencies["poll"]), "list": summary(latencies["list"]),
             "errors": sum(errors.values()), "error_kinds": errors, "over_1s": sorted(slow)[:100]}
 
 
@@ -186,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.clients} clients (pause {args.interval} s) for {load['seconds']} s: {load['requests']} requests ({load['rate_per_s']}/s), "
-              f"p50 {load['p50_ms']} ms, p95 {load['p95_ms']} ms, p99 {load['p99_ms']} ms, max {load['max_ms']} ms, "
-              f"errors {load['errors']} {load['error_kinds'] or ''}")
+        print(f"{args.clients} clients (pause {args.interval} s) for {load['seconds']} s: {load['requests']} requests "
+              f"({load['rate_per_s']}/s), errors {load['errors']} {load['error_kinds'] or ''}")
+        for kind, label in (("poll", "status polls"), ("list", "list calls")):
+            part = load[kind]
+            print(f"  {label:<12}: {part['requests']} requests, p50 {part['p50_ms']} ms, p95 {part['p95_ms']} ms, "
+                  f"p99 {part['p99_ms']} ms, max {part['max_ms']} ms")
         print(f"job ({args.iterations} iterations): {base_s:.1f} s alone, {load_s:.1f} s under load: "
               f"slowdown x{result['job_slowdown']} (load over {result['overlap']:.0%} of it)")
         print(f"written to {root / 'api_load.json'}")

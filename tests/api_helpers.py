@@ -1,12 +1,15 @@
-"""A real `fadrm serve` for the API tests: uvicorn on 127.0.0.1 on a free port, its own local Ray
-head, a store and a teacher folder under a temporary directory."""
+"""A real `fadrm serve` for the API tests: uvicorn on 127.0.0.1 on a free port (or, with `tls`,
+HTTPS on every interface with a certificate made here), its own local Ray head, a store and a
+teacher folder under a temporary directory."""
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -15,7 +18,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN = "test-token-" + "0123456789abcdef"
+TOKEN = secrets.token_urlsafe(32)  # one per test session, strong enough for the service's rule
 TEACHER = "digits-tiny"
 # Tiny budgets: 4 stages of a few iterations, fp32 so the run is the same on any CPU.
 FAST = {"iterations": 8, "precision": "fp32"}
@@ -27,13 +30,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (PEM files in `folder`), for a server that must
+    speak TLS."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
 class ApiServer:
-    def __init__(self, root: Path, **limits):
+    def __init__(self, root: Path, tls: bool = False, **limits):
         self.root = root
         self.store = root / "store"
         self.teachers = root / "teachers"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = ["--port", str(self.port)]
+        self.verify: ssl.SSLContext | bool = True
+        if tls:  # HTTPS on every interface: what a non-loopback --host needs
+            cert, key = self_signed(root)
+            self.args += ["--host", "0.0.0.0", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+            self.verify = ssl.create_default_context(cafile=str(cert))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(self.store),
                     "FADRM_TEACHERS": str(self.teachers), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
                     "FADRM_RAY_CPUS": "2", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -44,7 +80,7 @@ class ApiServer:
     def start(self, timeout: float = 180) -> None:
         self.starts += 1
         log = open(self.root / f"serve-{self.starts}.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", "--port", str(self.port)],
+        self.process = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", *self.args],
                                         env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                                         start_new_session=True)
         log.close()
@@ -53,7 +89,7 @@ class ApiServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"fadrm serve exited: {self.log()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify).status_code == 200:
                     return
             time.sleep(0.3)
         raise TimeoutError("fadrm serve did not answer /healthz")
@@ -70,7 +106,7 @@ class ApiServer:
 
     def client(self, token: str | None = TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60, verify=self.verify)
 
     def stop_ray(self) -> None:
         subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=self.env, cwd=self.root,
@@ -78,8 +114,8 @@ class ApiServer:
 
 
 @contextlib.contextmanager
-def running_service(teacher: Path, root: Path, **limits):
-    server = ApiServer(root, **limits)
+def running_service(teacher: Path, root: Path, tls: bool = False, **limits):
+    server = ApiServer(root, tls, **limits)
     server.teachers.mkdir(parents=True)
     shutil.copy(teacher, server.teachers / f"{TEACHER}.pt")
     try:

@@ -66,6 +66,9 @@ def api_service(digits_teacher, tmp_path_factory):
     """A real `fadrm serve` (uvicorn, its own local Ray head) shared by the API tests."""
     from tests.api_helpers import running_service
 
+    # A rate limit far above what the tests send (schemathesis included), so that no test meets
+    # it by chance while every request still goes through the limiter; tests of the limit start
+    # a server of their own.
     with running_service(digits_teacher[0], tmp_path_factory.mktemp("api"), max_ipc=5, max_images=20,
-                         max_running=1, max_queued=2) as server:
+                         max_running=1, max_queued=2, rate_limit=1000, rate_burst=2000) as server:
         yield server

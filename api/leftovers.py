@@ -1,0 +1,70 @@
+"""What a job that did not succeed leaves behind, and its removal.
+
+A finished run's images are the content-addressed store and stay; so do its finished units and
+stage checkpoints, from which a later request resumes. What an evaluation adds to the run's
+soft-label folder (`RunLayout.soft_labels`) belongs to that evaluation only: the driver records
+the folder's contents before it starts (`snapshot`), and when the job ends cancelled or failed
+the service removes every file added since (`remove_added`), partial epochs and temporary files
+included, and puts back any `meta.json` it rewrote. Hidden temporary files in the job's own
+folder (an interrupted download or preview) go too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from api.files import private_write
+from api.outputs import remove_partial
+
+_META = "meta.json"
+
+
+def snapshot(folder: Path) -> dict:
+    """The files and folders under `folder` now, and the text of each `meta.json`."""
+    files, dirs, meta = [], [], {}
+    for root, names, found in os.walk(folder):
+        here = Path(root)
+        dirs.extend((here / d).relative_to(folder).as_posix() for d in names)
+        for name in found:
+            rel = (here / name).relative_to(folder).as_posix()
+            files.append(rel)
+            if name == _META:
+                meta[rel] = (here / name).read_text()
+    return {"existed": folder.is_dir(), "files": sorted(files), "dirs": sorted(dirs), "meta": meta}
+
+
+def write_snapshot(folder: Path, out: Path) -> None:
+    private_write(out, json.dumps(snapshot(folder)))
+
+
+def remove_added(folder: Path, before: dict) -> list[str]:
+    """Remove what was added under `folder` since `before` (the files, and the folders left empty);
+    returns the removed files' relative paths."""
+    if not folder.is_dir():
+        return []
+    kept_files, kept_dirs, meta = set(before.get("files", ())), set(before.get("dirs", ())), before.get("meta", {})
+    removed = []
+    for root, _, found in os.walk(folder, topdown=False):
+        here = Path(root)
+        for name in found:
+            path = here / name
+            rel = path.relative_to(folder).as_posix()
+            if rel not in kept_files:
+                path.unlink(missing_ok=True)
+                removed.append(rel)
+            elif rel in meta and path.read_text() != meta[rel]:
+                private_write(path, meta[rel])  # the epochs it claims are those that are still there
+        rel_dir = here.relative_to(folder).as_posix()
+        if here != folder and rel_dir not in kept_dirs and not any(here.iterdir()):
+            here.rmdir()
+    if not before.get("existed", True) and not any(folder.iterdir()):
+        folder.rmdir()
+    return removed
+
+
+def remove_job_temporaries(job_root: Path) -> None:
+    """Hidden temporary files and folders in a job's folder (a write that was interrupted)."""
+    if job_root.is_dir():
+        for path in job_root.glob(".*"):
+            remove_partial(path)
