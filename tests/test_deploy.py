@@ -310,12 +310,19 @@ def test_rayjob_sweep_entrypoint_is_a_valid_sweep_command():
     assert args.out.startswith("/shared/")
 
 
+def api_script_commands(container: dict) -> list[list[str]]:
+    """The simple commands of the API container's bash script, as words."""
+    from tests.test_deploy_checks import shell_commands as script_commands
+
+    assert container["command"] == ["bash", "-c"] and len(container["args"]) == 1
+    return [words for words, _ in script_commands(container["args"][0])]
+
+
 def api_serve_command(container: dict) -> list[str]:
-    """The `fadrm serve ...` words the API container runs (after joining the cluster)."""
-    assert container["command"] == ["bash", "-c"]
-    words = shlex.split(container["args"][0].split("&&")[-1])
-    assert words[0] == "exec" and words[1:3] == ["fadrm", "serve"]
-    return words[1:]
+    """The `fadrm serve ...` words the API container runs (beside its Ray node)."""
+    serves = [w for w in api_script_commands(container) if w[:2] == ["fadrm", "serve"]]
+    assert len(serves) == 1, serves
+    return serves[0]
 
 
 def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
@@ -331,9 +338,11 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in ports
     assert ports["http"] == int(serve[serve.index("--port") + 1])
-    # it joins the cluster as a node that takes no work, then serves
-    join = shlex.split(container["args"][0].split("&&")[0])
-    assert join[:2] == ["ray", "start"] and "--address=$FADRM_RAY_ADDRESS" in join
+    # it joins the cluster as a node that takes no work, and serves beside it
+    joins = [w for w in api_script_commands(container) if w[:2] == ["ray", "start"]]
+    assert len(joins) == 1
+    join = joins[0]
+    assert "--address=$FADRM_RAY_ADDRESS" in join and "--block" in join
     assert "--num-cpus=0" in join and "--num-gpus=0" in join
     env = env_of(container)
     assert env["FADRM_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "fadrm-api-token", "key": "token"}
@@ -348,11 +357,14 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     gcs_port = {p["name"]: p["containerPort"] for p in head["ports"]}["gcs-server"]
     assert env["FADRM_RAY_ADDRESS"]["value"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
-    # readiness on /readyz (with the bearer token, from the env), liveness on /healthz (no auth)
+    # readiness on /readyz (with the bearer token, from the env), liveness on /healthz (no auth),
+    # both on the raylet's health too (tests/test_deploy_checks.py runs them against stubs)
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe[:2] == ["python", "-c"] and "/readyz" in probe[2] and "FADRM_API_TOKEN" in probe[2]
     compile(probe[2], "readinessProbe", "exec")
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    alive = container["livenessProbe"]["exec"]["command"]
+    assert alive == container["startupProbe"]["exec"]["command"]
+    assert "/healthz" in alive[2] and "/api/local_raylet_healthz" in alive[2] and "FADRM_API_TOKEN" not in alive[2]
 
 
 def test_api_command_is_a_valid_serve_command():
