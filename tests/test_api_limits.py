@@ -85,3 +85,11 @@ def test_the_documented_limits_are_the_defaults():
     # (FADRM_MAX_RUNNING, _QUEUED and _BODY_BYTES are the service's own settings, in another table.)
     assert {name: documented.get(name) for name in RequestLimits.model_fields} == \
         {name: float(getattr(LIMITS, name)) for name in RequestLimits.model_fields}
+
+
+def test_a_class_set_is_one_job_whichever_order_it_is_listed_in():
+    """[7, "3"] and [3, 7] name the same classes: the same config, so the same run id and job."""
+    from api.requests import _class_indices
+
+    names = [str(i) for i in range(10)]
+    assert _class_indices([7, "3"], names) == _class_indices([3, 7], names) == [3, 7]
