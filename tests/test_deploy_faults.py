@@ -1,4 +1,4 @@
-"""Faults put into a copy of deploy/, one at a time and the issue's seven at once: each must be
+"""Faults put into a copy of deploy/, one at a time and seven of them at once: each must be
 reported by the check named with it (tests/test_deploy_checks.py), for the reason named with it.
 An unbroken copy passes every check, so what is caught is the fault, not the copy.
 
@@ -34,7 +34,7 @@ SWEEP_WORKER_DSHM = ("                  - {name: shared, mountPath: /shared}\n"
                      "            tolerations:")
 
 # name: (file, old text, new text, the check that must catch it, what its report must say)
-ISSUE_FAULTS = {
+FIRST_FAULTS = {
     "misspelt mountPath": ("k8s/raycluster.yaml", "{name: shared, mountPath: /shared}",
                            "{name: shared, mountPth: /shared}", schema_problems, "mountPth"),
     "unknown autoscalerOptions field": ("k8s/raycluster.yaml", "    idleTimeoutSeconds: 600\n",
@@ -118,7 +118,7 @@ MORE_FAULTS = {
     "an API token file ending in a newline": ("README.md", "print(secrets.token_urlsafe(32), end='')",
                                               "print(secrets.token_urlsafe(32))", token_problems, "printable ASCII"),
 }
-FAULTS = {**ISSUE_FAULTS, **MORE_FAULTS}
+FAULTS = {**FIRST_FAULTS, **MORE_FAULTS}
 
 
 def inject(folder: Path, file: str, old: str, new: str) -> None:
@@ -151,10 +151,10 @@ def test_each_fault_alone_is_caught(deploy_copy, name):
     assert any(says in p for p in found[check.__name__]), (name, found)
 
 
-def test_the_issues_seven_faults_at_once_are_all_caught(deploy_copy):
-    for file, old, new, _, _ in ISSUE_FAULTS.values():
+def test_seven_faults_at_once_are_all_caught(deploy_copy):
+    for file, old, new, _, _ in FIRST_FAULTS.values():
         inject(deploy_copy, file, old, new)
     found = run_checks(deploy_copy)
-    missed = [name for name, (_, _, _, check, says) in ISSUE_FAULTS.items()
+    missed = [name for name, (_, _, _, check, says) in FIRST_FAULTS.items()
               if not any(says in p for p in found[check.__name__])]
     assert missed == [], found
