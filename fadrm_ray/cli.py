@@ -83,13 +83,10 @@ def _needs_ray(ray_distill: "RayDistill | None") -> "RayDistill":
     return ray_distill
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from fadrm_ray.config import ConfigError
-    from fadrm_ray.data.base import DatasetError
-    from fadrm_ray.evaluate import EvaluationError
-    from fadrm_ray.models import ModelError
-    from fadrm_ray.store import StoreError
-    return CLIError, ConfigError, DatasetError, EvaluationError, ModelError, StoreError, FileNotFoundError, ValueError
+# Bad input, in one line. Every error class of the library for it (ConfigError, DatasetError,
+# EvaluationError, ModelError, StoreError) is a ValueError, so naming them needs no import of the
+# modules that define them (which load torch: a refused command stays fast).
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, FileNotFoundError, ValueError)
 
 
 def _parse_classes(text: str | None) -> list[int] | None:
@@ -462,7 +459,7 @@ def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = No
         heavy = args.command in HEAVY_COMMANDS or any(c.heavy and c.name == args.command for c in commands)
         with torch_threads(getattr(args, "threads", None) if heavy else None):
             args.func(args)
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         if os.environ.get("FADRM_DEBUG"):
             raise
         print(f"fadrm {args.command}: error: {_one_line(exc)}", file=sys.stderr)

@@ -161,3 +161,17 @@ def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher,
     capsys.readouterr()
     code, _, err = run_cli(capsys, *argv)  # no Ray function given: only --local can run
     assert code == 2 and "--local" in err
+
+
+def test_every_bad_input_error_of_the_library_is_reported_in_one_line():
+    """`fadrm` reports USER_ERRORS in one line (exit 2) without importing the modules that define
+    the library's error classes: each of them must be one of USER_ERRORS."""
+    from fadrm_ray.cli import USER_ERRORS
+    from fadrm_ray.config import ConfigError
+    from fadrm_ray.data.base import DatasetError
+    from fadrm_ray.evaluate import EvaluationError
+    from fadrm_ray.models import ModelError
+    from fadrm_ray.store import StoreError
+
+    for error in (ConfigError, DatasetError, EvaluationError, ModelError, StoreError):
+        assert issubclass(error, USER_ERRORS), error
