@@ -1,9 +1,10 @@
 """The deploy/README.md commands rehearsed on one machine: a real Ray head and a real Ray worker,
-started as separate processes on 127.0.0.1 with `ray start` (a private temp dir and HOME, their
-own ports, token authentication on), then
+started as separate processes on 127.0.0.1 with `ray start` (a temp dir for each node, a private
+HOME, their own ports, token authentication on), then
 
 - a distillation submitted with the README's `ray job submit` command,
-- a 2-trial sweep submitted the same way, with trials on both raylets,
+- a 2-trial sweep submitted the same way, under the default scheduler (ASHA), with trials on both
+  raylets,
 - `fadrm serve` started as the README says, pointed at that head, serving a class-subset request
   made with the README's `curl` commands,
 
@@ -164,20 +165,27 @@ class Rehearsal:
         assert (self.home / ".fadrm" / "api_token").stat().st_size > 0
         self.env["RAY_AUTH_MODE"] = "token"  # the block's `export`, kept for every later command
         self.env["RAY_ADDRESS"] = self.jobs_api  # README step 3: the head's Jobs API
-        temp = Path(f"/tmp/fr-{uuid.uuid4().hex[:8]}")  # short: Ray's socket paths must fit 107 bytes
-        self.temp = temp
+        # One temp dir per node, as on two machines (short: Ray's socket paths must fit 107 bytes)
+        tag = uuid.uuid4().hex[:8]
+        self.temps = {"head": Path(f"/tmp/fr-{tag}-h"), "worker": Path(f"/tmp/fr-{tag}-w")}
         head_cmd, worker_cmd = readme_command_pair()
-        local = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--disable-usage-stats",
-                 "--object-store-memory=150000000", "--block", f"--dashboard-agent-listen-port={free_port()}"]
+
+        def local(node: str) -> list[str]:
+            return ["--node-ip-address=127.0.0.1", f"--temp-dir={self.temps[node]}", "--disable-usage-stats",
+                    "--object-store-memory=150000000", "--block", f"--dashboard-agent-listen-port={free_port()}"]
+
         head = replace_flags(head_cmd, {"--port": str(self.gcs_port), "--num-cpus": "1", "--dashboard-host": "127.0.0.1"},
                              [f"--dashboard-port={self.dashboard_port}", "--include-dashboard=true",
-                              f"--ray-client-server-port={free_port()}", *local])
+                              f"--ray-client-server-port={free_port()}", *local("head")])
         self.leaders.append(self.popen(head, "head"))
         self.wait_for_jobs_api()
-        worker = replace_flags(worker_cmd, {"--address": self.gcs}, ["--num-cpus=1", *local[:-1],
-                                                                     f"--dashboard-agent-listen-port={free_port()}"])
+        worker = replace_flags(worker_cmd, {"--address": self.gcs}, ["--num-cpus=1", *local("worker")])
         self.leaders.append(self.popen(worker, "worker"))
         self.wait_for_nodes(2)
+        # each raylet keeps its session under its own --temp-dir, none under the other's
+        for node, temp in self.temps.items():
+            sessions = list(temp.glob("session_2*"))
+            assert len(sessions) == 1, f"{node}: {temp} holds {sessions}"
 
     def popen(self, words: list[str], name: str) -> subprocess.Popen:
         env = dict(self.env)
@@ -217,7 +225,8 @@ class Rehearsal:
 
     def close(self) -> list[int]:
         left = self.processes.stop(self.leaders)
-        shutil.rmtree(getattr(self, "temp", self.root / "none"), ignore_errors=True)
+        for temp in getattr(self, "temps", {}).values():
+            shutil.rmtree(temp, ignore_errors=True)
         return left
 
 
@@ -283,13 +292,17 @@ def test_readme_sweep_puts_trials_on_both_raylets(cluster, tmp_path):
     tiny = replace_flags(job, {"--dataset": "digits", "--teacher": str(cluster.teacher), "--ipc": "1",
                                "--param": ["alpha=0.3,0.7"], "--cpus-per-trial": "1", "--gpus-per-trial": None,
                                "--out": str(out)},
-                         ["--param", "iterations=20", "--seeds", "1", "--max-concurrent", "2", "--scheduler", "fifo"])
+                         ["--param", "iterations=20", "--seeds", "1", "--max-concurrent", "2"])
+    assert "--scheduler" not in tiny  # the default scheduler, ASHA, as the README's sweep runs it
     submit = [w.replace("$RAY_ADDRESS", cluster.env["RAY_ADDRESS"]) for w in words[:words.index("--") + 1]] + tiny
     done = cluster.run(submit, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((out / "sweep.json").read_text())["identity"]["scheduler"] == "asha"
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2
+    # ASHA lets the first trial at its rung go on; the other finishes or is stopped there
+    assert {r["state"] for r in rows} <= {"done", "stopped"} and "done" in {r["state"] for r in rows}, rows
     node_column = next(c for c in rows[0] if "node" in c.lower())
     assert len({r[node_column] for r in rows}) == 2, rows
     assert (out / "best.yaml").is_file()
