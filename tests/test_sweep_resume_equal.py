@@ -3,15 +3,13 @@ same sweep run without a stop: per trial, the same run in the store and the same
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_sweep_truth import ROOT, _wait, events, sweep_args
+from tests.test_sweep_truth import ROOT, interrupt_sweep, sweep_args
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -31,16 +29,8 @@ def by_alpha(out: Path) -> dict[float, tuple[str, float, str]]:
 def test_the_rerun_after_sigint_equals_a_sweep_that_was_not_stopped(digits_teacher, tmp_path):
     teacher = digits_teacher[0]
     stopped = tmp_path / "stopped"  # each sweep its own store (OUT/store): nothing is shared
-    proc = subprocess.Popen(sweep(teacher, stopped), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _wait(proc, stopped, lambda o: events(o, "evaluated") and len(events(o, "trial_started")) >= 2)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-3000:]
+    code, err = interrupt_sweep(sweep(teacher, stopped), stopped)
+    assert code == 130, err[-3000:]
     states = json.loads((stopped / "summary.json").read_text())["states"]
     assert states["done"] < 4 and states["interrupted"] + states["pending"] >= 1, states
 

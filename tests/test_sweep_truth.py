@@ -223,11 +223,9 @@ def _wait(proc, out: Path, until, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.ray
-def test_sigint_mid_sweep_is_marked_interrupted_exits_130_and_the_same_command_resumes(digits_teacher, tmp_path):
-    out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "tune.sweep", *sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.5,0.7,0.9",
-                                                               "--scheduler", "fifo", "--max-concurrent", "1")]
+def interrupt_sweep(command: list[str], out: Path) -> tuple[int, str]:
+    """Run the sweep `command` (writing to `out`), send SIGINT once a trial is evaluated and the
+    next has started, and return its exit code and stderr."""
     # Its own session, so that the signal reaches the driver and the Ray it started, as Ctrl-C in
     # a terminal reaches the foreground process group.
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -239,7 +237,16 @@ def test_sigint_mid_sweep_is_marked_interrupted_exits_130_and_the_same_command_r
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-3000:]
+    return proc.returncode, err
+
+
+@pytest.mark.ray
+def test_sigint_mid_sweep_is_marked_interrupted_exits_130_and_the_same_command_resumes(digits_teacher, tmp_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "tune.sweep", *sweep_args(digits_teacher[0], out, "--param", "alpha=0.3,0.5,0.7,0.9",
+                                                               "--scheduler", "fifo", "--max-concurrent", "1")]
+    code, err = interrupt_sweep(command, out)
+    assert code == 130, err[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     states = summary["states"]
     assert summary["interrupted"] is True and "same command" in summary["resume"]
