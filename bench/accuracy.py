@@ -3,7 +3,8 @@
     python -m bench.accuracy [--quick] [--out DIR] [--json]
 
 For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 10}, every method
-of docs/method.md section 7 (random-real, rded, sre2l, sre2l++, fadrm, fadrm+) produces its
+of docs/method.md sections 7 and 7c (random-real, rded, sre2l, sre2l++, fadrm, fadrm+, fadrm-paper,
+g-vbsm, edc, cv-dd) produces its
 images through `distill_local` into one store, and every run is evaluated by `evaluate_run` with
 the same student, protocol and seeds (docs/method.md section 6). Teachers are trained once with
 `squeeze` (`ensure_teacher`) and cached in the output folder, retrained when their squeeze
@@ -14,11 +15,14 @@ settings change:
 - t2: convnet-bn, width 96, depth 3; t3: convnet-bn, width 32, depth 4. FADRM+ recovers with
   t1, t2, t3 in round robin and relabels with their averaged logits (section 5). Small ConvNets
   stand in for the paper's ResNet-18 / DenseNet / ShuffleNet / MobileNet pool, which is too slow
-  on a 2-core CPU. An optional control row (--control), "fadrm+ (t1 labels)", evaluates the
-  FADRM+ images with t1's labels only, to separate better images from better soft labels.
+  on a 2-core CPU. G-VBSM, EDC and CV-DD use the same three teachers (SEVERAL_TEACHERS), and
+  CV-DD's students are relabelled with batch statistics (METHOD_EVALUATION). An optional control
+  row (--control), "fadrm+ (t1 labels)", evaluates the FADRM+ images with t1's labels only, to
+  separate better images from better soft labels.
 
-Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++ 4000, SRe2L
-1000 on CIFAR), scaled down to T for FADRM/FADRM+, 2T for SRe2L++ and T/2 for SRe2L.
+Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++, G-VBSM and
+CV-DD 4000, SRe2L and EDC 1000), scaled down to T for FADRM/FADRM+, 2T for SRe2L++, G-VBSM and
+CV-DD and T/2 for SRe2L and EDC.
 Distillation uses seed 0; the --seeds seeds (3 by default) are the students' (initial weights and
 augmentation stream).
 
@@ -68,8 +72,14 @@ from fadrm_ray.squeeze import ensure_teacher
 
 # Rows of the table. "patches" is the fadrm row's own starting patches (its config at zero
 # recover iterations, baselines.py); "fadrm-paper" is fadrm at the published settings.
-METHODS = ["random-real", "patches", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+", "fadrm-paper"]
+METHODS = ["random-real", "patches", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+", "fadrm-paper",
+           "g-vbsm", "edc", "cv-dd"]
 CONTROL = "fadrm+ (t1 labels)"
+# Presets that recover (and relabel) with every teacher, t1-t3; the others use t1 alone.
+SEVERAL_TEACHERS = ("fadrm+", "g-vbsm", "edc", "cv-dd")
+# Evaluation settings that are part of a method: CV-DD relabels with the teachers' BatchNorm
+# layers on the student batch's own statistics (docs/method.md section 7c).
+METHOD_EVALUATION = {"cv-dd": {"teacher_bn": "batch"}}
 TEACHERS = {  # name -> (model, kwargs)
     "t1": ("convnet-bn", {"width": 64, "depth": 3}),
     # Not depth 2: two blocks see too little of a 28-px digit before global pooling (59 % on
@@ -100,7 +110,10 @@ STUDENT_STEPS = {"full": 1000, "quick": 300}
 
 
 def budget_of(method: str, t: int) -> int:
-    return {"sre2l++": 2 * t, "sre2l": t // 2, "rded": 0, "random-real": 0, "patches": 0}.get(method, t)
+    """A method's budget for fadrm's T, in the published ratios (FADRM 2000 iterations; SRe2L++,
+    G-VBSM and CV-DD 4000; SRe2L and EDC 1000)."""
+    return {"sre2l++": 2 * t, "g-vbsm": 2 * t, "cv-dd": 2 * t, "sre2l": t // 2, "edc": t // 2,
+            "rded": 0, "random-real": 0, "patches": 0}.get(method, t)
 
 
 def method_config(method: str, ipc: int, t: int, recover_overrides: dict, variants: dict) -> DistillConfig:
@@ -165,7 +178,7 @@ def _cell_job(cell: dict) -> list[dict]:
     dataset, paths = _dataset(cell["dataset"], cell["image_size"]), cell["teachers"]
     ipc = cell["ipc"]
     cfg = method_config(cell["method"], ipc, cell["t"], cell["recover_overrides"], cell["variants"])
-    teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if cfg.preset == "fadrm+" else [])
+    teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if cfg.preset in SEVERAL_TEACHERS else [])
     started = time.perf_counter()
     run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
     distill_s = time.perf_counter() - started
@@ -174,7 +187,8 @@ def _cell_job(cell: dict) -> list[dict]:
         eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
         # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
-        ev = evaluate_run(run.run_dir, cell["evaluation"], teachers=eval_teachers, dataset=dataset, progress=False,
+        evaluation = cell["evaluation"].model_copy(update=METHOD_EVALUATION.get(cfg.preset, {}))
+        ev = evaluate_run(run.run_dir, evaluation, teachers=eval_teachers, dataset=dataset, progress=False,
                           ipc=run.ipc)
         rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
                      "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
@@ -198,7 +212,7 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
     that model instead of TEACHERS' convnet-bn."""
     store = out / "store"
     variants = dict(variants or {})
-    several = any((variants.get(m, (m, {}))[0] == "fadrm+") for m in methods)
+    several = any((variants.get(m, (m, {}))[0] in SEVERAL_TEACHERS) for m in methods)
     tnames = list(TEACHERS) if several else ["t1"]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
@@ -236,8 +250,8 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
 def _cost(cell: dict) -> float:
     """A rough relative cost of a cell: recover image-updates times teachers, plus evaluation."""
     pixels = _dataset(cell["dataset"], cell["image_size"]).image_size ** 2
-    teachers = 3 if cell["method"] == "fadrm+" else 1
     preset, overrides = cell["variants"].get(cell["method"], (cell["method"], {}))
+    teachers = 3 if preset in SEVERAL_TEACHERS else 1
     recover = overrides.get("iterations", budget_of(preset, cell["t"])) * cell["ipc"] * teachers * pixels
     return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
 
@@ -379,7 +393,7 @@ def main(argv=None) -> dict:
     report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
               "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
               "recover_overrides": recover_overrides, "budgets": {d: per_dataset(BUDGETS, mode, d) for d in datasets},
-              "budget_rule": "fadrm/fadrm+ T, sre2l++ 2T, sre2l T/2, rded/random-real/patches 0",
+              "budget_rule": "fadrm/fadrm+ T, sre2l++/g-vbsm/cv-dd 2T, sre2l/edc T/2, rded/random-real/patches 0",
               "student": evaluation.student, "protocol": args.protocol,
               "student_steps": STUDENT_STEPS[mode] if args.protocol == "short" else None,
               **grid, "table": table, "seconds": round(time.perf_counter() - started, 1)}

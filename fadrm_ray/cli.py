@@ -17,6 +17,7 @@ own subcommands the same way: each is a `Command` that the console script finds 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -267,6 +268,12 @@ def cmd_info(args) -> None:
     reader = open_run(args.run, incomplete=True, ipc=args.ipc)
     info = reader.info()
     info["recipe"] = run_recipe(reader)
+    if reader.config.get("committee") == "prior":  # CV-DD: each teacher's say in every step
+        from fadrm_ray.committee import committee_weights
+        priors = [t.get("test_accuracy") for t in info["teachers"]]
+        with contextlib.suppress(ValueError):
+            info["committee_votes"] = [round(w, 4) for w in
+                                       committee_weights(priors, reader.config.get("committee_temperature", 5.0)).tolist()]
     info["report"] = report_files(args.run)
     info["report_stale"] = stale_reports(args.run)
     if args.json:

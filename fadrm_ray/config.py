@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from fadrm_ray.fileio import read_yaml_mapping
 from fadrm_ray.settings import (AreaFraction, ConfigError, Count, Flag, Fraction, Index, Indices, ScaleRange, Settings,
-                                Weight, layered)
+                                Share, Weight, layered)
 
 
 # ---------------------------------------------------------------------- presets
@@ -52,9 +52,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "g-vbsm": {**_NO_ARC, **_NOISE, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp", "iterations": 4000,
                "r_bn": 0.01, "r_conv": 0.01},
     # EDC (its released ImageNet recover script): RDED real-patch init, several backbones in turn,
-    # BN + convolution statistics at weight 0.1, lr 0.05, 1000 iterations, no ARC/MRO/MPT.
+    # BN + convolution statistics at weight 0.1, half of the BN loss against the batch's classes
+    # (soft category-aware matching), lr 0.05, 1000 iterations, no ARC/MRO/MPT.
     "edc": {**_NO_ARC, **_RDED_PATCHES, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp",
-            "iterations": 1000, "r_bn": 0.1, "r_conv": 0.1},
+            "iterations": 1000, "r_bn": 0.1, "r_conv": 0.1, "bn_category": 0.5},
     # CV-DD (its released recover scripts): "medium" real patches, a committee voting with
     # softmax(test accuracy / 5) weights, lr 0.25, 4000 iterations, r_bn 0.01, no ARC/MRO/MPT.
     "cv-dd": {**_NO_ARC, **_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 4000,
@@ -129,7 +130,8 @@ NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc", "recipe")
 # one), so the older runs keep theirs. Runs below 64 px stored before the recipe was recorded
 # took the small-grey values.
 LATER_FIELDS = {"bound": "clamp", "patch_group": 4, "recipe": "small-grey",
-                "r_conv": 0.0, "committee": "round-robin", "committee_temperature": 5.0}
+                "r_conv": 0.0, "committee": "round-robin", "committee_temperature": 5.0,
+                "bn_category": 0.0}
 
 
 def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +175,10 @@ class DistillConfig(Settings):
     # G-VBSM, EDC (docs/method.md section 7c): weight of the convolution-statistics loss against
     # real-data targets (fadrm_ray/statistics.py); 0 = off.
     r_conv: Weight = 0.0
+    # EDC's soft category-aware matching (statistics.ClassStatistics): the share of each BN
+    # layer's loss taken against the real statistics of the batch's classes instead of the
+    # layer's running statistics; 0 = off.
+    bn_category: Share = 0.0
     # How several teachers share the steps: "round-robin" (one per step, FADRM+, G-VBSM) or
     # "prior" (CV-DD: all of them every step, weighted by softmax(test accuracy / temperature)).
     committee: Literal["round-robin", "prior"] = "round-robin"

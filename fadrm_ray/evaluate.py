@@ -169,6 +169,7 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
         # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
         spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
                            hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
+        labeler = labeler.with_batch_statistics(cfg.teacher_bn == "batch")
         source = soft_label_source(cfg.soft_labels, images_uint8, labeler, spec, cfg.batch_size, seed, epochs,
                                    soft_label_dir, dtype=cfg.soft_label_dtype)
 
@@ -399,7 +400,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     classes = run_classes(reader.config, dataset.num_classes)
     # Everything that decides the result names its cached copy: a later identical call (a
     # baseline shared by several runs, a benchmark rerun) reads it instead of training again.
-    key_source = {"config": cfg.model_dump(mode="json"), "teachers": list(labeler.ids), "data": dataset.fingerprint(),
+    key_source = {"config": cfg.key_values(), "teachers": list(labeler.ids), "data": dataset.fingerprint(),
                   "images": reader.content_hash(), "device": torch.device(device).type,
                   "version": EVALUATION_CACHE_VERSION}
     if classes is not None:  # tested on the subset's test images (runs of every class keep their key)

@@ -195,7 +195,7 @@ def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: Im
     images, labels, _ = reader.read()
     classes = run_classes(reader.config, dataset.num_classes)
     cfg = evaluation.config
-    key = {"kind": "hard labels", "config": cfg.model_dump(mode="json", exclude={"seeds"}),
+    key = {"kind": "hard labels", "config": cfg.model_dump(mode="json", exclude={"seeds", "teacher_bn"}),
            "data": dataset.fingerprint(), "images": reader.content_hash(), "test_classes": classes,
            "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
     targets = HardLabels(labels)

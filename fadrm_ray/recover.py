@@ -31,7 +31,7 @@ from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
-from fadrm_ray.statistics import ConvStatistics, GroupStats
+from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats
 from fadrm_ray.committee import committee_weights
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
@@ -47,7 +47,8 @@ class FrozenTeacher:
     with the layer's running statistics: ||mu - running_mean||_2 + ||var - running_var||_2,
     biased variance over (N, H, W), plain (not squared) L2 norms, the first BN layer weighted
     `first_bn_weight`. Here the statistics are taken per group, so a packed batch of G groups
-    yields G separate losses.
+    yields G separate losses. With class-wise targets attached (EDC, statistics.ClassStatistics)
+    each layer's loss is blended with the loss against the statistics of the batch's classes.
     """
 
     def __init__(self, model: nn.Module, in_chans: int | None = None, first_bn_weight: float = 10.0,
@@ -57,6 +58,8 @@ class FrozenTeacher:
         self.first_bn_weight = first_bn_weight
         self.prior = prior           # test accuracy in percent: a committee's vote (committee.py)
         self.conv: ConvStatistics | None = None  # the convolution-statistics loss, once attached
+        self.category: ClassStatistics | None = None  # class-wise BN targets (EDC), once attached
+        self._labels: torch.Tensor | None = None  # the batch's labels, for the class-wise targets
         self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if not self.bn_layers:
             raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
@@ -75,29 +78,34 @@ class FrozenTeacher:
             mean, var = GroupStats.apply(inputs[0], self._groups)
             loss = (torch.linalg.vector_norm(mean - module.running_mean, dim=1)
                     + torch.linalg.vector_norm(var - module.running_var, dim=1))
+            if self.category is not None and self._labels is not None:
+                loss = self.category.blend(index, mean, var, loss, self._labels)
             self._bn_loss = weight * loss if self._bn_loss is None else self._bn_loss + weight * loss
         return hook
 
-    def __call__(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and the per-group BN loss, shape (groups,)."""
+    def __call__(self, x: torch.Tensor, groups: int = 1,
+                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and the per-group BN loss, shape (groups,); `labels` (the images' classes)
+        select the class-wise targets where they are attached."""
         if self.in_chans is not None:
             x = match_channels(x, self.in_chans)  # grey images into a 3-channel teacher
-        self._groups, self._bn_loss = groups, None
+        self._groups, self._bn_loss, self._labels = groups, None, labels
         try:
             logits = self.model(x)
         finally:
-            self._groups = 0
+            self._groups, self._labels = 0, None
         bn_loss, self._bn_loss = self._bn_loss, None
         return logits, bn_loss
 
-    def measure(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def measure(self, x: torch.Tensor, groups: int = 1,
+                labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Logits, the per-group BN loss and, when attached, the per-group convolution loss
         (None otherwise). Only recover's steps pay for the convolution hooks."""
         if self.conv is None:
-            return (*self(x, groups), None)
+            return (*self(x, groups, labels), None)
         self.conv.groups, self.conv.loss = groups, None
         try:
-            logits, bn_loss = self(x, groups)
+            logits, bn_loss = self(x, groups, labels)
         finally:
             self.conv.groups = 0
         conv_loss, self.conv.loss = self.conv.loss, None
@@ -232,6 +240,9 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     if cfg.r_conv > 0 and any(t.conv is None for t in teachers):
         raise ValueError("r_conv > 0 needs each teacher's convolution targets from real images: "
                          "call statistics.attach_conv_targets(teachers, dataset) first")
+    if cfg.bn_category > 0 and any(t.category is None for t in teachers):
+        raise ValueError("bn_category > 0 needs each teacher's class-wise BN targets from real images: "
+                         "call statistics.attach_class_targets(teachers, dataset, weight) first")
     votes = committee_weights([t.prior for t in teachers], cfg.committee_temperature).tolist() \
         if cfg.committee == "prior" else None
     converge = cfg.arc_timing == "converged" and s < last
@@ -333,7 +344,7 @@ def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
     teacher.set_memory_format(memory_format)
 
     def loss(view: torch.Tensor, labels: torch.Tensor, groups: int):
-        logits, bn, conv = teacher.measure(view.contiguous(memory_format=memory_format), groups)
+        logits, bn, conv = teacher.measure(view.contiguous(memory_format=memory_format), groups, labels)
         ce = F.cross_entropy(logits.float(), labels, reduction="none").view(groups, -1).mean(dim=1)
         return ce, bn, conv
 

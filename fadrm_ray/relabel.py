@@ -21,6 +21,7 @@ recomputed or read back on its own, in any order.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -160,7 +161,12 @@ class SoftLabeler:
     """Frozen teacher(s) in eval mode; their logits on a [0, 1] view, averaged (FADRM+, section 5).
 
     Each teacher sees the view normalized with its own training statistics and channel count.
+    `batch_statistics` (CV-DD's batch-specific soft labels, docs/method.md section 7c): the
+    teachers' BatchNorm layers normalize each view with the statistics of that batch instead of
+    their running statistics, which stay untouched.
     """
+
+    batch_statistics: bool = False
 
     def __init__(self, models: Sequence[nn.Module], means: Sequence[Sequence[float]],
                  stds: Sequence[Sequence[float]], in_chans: Sequence[int], ids: Sequence[str] | None = None,
@@ -200,15 +206,45 @@ class SoftLabeler:
         return cls([t.model for t in teachers], [mean] * len(teachers), [std] * len(teachers),
                    [t.in_chans or channels for t in teachers])
 
+    def with_batch_statistics(self, on: bool = True) -> "SoftLabeler":
+        """The same teachers, labelling with batch statistics (`on`) or running ones."""
+        if on == self.batch_statistics:
+            return self
+        other = object.__new__(SoftLabeler)
+        other.__dict__.update(self.__dict__)
+        other.batch_statistics = on
+        return other
+
+    @property
+    def key_ids(self) -> list[str]:
+        """What names these labels in a cache: the teachers, and how their BN layers normalize."""
+        return [*self.ids, "bn=batch"] if self.batch_statistics else list(self.ids)
+
     @torch.no_grad()
     def __call__(self, view01: torch.Tensor) -> torch.Tensor:
         view01 = view01.to(self.device)
         total = None
         for model, mean, std, chans in zip(self.models, self.means, self.stds, self.in_chans):
             x = match_channels((view01 - mean) / std, chans)
-            logits = model(x).float()
+            with batch_statistics(model) if self.batch_statistics else contextlib.nullcontext():
+                logits = model(x).float()
             total = logits if total is None else total + logits
         return (total / len(self.models)).cpu()
+
+
+@contextlib.contextmanager
+def batch_statistics(model: nn.Module):
+    """`model`'s BatchNorm layers normalize with the statistics of the batch they see, their
+    running statistics neither used nor updated; everything else stays in eval mode."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.training, m.track_running_stats) for m in layers]
+    for m in layers:  # training without tracked statistics: F.batch_norm gets no running buffers
+        m.training, m.track_running_stats = True, False
+    try:
+        yield model
+    finally:
+        for m, (training, tracked) in zip(layers, saved):
+            m.training, m.track_running_stats = training, tracked
 
 
 def _module_digest(model: nn.Module) -> str:
@@ -317,7 +353,7 @@ def precompute_soft_labels(images_uint8: torch.Tensor, labeler: SoftLabeler, spe
     """
     if dtype not in LOGIT_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(LOGIT_DTYPES)}, got {dtype!r}")
-    key = soft_label_key(images_uint8, labeler.ids, spec, batch_size, seed, dtype)
+    key = soft_label_key(images_uint8, labeler.key_ids, spec, batch_size, seed, dtype)
     out = Path(directory) / key
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": STORE_FORMAT, "version": STORE_VERSION, "key": key, "teachers": list(labeler.ids),

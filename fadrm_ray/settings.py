@@ -83,6 +83,7 @@ Flag = Annotated[bool, Field(strict=True)]
 Count = Annotated[int, Field(strict=True, ge=1)]
 Index = Annotated[int, Field(strict=True, ge=0)]
 Fraction = Annotated[float, Field(strict=True, gt=0, le=1)]
+Share = Annotated[float, Field(strict=True, ge=0, le=1)]   # a part of a whole that may be none of it
 # A crop's area as a fraction of the image: below 1e-4 a crop is less than a pixel of a 100-px image.
 AreaFraction = Annotated[float, Field(strict=True, ge=1e-4, le=1)]
 # A [low, high] range of area fractions (random-resized crops, patch crops).
@@ -185,6 +186,10 @@ def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, An
 
 
 # --------------------------------------------------------------------------- evaluate and squeeze
+# EvalConfig fields added after evaluations were cached, with the value those evaluations had.
+EVAL_LATER_FIELDS = {"teacher_bn": "running"}
+
+
 class EvalConfig(Settings):
     """How students are trained on distilled images and scored (evaluate.py, docs/method.md section 6)."""
 
@@ -208,6 +213,16 @@ class EvalConfig(Settings):
     crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view
     cutmix_prob: float = Field(1.0, strict=True, ge=0, le=1)
     eval_every: Count | None = None      # epochs between test evaluations; None: about 6 in all
+    # How the teachers' BatchNorm layers normalize a student batch when they label it: with
+    # their running statistics, or with the batch's own (CV-DD's batch-specific soft labels,
+    # docs/method.md section 7c).
+    teacher_bn: Literal["running", "batch"] = "running"
+
+    def key_values(self) -> dict[str, Any]:
+        """The settings as they name a cached evaluation: a field added later, at the value that
+        gives the results cached before it (EVAL_LATER_FIELDS), is left out, so those stay valid."""
+        return {k: v for k, v in self.model_dump(mode="json").items()
+                if not (k in EVAL_LATER_FIELDS and v == EVAL_LATER_FIELDS[k])}
 
     @property
     def seed_list(self) -> list[int]:

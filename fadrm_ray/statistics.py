@@ -1,4 +1,5 @@
-"""Per-group feature statistics, and the convolution-statistics loss of G-VBSM and EDC.
+"""Per-group feature statistics, the convolution-statistics loss of G-VBSM and EDC, and EDC's
+class-wise BatchNorm targets.
 
 `GroupStats` is the one place that measures the channel mean and variance of an activation
 per group (the BatchNorm loss of recover.py and the convolution loss here both use it).
@@ -10,6 +11,13 @@ convolution weighted `first_bn_weight`, as the BN loss weights its first layer. 
 the output, is matched because in a conv -> BN network a convolution's output is the next BN
 layer's input, whose statistics the BN loss already matches; the input (after the previous
 activation) is new information.
+
+EDC's soft category-aware matching (`ClassStatistics`) measures, for every BN layer's input and
+every class, the mean over that class's real images of each image's channel mean and of each
+image's biased channel variance over its pixels (`real_class_bn_targets`). A batch's target is
+the average over its labels; the BN loss of a layer becomes
+(1 - w) * ||. - running||  +  w * ||. - class target||   (for the mean and the variance),
+w = `bn_category`. EDC's released code weights the two halves equally (w = 0.5).
 """
 from __future__ import annotations
 
@@ -144,13 +152,15 @@ def real_conv_targets(model: nn.Module, images: torch.Tensor, in_chans: int | No
     return out
 
 
-def real_images_for_statistics(dataset, per_class: int = CONV_STAT_IMAGES_PER_CLASS) -> torch.Tensor:
-    """The first `per_class` training images of every class, normalized: a fixed choice, so the
-    targets (and the images distilled against them) are a function of the dataset alone."""
+def real_images_for_statistics(dataset, per_class: int = CONV_STAT_IMAGES_PER_CLASS, with_labels: bool = False):
+    """The first `per_class` training images of every class, normalized (and, `with_labels`,
+    their labels): a fixed choice, so the targets (and the images distilled against them) are a
+    function of the dataset alone."""
     labels = dataset.train.labels
-    keep = [int(i) for c in range(dataset.num_classes)
-            for i in torch.nonzero(labels == c, as_tuple=False).flatten()[:per_class]]
-    return dataset.normalize(dataset.train.load(sorted(keep)))
+    keep = sorted(int(i) for c in range(dataset.num_classes)
+                  for i in torch.nonzero(labels == c, as_tuple=False).flatten()[:per_class])
+    images = dataset.normalize(dataset.train.load(keep))
+    return (images, labels[keep].long()) if with_labels else images
 
 
 def attach_conv_targets(teachers: Sequence["FrozenTeacher"], dataset, device: str | torch.device = "cpu") -> None:
@@ -162,3 +172,78 @@ def attach_conv_targets(teachers: Sequence["FrozenTeacher"], dataset, device: st
             continue
         targets = real_conv_targets(teacher.model, images, teacher.in_chans, device)
         teacher.conv = ConvStatistics(teacher.model, targets, teacher.first_bn_weight)
+
+
+class ClassStatistics:
+    """Class-wise BN targets of one teacher (one (mean, var) pair of (K, C) tensors per BN layer)
+    and the blend of the BN loss with them; the teacher's BN hooks call `blend`."""
+
+    def __init__(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], weight: float):
+        if not 0 < weight <= 1:
+            raise ValueError(f"the class-wise share of the BN loss must be in (0, 1], got {weight}")
+        self.targets = [(m.float(), v.float()) for m, v in targets]
+        self.weight = float(weight)
+
+    def blend(self, index: int, mean: torch.Tensor, var: torch.Tensor, running_loss: torch.Tensor,
+              labels: torch.Tensor) -> torch.Tensor:
+        """(1 - w) * the running-statistics loss + w * the loss against the average class target
+        of each group's labels; `mean`, `var` are (G, C) and `labels` (G * B,)."""
+        c_mean, c_var = self.targets[index]
+        groups = mean.shape[0]
+        picks = labels.view(groups, -1).to(c_mean.device)
+        t_mean, t_var = c_mean[picks].mean(dim=1).to(mean.device), c_var[picks].mean(dim=1).to(var.device)
+        class_loss = (torch.linalg.vector_norm(mean - t_mean, dim=1)
+                      + torch.linalg.vector_norm(var - t_var, dim=1))
+        return (1 - self.weight) * running_loss + self.weight * class_loss
+
+
+@torch.no_grad()
+def real_class_bn_targets(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                          in_chans: int | None = None,
+                          device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per BN layer of `model` (eval mode), per class: the mean over the class's `images` of each
+    image's channel mean and biased channel variance of the layer's input, (K, C) each, summed in
+    fp64 so the result does not depend on the batching. Every class needs at least one image."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    counts = torch.bincount(labels.long(), minlength=num_classes).double()
+    if counts.numel() != num_classes or (counts == 0).any():
+        raise ValueError("class-wise BN targets need real images of every class")
+    sums: list[list[torch.Tensor | None]] = [[None, None] for _ in layers]
+    batch_labels: list[torch.Tensor] = []
+
+    def make(i):
+        def hook(module, inputs, output):
+            a = inputs[0].detach().double()
+            flat = a.reshape(a.shape[0], a.shape[1], -1)
+            per_mean, per_var = flat.mean(dim=2), flat.var(dim=2, unbiased=False)
+            lab = batch_labels[0].to(a.device)
+            s = sums[i]
+            if s[0] is None:
+                s[0] = torch.zeros(num_classes, a.shape[1], dtype=torch.float64, device=a.device)
+                s[1] = torch.zeros_like(s[0])
+            s[0].index_add_(0, lab, per_mean)
+            s[1].index_add_(0, lab, per_var)
+        return hook
+
+    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+    try:
+        for start in range(0, images.shape[0], _BATCH):
+            batch_labels[:] = [labels[start:start + _BATCH].long()]
+            x = images[start:start + _BATCH].to(device)
+            model(match_channels(x, in_chans) if in_chans is not None else x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
+
+
+def attach_class_targets(teachers: Sequence["FrozenTeacher"], dataset, weight: float,
+                         device: str | torch.device = "cpu") -> None:
+    """Measure each teacher's class-wise BN targets on the dataset's real images, once (recover's
+    `bn_category` term, EDC)."""
+    images, labels = real_images_for_statistics(dataset, with_labels=True)
+    for teacher in teachers:
+        if teacher.category is not None:
+            continue
+        targets = real_class_bn_targets(teacher.model, images, labels, dataset.num_classes, teacher.in_chans, device)
+        teacher.category = ClassStatistics(targets, weight)

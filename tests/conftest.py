@@ -72,3 +72,14 @@ def api_service(digits_teacher, tmp_path_factory):
     with running_service(digits_teacher[0], tmp_path_factory.mktemp("api"), max_ipc=5, max_images=20,
                          max_running=1, max_queued=2, rate_limit=1000, rate_burst=2000) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A real embedded local Ray of two CPUs, shared by the tests of one module."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=128 * 1024 * 1024)
+    yield
+    ray.shutdown()

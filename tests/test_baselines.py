@@ -132,3 +132,21 @@ def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path
     assert set(result.baselines) == {"random_real", "starting_patches"}
     assert all("does not exist" in b.error for b in result.baselines.values())
     assert result.gains == {} and len(result.top1_per_seed) == 1  # the run itself is still evaluated
+
+
+def test_the_demo_reads_its_chart_from_the_paired_gain_over_random_real_images():
+    from types import SimpleNamespace
+
+    from fadrm_ray.pipeline import CLEAR_GAIN, reading
+    from fadrm_ray.scores import PairedGain
+
+    def line(mean, stderr):
+        gain = PairedGain(mean=mean, stderr=stderr, higher=2, seeds=2)
+        return reading(SimpleNamespace(paired_gains={"random_real": gain}, dataset="digits"))
+
+    assert line(2.0, 0.5).startswith("the distilled set is above random real images of the same size: +2.00 ± 0.50")
+    level = line(0.6, 0.5)  # within two standard errors: not a gain the chart can show
+    assert level.startswith("the distilled set is not clearly above random real images (+0.60 ± 0.50")
+    assert "digits" in level and level.endswith(CLEAR_GAIN)
+    assert CLEAR_GAIN in line(-0.56, 0.2) and CLEAR_GAIN in line(1.0, None)  # one seed: no error, no claim
+    assert "could not be evaluated" in reading(SimpleNamespace(paired_gains={}, dataset="digits"))

@@ -159,3 +159,105 @@ def test_equip_teachers_brings_priors_and_targets(digits):
     plain = equip_teachers([FrozenTeacher(m)], infos, digits, make_config("fadrm"))
     assert plain[0].conv is None and plain[0].prior == 61.5
     assert equip_teachers([FrozenTeacher(m)], infos, digits, make_config("edc"))[0].conv is not None
+
+
+# ------------------------------------------------------------------ class-wise BN targets (EDC)
+def test_class_bn_targets_are_each_class_mean_of_per_image_statistics(monkeypatch):
+    from fadrm_ray.statistics import real_class_bn_targets
+    m = model(3)
+    images = torch.randn(30, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    labels = torch.arange(30) % 3
+    monkeypatch.setattr("fadrm_ray.statistics._BATCH", 7)  # batching must not matter
+    targets = real_class_bn_targets(m, images, labels, 3)
+    seen = []
+    bns = [b for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    hooks = [b.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach())) for b in bns]
+    with torch.no_grad():
+        m(images)
+    for h in hooks:
+        h.remove()
+    assert len(targets) == len(bns) == len(seen)
+    for (mean, var), a in zip(targets, seen):
+        for c in range(3):
+            mine = a[labels == c].double()
+            assert torch.allclose(mean[c].double(), mine.mean(dim=(2, 3)).mean(0), atol=1e-5)
+            assert torch.allclose(var[c].double(), mine.var(dim=(2, 3), unbiased=False).mean(0), atol=1e-5)
+
+
+def with_class_targets(teacher, weight, running=False):
+    """Class-wise targets from stand-in 'real' images, or (`running`) equal to the running statistics."""
+    from fadrm_ray.statistics import ClassStatistics, real_class_bn_targets
+    if running:
+        targets = [(b.running_mean.repeat(10, 1), b.running_var.repeat(10, 1)) for b in teacher.bn_layers]
+    else:
+        images = torch.randn(50, 1, 8, 8, generator=torch.Generator().manual_seed(5)) * 0.5
+        targets = real_class_bn_targets(teacher.model, images, torch.arange(50) % 10, 10)
+    teacher.category = ClassStatistics(targets, weight)
+    return teacher
+
+
+def test_category_matching_is_part_of_the_objective():
+    cfg = cfg_for("edc")
+    assert cfg.bn_category == 0.5
+    plain = stage_images(cfg_for("edc", bn_category=0.0), [with_conv(FrozenTeacher(model(0)))])
+    same = stage_images(cfg, [with_class_targets(with_conv(FrozenTeacher(model(0))), 0.5, running=True)])
+    blended = stage_images(cfg, [with_class_targets(with_conv(FrozenTeacher(model(0))), 0.5)])
+    # Class targets equal to the running statistics leave the loss (and the images) as they were;
+    # the real class statistics change them.
+    assert torch.allclose(plain, same, atol=1e-6)
+    assert (plain - blended).abs().max() > 1e-4
+
+
+def test_category_blend_weights_the_two_losses():
+    from fadrm_ray.statistics import ClassStatistics
+    targets = [(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]]))]
+    stats = ClassStatistics(targets, 0.25)
+    mean, var = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+    # The batch holds classes 0 and 1: target mean (1, 0), var (1, 2); class loss 0 + 1 = 1.
+    loss = stats.blend(0, mean, var, torch.tensor([4.0]), torch.tensor([0, 1]))
+    assert loss.tolist() == pytest.approx([0.75 * 4.0 + 0.25 * 1.0])
+
+
+def test_bn_category_without_targets_is_refused():
+    with pytest.raises(ValueError, match="class-wise BN targets"):
+        stage_images(cfg_for("edc"), [with_conv(FrozenTeacher(model(0)))])
+
+
+def test_equip_teachers_brings_class_targets_for_edc_only(digits):
+    from types import SimpleNamespace
+    m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
+    infos = [SimpleNamespace(test_accuracy=61.5)]
+    assert equip_teachers([FrozenTeacher(m)], infos, digits, make_config("g-vbsm"))[0].category is None
+    edc = equip_teachers([FrozenTeacher(m)], infos, digits, make_config("edc"))[0]
+    assert edc.category is not None and edc.category.weight == 0.5
+    assert edc.category.targets[0][0].shape == (10, edc.bn_layers[0].num_features)
+
+
+# ------------------------------------------------------------------ batch-specific soft labels (CV-DD)
+def test_batch_statistics_labels_use_the_batch_and_leave_the_teacher_as_it_was():
+    from fadrm_ray.relabel import SoftLabeler
+    m = model(2)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    running = SoftLabeler([m], [MEAN], [STD], [1], ids=["t"])
+    batch = running.with_batch_statistics()
+    view = torch.rand(16, 1, 8, 8, generator=torch.Generator().manual_seed(6))
+    reference = model(2)  # the same teacher, its BN layers normalizing with the batch's statistics by hand
+    for b in reference.modules():
+        if isinstance(b, torch.nn.BatchNorm2d):
+            b.forward = (lambda mod: lambda inp: torch.nn.functional.batch_norm(
+                inp, None, None, mod.weight, mod.bias, True, 0.0, mod.eps))(b)
+    with torch.no_grad():
+        want = reference((view - MEAN[0]) / STD[0])
+    assert torch.allclose(batch(view), want, atol=1e-5)
+    assert (batch(view) - running(view)).abs().max() > 1e-3
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # running stats untouched
+    assert not any(b.training for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d))
+    assert running.key_ids == ["t"] and batch.key_ids == ["t", "bn=batch"]
+
+
+def test_teacher_bn_names_its_evaluations_apart_and_running_keeps_the_old_key():
+    from fadrm_ray.settings import EvalConfig
+    assert "teacher_bn" not in EvalConfig().key_values()
+    assert EvalConfig(teacher_bn="batch").key_values()["teacher_bn"] == "batch"
+    with pytest.raises(ValueError):
+        EvalConfig(teacher_bn="train")

@@ -22,14 +22,6 @@ from tests.ray_helpers import events, wait_for  # noqa: E402
 CFG = {"ipc": 2, "iterations": 16, "precision": "fp32", "classes_per_batch": 5}
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=128 * 1024 * 1024)
-    yield
-    ray.shutdown()
-
-
 def read(run_dir):
     images, labels, ipc = open_run(run_dir).read()
     return images, labels, ipc

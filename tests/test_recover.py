@@ -226,9 +226,9 @@ def test_teachers_take_turns(teacher_model):
         def __init__(self, model, tag):
             super().__init__(model)
             self.tag = tag
-        def __call__(self, x, groups=1):
+        def __call__(self, x, groups=1, labels=None):
             calls.append(self.tag)
-            return super().__call__(x, groups)
+            return super().__call__(x, groups, labels)
     cfg = cfg_for(k=0, iterations=6)
     recover(state_for(cfg, g=1), [Spy(teacher_model, "a"), Spy(teacher_model, "b")], cfg)
     assert calls == ["a", "b"] * 3  # FADRM+ round robin (section 5)

@@ -377,6 +377,8 @@ class RunReader:
             "image_shape": image_shape,
             "parts": len(self._parts),
             "config": _config_summary(self.config),
+            "teachers": [{k: t.get(k) for k in ("path", "model", "test_accuracy", "sha256")}
+                         for t in (self.provenance or {}).get("teachers", []) if isinstance(t, dict)],
             "timings": {
                 **(summary.get("timings", {}) if isinstance(summary.get("timings"), dict) else {}),
                 "first_unit_written_at": written[0] if written else None,
