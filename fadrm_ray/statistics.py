@@ -189,9 +189,10 @@ class ClassStatistics:
         """(1 - w) * the running-statistics loss + w * the loss against the average class target
         of each group's labels; `mean`, `var` are (G, C) and `labels` (G * B,)."""
         c_mean, c_var = self.targets[index]
-        groups = mean.shape[0]
-        picks = labels.view(groups, -1).to(c_mean.device)
-        t_mean, t_var = c_mean[picks].mean(dim=1).to(mean.device), c_var[picks].mean(dim=1).to(var.device)
+        if c_mean.device != mean.device:  # once: the targets then live where the activations do
+            c_mean, c_var = self.targets[index] = (c_mean.to(mean.device), c_var.to(mean.device))
+        picks = labels.view(mean.shape[0], -1).to(mean.device)
+        t_mean, t_var = c_mean[picks].mean(dim=1), c_var[picks].mean(dim=1)
         class_loss = (torch.linalg.vector_norm(mean - t_mean, dim=1)
                       + torch.linalg.vector_norm(var - t_var, dim=1))
         return (1 - self.weight) * running_loss + self.weight * class_loss
