@@ -31,7 +31,7 @@ from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
-from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats
+from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats, bn_layers
 from fadrm_ray.committee import committee_weights
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
@@ -60,7 +60,7 @@ class FrozenTeacher:
         self.conv: ConvStatistics | None = None  # the convolution-statistics loss, once attached
         self.category: ClassStatistics | None = None  # class-wise BN targets (EDC), once attached
         self._labels: torch.Tensor | None = None  # the batch's labels, for the class-wise targets
-        self.bn_layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self.bn_layers = bn_layers(model)
         if not self.bn_layers:
             raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
         self._groups = 0             # > 0 only inside __call__: other callers of the model pay nothing

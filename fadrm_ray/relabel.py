@@ -39,6 +39,7 @@ from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
+from fadrm_ray.statistics import bn_layers
 
 SOFT_LABEL_MODES = ("online", "stored")
 STORE_FORMAT = "fadrm-soft-labels"
@@ -236,7 +237,7 @@ class SoftLabeler:
 def batch_statistics(model: nn.Module):
     """`model`'s BatchNorm layers normalize with the statistics of the batch they see, their
     running statistics neither used nor updated; everything else stays in eval mode."""
-    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    layers = bn_layers(model)
     saved = [(m.training, m.track_running_stats) for m in layers]
     for m in layers:  # training without tracked statistics: F.batch_norm gets no running buffers
         m.training, m.track_running_stats = True, False

@@ -84,6 +84,31 @@ def conv_layers(model: nn.Module) -> list[nn.Conv2d]:
     return [m for m in model.modules() if isinstance(m, nn.Conv2d)]
 
 
+def bn_layers(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _visit_inputs(model: nn.Module, layers: Sequence[nn.Module], images: torch.Tensor, in_chans: int | None,
+                  device: str | torch.device, visit) -> None:
+    """Run `images` through `model` in batches; `visit(i, a, start)` sees the fp64 input `a` of
+    `layers[i]` for the batch that begins at image `start`."""
+    start = 0
+
+    def make(i):
+        def hook(module, inputs, output):
+            visit(i, inputs[0].detach().double(), start)
+        return hook
+
+    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+    try:
+        for start in range(0, images.shape[0], _BATCH):
+            x = images[start:start + _BATCH].to(device)
+            model(match_channels(x, in_chans) if in_chans is not None else x)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 class ConvStatistics:
     """Hooks on a teacher's convolutions that measure the per-group convolution-statistics loss
     against fixed targets (one (mean, var) pair per convolution, from `real_conv_targets`)."""
@@ -127,24 +152,14 @@ def real_conv_targets(model: nn.Module, images: torch.Tensor, in_chans: int | No
     layers = conv_layers(model)
     sums: list[list[torch.Tensor | None]] = [[None, None, 0] for _ in layers]
 
-    def make(i):
-        def hook(module, inputs, output):
-            a = inputs[0].detach().double()
-            s = sums[i]
-            part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
-            s[0] = part if s[0] is None else s[0] + part
-            s[1] = part_sq if s[1] is None else s[1] + part_sq
-            s[2] += a.shape[0] * a.shape[2] * a.shape[3]
-        return hook
+    def visit(i, a, start):
+        s = sums[i]
+        part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
+        s[0] = part if s[0] is None else s[0] + part
+        s[1] = part_sq if s[1] is None else s[1] + part_sq
+        s[2] += a.shape[0] * a.shape[2] * a.shape[3]
 
-    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
-    try:
-        for start in range(0, images.shape[0], _BATCH):
-            x = images[start:start + _BATCH].to(device)
-            model(match_channels(x, in_chans) if in_chans is not None else x)
-    finally:
-        for h in hooks:
-            h.remove()
+    _visit_inputs(model, layers, images, in_chans, device, visit)
     out = []
     for total, total_sq, n in sums:
         mean = total / n
@@ -205,36 +220,23 @@ def real_class_bn_targets(model: nn.Module, images: torch.Tensor, labels: torch.
     """Per BN layer of `model` (eval mode), per class: the mean over the class's `images` of each
     image's channel mean and biased channel variance of the layer's input, (K, C) each, summed in
     fp64 so the result does not depend on the batching. Every class needs at least one image."""
-    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    layers = bn_layers(model)
     counts = torch.bincount(labels.long(), minlength=num_classes).double()
     if counts.numel() != num_classes or (counts == 0).any():
         raise ValueError("class-wise BN targets need real images of every class")
     sums: list[list[torch.Tensor | None]] = [[None, None] for _ in layers]
-    batch_labels: list[torch.Tensor] = []
 
-    def make(i):
-        def hook(module, inputs, output):
-            a = inputs[0].detach().double()
-            flat = a.reshape(a.shape[0], a.shape[1], -1)
-            per_mean, per_var = flat.mean(dim=2), flat.var(dim=2, unbiased=False)
-            lab = batch_labels[0].to(a.device)
-            s = sums[i]
-            if s[0] is None:
-                s[0] = torch.zeros(num_classes, a.shape[1], dtype=torch.float64, device=a.device)
-                s[1] = torch.zeros_like(s[0])
-            s[0].index_add_(0, lab, per_mean)
-            s[1].index_add_(0, lab, per_var)
-        return hook
+    def visit(i, a, start):
+        flat = a.reshape(a.shape[0], a.shape[1], -1)
+        lab = labels[start:start + a.shape[0]].long().to(a.device)
+        s = sums[i]
+        if s[0] is None:
+            s[0] = torch.zeros(num_classes, a.shape[1], dtype=torch.float64, device=a.device)
+            s[1] = torch.zeros_like(s[0])
+        s[0].index_add_(0, lab, flat.mean(dim=2))
+        s[1].index_add_(0, lab, flat.var(dim=2, unbiased=False))
 
-    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
-    try:
-        for start in range(0, images.shape[0], _BATCH):
-            batch_labels[:] = [labels[start:start + _BATCH].long()]
-            x = images[start:start + _BATCH].to(device)
-            model(match_channels(x, in_chans) if in_chans is not None else x)
-    finally:
-        for h in hooks:
-            h.remove()
+    _visit_inputs(model, layers, images, in_chans, device, visit)
     return [((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
 
 
