@@ -27,7 +27,7 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
 from fadrm_ray.events import LedgerEvent, append_event
-from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, load_dataset, prepare_job
+from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
 from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
 from fadrm_ray.store import RunStore
 
@@ -185,7 +185,7 @@ class Coordinator:
             # One copy of job, dataset and teacher weights in the object store, read by every
             # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
             # The driver checks the dataset and the teachers' bytes against the job first.
-            dataset = parts.dataset if parts is not None else load_dataset(job)
+            dataset = (parts if parts is not None else JobParts.load(job)).dataset
             self.context = [ray.put(RunContext.of(job, dataset))]
             if self.share_patches:
                 self._share_patches([t.unit for t in tasks if t.stage == 0], workers, result)

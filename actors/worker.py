@@ -109,7 +109,9 @@ class DistillWorker:
         self.store = RunStore(ctx.job.store, ctx.job.run_id)
         self.provenance = ctx.provenance
         loaded = [load_teacher(ref.path, self.device, blob=blob) for ref, blob in zip(ctx.job.teachers, ctx.teacher_blobs)]
-        self.teachers = frozen_teachers(JobParts.of(self.dataset, loaded, self.device), self.cfg)
+        parts = JobParts.of(self.dataset, loaded, self.device)
+        self.dataset = parts.dataset  # normalized as the teachers expect
+        self.teachers = frozen_teachers(parts, self.cfg)
         self.patch_cache: dict = {}
         self.live = {}
         self.context_key, self.selections_key = key, None

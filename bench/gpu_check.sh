@@ -82,35 +82,41 @@ EOF
 
 step "3/5 Ray: distill_on_ray with gpus_per_worker=${GPUS_PER_WORKER:-none (CPU)} on a tiny digits run"
 "$PYTHON" - "$WORK" "$GPUS_PER_WORKER" <<'EOF' || fail "the Ray run failed (see above)"
-import json, sys, time
+import json, subprocess, sys, time
 from pathlib import Path
-import torch
-from actors.coordinator import distill_on_ray
-from fadrm_ray.config import make_config
-from fadrm_ray.data import get_dataset
-from fadrm_ray.squeeze import squeeze
 
-work, gpw = Path(sys.argv[1]), (float(sys.argv[2]) if sys.argv[2] else None)
+work, gpw = Path(sys.argv[1]), sys.argv[2]
 device = "cuda" if gpw else "cpu"
 started = time.perf_counter()
-teacher = squeeze(get_dataset("digits"), model_name="convnet-bn", epochs=1, out_dir=work / "teacher",
-                  progress=False, device=device)
-cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 16})
-result = distill_on_ray(cfg, "digits", [teacher.path], work / "store", workers=None if gpw else 1,
-                        gpus_per_worker=gpw, progress=False)
-ledger = [json.loads(line) for line in (result.run_dir / "ledger.jsonl").read_text().splitlines()]
+fadrm = [sys.executable, "-m", "actors.cli"]
+subprocess.run(fadrm + ["squeeze", "--dataset", "digits", "--epochs", "1", "--out", str(work / "teacher"), "--quiet"],
+               check=True)
+flags = ["--gpus-per-worker", gpw] if gpw else ["--workers", "1", "--device", "cpu"]
+out = subprocess.run(fadrm + ["distill", "--dataset", "digits", "--teacher", str(work / "teacher" / "teacher.pt"),
+                              "--ipc", "2", "--set", "iterations=16", "--out", str(work / "store"), "--json", "--quiet",
+                              *flags], check=True, capture_output=True, text=True).stdout
+result = json.loads(out.strip().splitlines()[-1])
+run_dir = Path(result["run_dir"])
+ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
 workers = [e for e in ledger if e["event"] == "worker_started"]
-info = {"images": result.images, "expected": 20, "units": len(result.units_run), "seconds": round(time.perf_counter() - started, 1),
-        "workers": len(workers), "worker_devices": sorted({e.get("device") for e in workers}), "gpus_per_worker": gpw}
+info = {"images": result["images"], "expected": 20, "units": len(result["units_run"]),
+        "seconds": round(time.perf_counter() - started, 1), "workers": len(workers),
+        "worker_devices": sorted({str(e.get("device")) for e in workers}), "gpus_per_worker": float(gpw) if gpw else None}
 print(json.dumps(info))
 json.dump(info, open(work / "ray.json", "w"))
-assert result.images == 20, f"expected 20 images, the run wrote {result.images}"
-assert all(d == device for d in info["worker_devices"]), info
+assert result["images"] == 20, f"expected 20 images, the run wrote {result['images']}"
+assert not workers or all(d == device for d in info["worker_devices"]), info
 EOF
 
 step "4/5 ImageNet-1K setting: seconds per image (T = 2000 timed on $ITERS iterations)"
-"$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" --device "$DEVICE" --packs "$PACKS_FP16" \
-    --iterations "$ITERS" --precision "$LOW" --json-out "$WORK/imagenet-main.json"
+TEACHER_FLAG=()
+if [[ -n "${GPU_CHECK_TEACHER:-}" ]]; then
+    [[ -f "$GPU_CHECK_TEACHER" ]] || fail "GPU_CHECK_TEACHER=$GPU_CHECK_TEACHER is not a file"
+    TEACHER_FLAG=(--imagenet-teacher "$GPU_CHECK_TEACHER")
+    echo "teacher: $GPU_CHECK_TEACHER"
+fi
+"$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" "${TEACHER_FLAG[@]}" --device "$DEVICE" \
+    --packs "$PACKS_FP16" --iterations "$ITERS" --precision "$LOW" --json-out "$WORK/imagenet-main.json"
 "$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" --device "$DEVICE" --packs 1 \
     --iterations "$ITERS" --precision "$LOW" --no-channels-last --json-out "$WORK/imagenet-contiguous.json"
 if (( ! DRY )); then

@@ -359,6 +359,8 @@ def main(argv=None) -> dict:
     p.add_argument("--tiny", action="store_true", help="with --imagenet: a CPU-sized stand-in, to test the code")
     p.add_argument("--packs", default="1,2,4", help="with --imagenet: pack sizes")
     p.add_argument("--json-out", default=None, help="with --imagenet: also write the JSON here")
+    p.add_argument("--imagenet-teacher", default=None,
+                   help="with --imagenet: a teacher checkpoint (e.g. from `fadrm import-teacher`) instead of a random ResNet-18")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
@@ -367,7 +369,7 @@ def main(argv=None) -> dict:
         log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
         result = imagenet_timing(args.device, [int(v) for v in args.packs.split(",")], args.iterations or 200,
                                  (args.precision or "auto").split(","), not args.no_channels_last, args.compile,
-                                 args.tiny, log)
+                                 args.tiny, log, teacher=args.imagenet_teacher)
         if args.json_out:
             Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_out).write_text(json.dumps(result, indent=2))

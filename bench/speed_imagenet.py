@@ -11,7 +11,8 @@ from bench.speed_worker import peak_rss_mb, sync
 
 
 def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: list[str],
-                    channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print) -> dict:
+                    channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print,
+                    teacher: str | None = None) -> dict:
     """Seconds per image of the engine at the ImageNet-1K setting of docs/method.md section 4.
 
     ResNet-18 (torchvision, random init: the cost of a step does not depend on the weights),
@@ -20,6 +21,8 @@ def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: 
     on `iterations` (split over the same four stages) after a warm-up of two steps per stage,
     and extrapolated linearly: time / iterations * 2000 / images. `tiny` is a CPU-sized
     stand-in (32 px, stages 28/32/28/32, 10 classes) to test this code without a GPU.
+    `teacher`: a teacher checkpoint (e.g. made by `fadrm import-teacher` from torchvision's
+    ResNet-18 weights) used instead of the random ResNet-18, with its own normalization.
     """
     import torchvision
 
@@ -29,9 +32,20 @@ def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: 
     size, low, classes, num_classes, T = (32, 28, 10, 10, 2000) if tiny else (224, 200, 100, 1000, 2000)
     if device.startswith("cuda"):
         torch.backends.cudnn.benchmark = True  # fixed shapes per stage: let cuDNN pick its kernels once
-    model = torchvision.models.resnet18(weights=None, num_classes=num_classes).to(device)
+    described = "torchvision resnet18 (random init)"
+    if teacher is None:
+        model = torchvision.models.resnet18(weights=None, num_classes=num_classes).to(device)
+        mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    else:
+        from fadrm_ray.models import load_teacher
+
+        model, info = load_teacher(teacher, device=device)
+        if info.in_chans != 3 or info.num_classes < classes:
+            raise SystemExit(f"teacher {teacher}: needs 3 input channels and at least {classes} classes, has "
+                             f"{info.in_chans} and {info.num_classes}")
+        num_classes, mean, std = info.num_classes, list(info.mean), list(info.std)
+        described = f"{info.model_name} from {teacher} (test top-1 {info.test_accuracy:.2f}%)"
     teacher = FrozenTeacher(model)
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     runs = []
     for precision in precisions:
         for pack in packs:
@@ -78,7 +92,7 @@ def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: 
                 + (f", peak {run['gpu_peak_gb']:.2f} GB" if "gpu_peak_gb" in run else "")
                 + ("" if finite else "  NOT FINITE"))
     teacher.remove_hooks()
-    info = {"device": device, "tiny": tiny, "model": "torchvision resnet18 (random init)", "image_size": size,
+    info = {"device": device, "tiny": tiny, "model": described, "image_size": size,
             "classes_per_batch": classes, "T": T, "cudnn_benchmark": device.startswith("cuda"),
             "torch": torch.__version__, "runs": runs}
     if device.startswith("cuda"):

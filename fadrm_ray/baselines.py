@@ -47,12 +47,13 @@ def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, Dist
 
 
 def distill_baseline(reader, bcfg: DistillConfig, dataset: ImageDataset, *, device: str = "cpu",
-                     num_threads: int | None = None):
+                     num_threads: int | None = None, teacher_copies: Sequence[str | Path] | None = None):
     """The baseline `bcfg` of the run `reader` reads, distilled (or found) beside it in the same
-    store with the run's own teachers, whose scores pick the patches; returns the DistillResult."""
+    store with the run's own teachers (`run_teachers`: where the run records them, or among
+    `teacher_copies`), whose scores pick the patches; returns the DistillResult."""
     with torch_threads(num_threads):
-        return distill_local(bcfg, dataset, run_teachers(reader), Path(reader.run_dir).parent, device=device,
-                             progress=False)
+        return distill_local(bcfg, dataset, run_teachers(reader, teacher_copies), Path(reader.run_dir).parent,
+                             device=device, progress=False)
 
 
 def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> PairedGain:
@@ -82,13 +83,16 @@ def gain_text(paired: PairedGain, seeds: bool = True) -> str:
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
                             device: str = "cpu", progress: bool = True, incomplete: bool = False,
-                            ipc: int | None = None, ranking: bool = True, ars: bool = False) -> Evaluation:
+                            ipc: int | None = None, ranking: bool = True, ars: bool = False,
+                            teacher_copies: Sequence[str | Path] | None = None) -> Evaluation:
     """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
     and soft labels), `gains` (the run's top-1 minus each baseline's, in points) and
     `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
 
-    The baselines are distilled with the run's own teachers (patch scores depend on them); the
-    students of all three learn from `teachers` (default: the run's). A baseline that cannot be
+    The baselines are distilled with the run's own teachers (patch scores depend on them: where
+    the run records them, or among `teacher_copies` where they moved, checked by sha256); the
+    students of all three learn from `teachers` (default: the run's own). The data is
+    `dataset`, or the run's, checked by fingerprint (`run_dataset`). A baseline that cannot be
     built (a teacher file gone) is reported with its error instead of a number. `ipc` reads the
     run, and builds the baselines, at that IPC (as `evaluate_run` does).
 
@@ -98,12 +102,15 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
     """
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
+    if teachers is None and teacher_copies:  # the run's own, found where they are now
+        teachers = run_teachers(reader, teacher_copies)
     result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
                           device=device, progress=progress, incomplete=incomplete, ipc=ipc)
     baselines, gains, paired, evaluations = {}, {}, {}, {}
     for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:
-            run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads)
+            run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads,
+                                   teacher_copies=teacher_copies)
             ev = result if run.run_id == reader.run_id else evaluate_run(
                 run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
                 progress=progress, ipc=run.ipc)

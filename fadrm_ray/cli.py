@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 # Subcommands that train or distill: their process starts with runtime.heavy_process_env.
-HEAVY_COMMANDS = ("squeeze", "distill", "evaluate", "demo", "verify")
+HEAVY_COMMANDS = ("squeeze", "import-teacher", "distill", "evaluate", "demo", "verify")
 
 
 class Command(Protocol):
@@ -231,13 +231,18 @@ def cmd_evaluate(args) -> None:
     reader = open_run(args.run, incomplete=args.incomplete, ipc=args.ipc)
     check_output_dir(RunLayout(args.run).report_dir, "the run's report folder")
     _warn_incomplete(args, reader.complete)
+    _check_teachers(args.teacher or [])
     reader.verify()  # before a dataset is loaded or a teacher read
+    # The run's own data and teachers: where it records them, or where --dataset/--teacher say
+    # they are now (checked by fingerprint and sha256 either way).
+    found = {"dataset": args.dataset, "teacher_copies": args.teacher}
     if args.baselines:
         result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
-                                         incomplete=args.incomplete, ipc=args.ipc, ranking=args.ranking, ars=args.ars)
+                                         incomplete=args.incomplete, ipc=args.ipc, ranking=args.ranking, ars=args.ars,
+                                         **found)
     else:
         result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
-                              incomplete=args.incomplete, ipc=args.ipc)
+                              incomplete=args.incomplete, ipc=args.ipc, **found)
     report = write_report(args.run, evaluation=result, incomplete=args.incomplete)
     per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
     tested = "" if result.classes is None else f", tested on its {len(result.classes)} classes ({result.test_size} images)"
@@ -267,6 +272,9 @@ def cmd_info(args) -> None:
 
     reader = open_run(args.run, incomplete=True, ipc=args.ipc)
     info = reader.info()
+    data = reader.provenance.get("dataset") or {}
+    # The spec `fadrm evaluate` and `fadrm verify --repair` reopen it by (older runs record a name only).
+    info["dataset"] = {"spec": data.get("spec") or data.get("name"), "fingerprint": data.get("fingerprint")}
     info["recipe"] = run_recipe(reader)
     if reader.config.get("committee") == "prior":  # CV-DD: each teacher's say in every step
         from fadrm_ray.committee import committee_weights
@@ -333,6 +341,55 @@ def cmd_demo(args, ray_distill: "RayDistill | None" = None) -> None:
     _emit(args, summary, "\n".join(lines))
 
 
+def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise CLIError(f"{flag} takes comma-separated numbers like 0.485,0.456,0.406, got {text!r}") from None
+
+
+def _model_args(items: Sequence[str]) -> dict:
+    """`key=value` keywords of a model builder, values read as YAML (32, [1, 2], true)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise CLIError(f"--model-arg {item!r} must look like key=value, e.g. width=32")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise CLIError(f"--model-arg {item!r}: cannot read the value {raw!r}") from None
+    return out
+
+
+def cmd_import_teacher(args) -> None:
+    """Wrap a classifier's weights trained elsewhere into a teacher checkpoint for a dataset."""
+    from fadrm_ray.teacher_import import ImportSettings, import_teacher
+
+    settings = ImportSettings(model=args.model, weights=args.weights, dataset=args.dataset, out=args.out,
+                              eval_images=args.eval_images, mean=_floats(args.mean, "--mean"),
+                              std=_floats(args.std, "--std"), model_kwargs=_model_args(args.model_arg or []),
+                              accept_chance=args.accept_chance, device=args.device, data_root=args.data_root)
+    result = import_teacher(settings)
+    record = result.record
+    trained = "" if record.trained_size is None else f"; the weights were trained at {record.trained_size} px"
+    warn = ""
+    if record.trained_size is not None and record.trained_size != result.image_size:
+        warn = f"\nwarning: the dataset is {result.image_size} px, the weights were trained at {record.trained_size} px"
+    names = "" if record.display_names is None else f"; class names: {', '.join(record.display_names[:3])}, ..."
+    _emit(args, result.model_dump(mode="json"),
+          f"teacher {result.model} on {result.dataset}: test top-1 {result.top1:.2f}% on {record.eval_images} images "
+          f"(chance {result.chance:.2f}%)\n"
+          f"weights: {record.source}\n"
+          f"normalization: mean {list(result.mean)} std {list(result.std)}, from {record.normalization}\n"
+          f"input: {result.image_size} px (the dataset's){trained}{names}{warn}\n"
+          f"written to {result.path}")
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser(ray_distill: "RayDistill | None" = None,
                  commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
@@ -369,6 +426,29 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--data-root", default=None, help="where downloadable datasets live")
     p.add_argument("--out", required=True, help="directory for teacher.pt")
     p.set_defaults(func=cmd_squeeze)
+
+    p = sub.add_parser("import-teacher", parents=[common],
+                       help="make a teacher checkpoint from a classifier's weights (torchvision, timm, a state dict)")
+    p.add_argument("--model", required=True,
+                   help="torchvision:NAME, timm:NAME, convnet-bn or resnet18-cifar (the architecture of the weights)")
+    p.add_argument("--weights", required=True,
+                   help="a weights file (.pth, .bin, .safetensors), a torchvision weights name such as IMAGENET1K_V1 "
+                        "(torch hub's cache), or `pretrained` for timm's Hugging Face cache")
+    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--out", required=True, help="the teacher checkpoint to write (a new file, e.g. r18.pt)")
+    p.add_argument("--eval-images", type=int, default=None,
+                   help="measure top-1 on this many test images spread over the classes (default: all of them)")
+    p.add_argument("--mean", default=None, help="normalization mean per channel, e.g. 0.485,0.456,0.406 "
+                                                "(default: the weights' metadata, else the dataset's)")
+    p.add_argument("--std", default=None, help="normalization std per channel (with --mean)")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
+                   help="a keyword of the model's builder, e.g. width=32 for convnet-bn (repeatable)")
+    p.add_argument("--accept-chance", action="store_true",
+                   help="write the teacher even when its top-1 is no better than chance")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--data-root", default=None, help="where downloadable datasets live")
+    p.set_defaults(func=cmd_import_teacher)
 
     p = sub.add_parser("distill", parents=[common, execution], help="distill a dataset into a store run")
     p.add_argument("--dataset", required=True, help=data_help)
@@ -412,6 +492,11 @@ def build_parser(ray_distill: "RayDistill | None" = None,
                    help="add DD-Ranking's ARS: the run and random real images evaluated again without augmentation")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
+    p.add_argument("--dataset", default=None,
+                   help="where the run's data is now, if not where the run records it (checked by fingerprint)")
+    p.add_argument("--teacher", action="append", default=None,
+                   help="where one of the run's teachers is now, if not where the run records it (checked by "
+                        "sha256; repeatable)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
     p.set_defaults(func=cmd_evaluate)
@@ -425,9 +510,11 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
     p.add_argument("--repair", action="store_true", help="recompute the units that fail, and finish the run")
     p.add_argument("--teacher", action="append", default=None,
-                   help="teacher to repair with (default: the run's own, checked by sha256)")
+                   help="where one of the run's teachers is now, if not where the run records it, for --repair "
+                        "(checked by sha256; repeatable)")
     p.add_argument("--dataset", default=None,
-                   help="dataset to repair with (default: the run's, checked by fingerprint)")
+                   help="where the run's data is now, if not where the run records it, for --repair (checked by "
+                        "fingerprint)")
     p.add_argument("--device", default=None, help="cpu or cuda, for --repair")
     p.add_argument("--threads", type=int, default=None, help="torch threads, for --repair")
     p.set_defaults(func=cmd_verify)

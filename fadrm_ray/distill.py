@@ -160,11 +160,14 @@ def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: Disti
 
 
 def provenance(job: DistillJob, dataset: ImageDataset) -> dict:
-    """What every part file records about how it was made."""
+    """What every part file records about how it was made: the dataset with the spec that
+    reopens it and the teachers with their sha256, by the job's absolute paths
+    (`job.build_job`), so `fadrm evaluate` and `fadrm verify --repair` find them from any
+    directory."""
     return {
         "run_id": job.run_id,
         "config": job.config.to_dict(),
-        "dataset": {k: v for k, v in dataset.describe().items() if k != "class_names"},
+        "dataset": {**{k: v for k, v in dataset.describe().items() if k != "class_names"}, "spec": job.dataset_spec},
         "class_map": {i: name for i, name in enumerate(dataset.class_names)},
         "teachers": [{"path": t.path, "sha256": t.sha256, "model": t.model, "test_accuracy": t.test_accuracy}
                      for t in job.teachers],

@@ -305,47 +305,80 @@ def run_teacher_paths(provenance: dict) -> list[dict]:
     return [t for t in provenance.get("teachers", []) if isinstance(t, dict) and t.get("path")]
 
 
+# What a message about the run's data or teachers suggests: the argument of the library
+# functions, and the option of `fadrm evaluate` and `fadrm verify` (--repair) that sets it.
+GIVE_DATASET = "dataset=... (--dataset SPEC)"
+GIVE_TEACHERS = "teachers=[...] (--teacher PATH)"
+
+
 def _check_teacher_file(entry: dict) -> str:
     from fadrm_ray.fileio import sha256_file
 
     path = Path(entry["path"])
     if not path.is_file():
-        raise EvaluationError(f"teacher {path} recorded in the run does not exist here; pass teachers=[...] "
-                              f"(--teacher PATH) to evaluate with a copy of it")
+        where = "" if path.is_absolute() else " (a path relative to the directory the run was distilled in)"
+        raise EvaluationError(f"teacher {path} recorded in the run does not exist here{where}; say where the "
+                              f"same file is now: {GIVE_TEACHERS}")
     want = entry.get("sha256")
     if want and sha256_file(path) != want:
         raise EvaluationError(f"teacher {path} has changed since the run was distilled (sha256 differs from the "
-                              f"recorded {want[:12]}...); pass teachers=[...] to evaluate with another teacher")
+                              f"recorded {want[:12]}...); give a copy of the teacher it was distilled with: "
+                              f"{GIVE_TEACHERS}")
     return str(path)
 
 
 def run_dataset(reader, dataset: ImageDataset | str | None = None) -> ImageDataset:
-    """`dataset`, or the dataset the run was distilled from, reopened by name and checked to be
-    the same data (a different test split would make any number about the run meaningless)."""
-    if dataset is not None:
-        return _as_dataset(dataset)
-    prov = reader.provenance
-    name = (prov.get("dataset") or {}).get("name")
-    if not name:
-        raise EvaluationError(f"{reader.run_dir}: the run records no dataset; pass dataset=...")
-    try:
-        dataset = get_dataset(name)
-    except ValueError as exc:
-        raise EvaluationError(f"{reader.run_dir}: dataset {name!r} of the run cannot be reopened by name "
-                              f"({exc}); pass dataset=... (--dataset SPEC)") from None
-    want = (prov.get("dataset") or {}).get("fingerprint")
+    """The data the run was distilled from, checked by fingerprint (a different test split would
+    make any number about the run meaningless): `dataset` (a spec or a loaded dataset: where the
+    run's data is now), else the dataset the run records, reopened by its spec. Runs distilled
+    before the spec was recorded name a folder or Parquet dataset only by its folder's name,
+    which reopens only from the directory they were distilled in."""
+    recorded = reader.provenance.get("dataset") or {}
+    want = recorded.get("fingerprint")
+    if dataset is None:
+        spec = recorded.get("spec") or recorded.get("name")
+        if not spec:
+            raise EvaluationError(f"{reader.run_dir}: the run records no dataset; name it: {GIVE_DATASET}")
+        try:
+            dataset = get_dataset(spec)
+        except ValueError as exc:
+            older = "" if recorded.get("spec") else " (the run records its name only)"
+            raise EvaluationError(f"{reader.run_dir}: dataset {spec!r} of the run cannot be reopened here{older}: "
+                                  f"{exc}; say where its data is now: {GIVE_DATASET}") from None
+    else:
+        dataset = _as_dataset(dataset)
     if want and dataset.fingerprint() != want:
-        raise EvaluationError(f"dataset {name} here (fingerprint {dataset.fingerprint()}) is not the data the run "
-                              f"was distilled from ({want}); pass dataset=... to evaluate anyway")
+        raise EvaluationError(f"dataset {dataset.name} (fingerprint {dataset.fingerprint()}) is not the data the run "
+                              f"was distilled from ({recorded.get('name')}, fingerprint {want}); give the run's own "
+                              f"data: {GIVE_DATASET}")
     return dataset
 
 
-def run_teachers(reader) -> list[str]:
-    """The teacher checkpoints the run was distilled with, each checked against its recorded sha256."""
+def run_teachers(reader, copies: Sequence[str | Path] | None = None) -> list[str]:
+    """The teacher checkpoints the run was distilled with, in its order, each checked against the
+    sha256 the run records: found among `copies` (the same files where they are now, matched by
+    sha256: `--teacher PATH`), else at the path the run records. A copy that is none of the
+    run's teachers is refused; with nothing recorded to check them against, `copies` are
+    returned as they are."""
+    from fadrm_ray.fileio import sha256_file
+
     entries = run_teacher_paths(reader.provenance)
+    if not entries and copies:
+        return [str(path) for path in copies]
     if not entries:
-        raise EvaluationError(f"{reader.run_dir}: the run records no teacher; pass teachers=[...]")
-    return [_check_teacher_file(e) for e in entries]
+        raise EvaluationError(f"{reader.run_dir}: the run records no teacher; name its teachers: {GIVE_TEACHERS}")
+    found: dict[str, str] = {}
+    recorded = [e.get("sha256") for e in entries]
+    for path in copies or ():
+        if not Path(path).is_file():
+            raise EvaluationError(f"teacher {path} does not exist")
+        digest = sha256_file(path)
+        if digest not in recorded:
+            known = ", ".join(f"{d[:12]}..." for d in recorded if d)
+            raise EvaluationError(f"teacher {path} is not one the run was distilled with (its sha256 {digest[:12]}... "
+                                  f"is none of the run's: {known})")
+        found.setdefault(digest, str(path))
+    return [found[e["sha256"]] if e.get("sha256") in found else _check_teacher_file(e) for e in entries]
 
 
 def _digest(key_source: dict) -> str:
@@ -372,16 +405,18 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
                  dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
                  progress: bool = True, cache: bool = True, incomplete: bool = False,
                  ipc: int | None = None, on_eval: Callable[[int, int, int, float], None] | None = None,
-                 augment: bool = True) -> Evaluation:
+                 augment: bool = True, teacher_copies: Sequence[str | Path] | None = None) -> Evaluation:
     """Evaluate a store run: students trained on the run's images only, top-1 on the real test
     images of the run's classes (all of them for a run of every class).
 
     `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
     that IPC asked for); None takes every image the run holds.
 
-    Teachers default to the run's provenance (their sha256 is checked); the dataset defaults to
-    the one the run was distilled from (its fingerprint is checked, since a different test split
-    would make the number meaningless). Stored soft labels go to the run's soft-label folder.
+    Teachers default to the run's own (`run_teachers`: at the paths the run records, or among
+    `teacher_copies` where they moved; their sha256 is checked); `teachers` replaces them. The
+    dataset, `dataset` or by default the one the run records, is checked by fingerprint
+    (`run_dataset`: a different test split would make the number meaningless). Stored soft
+    labels go to the run's soft-label folder.
     The result is cached in the run (module docstring); `cache=False` neither reads nor writes it.
     The images are checked against the run's manifests as they are read, before any cached
     result is looked up; a run that is not finished is evaluated only with `incomplete`.
@@ -391,7 +426,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
     """
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     dataset = run_dataset(reader, dataset)
-    teachers = run_teachers(reader) if teachers is None else teachers
+    teachers = run_teachers(reader, teacher_copies) if teachers is None else teachers
     images, labels, _ = reader.read()
     if labels.numel() == 0:
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")

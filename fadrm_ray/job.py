@@ -3,7 +3,9 @@
 A door (the `fadrm` command, `ray job submit`, a REST request, a Tune trial) turns what its user
 said into a job with `build_job`: the config resolved for the dataset and the device the run uses,
 the dataset by its spec and content hash, the teachers by path and sha256, the store root and the
-run id. The job is frozen and crosses processes as JSON (`model_dump_json` /
+run id. The paths in it are absolute (a folder or Parquet dataset's too: `reopenable_spec`), so
+the run it makes can be read, evaluated and repaired from any directory; the run id depends on
+none of them. The job is frozen and crosses processes as JSON (`model_dump_json` /
 `model_validate_json`); nobody downstream resolves it again or derives the run id again.
 
 How the job runs (in this process or on Ray actors, how many workers, threads) is not part of
@@ -16,6 +18,7 @@ elsewhere, and refuses a dataset or teacher whose content is no longer what the 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -90,10 +93,26 @@ class ExecutionSpec(BaseModel):
     progress: bool = True
 
 
+# Dataset kinds named by a path (`fadrm_ray.data.get_dataset`), and the ImageDataset.info source of each.
+_PATH_KINDS = {"imagefolder": "imagefolder", "folder": "imagefolder", "parquet": "parquet"}
+
+
+def reopenable_spec(dataset_spec: str, dataset: "ImageDataset") -> str:
+    """`dataset_spec` as it reopens `dataset` from any directory: a folder or Parquet dataset by
+    the absolute path it was read from (`imagefolder:/abs/path`), anything else as it is."""
+    kind, sep, _ = dataset_spec.strip().partition(":")
+    source = _PATH_KINDS.get(kind.lower()) if sep else None
+    path = dataset.info.get("path")
+    if source is None or source != dataset.info.get("source") or not path:
+        return dataset_spec
+    return f"{source}:{path}"
+
+
 def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teachers: Sequence["TeacherInfo"],
               store: str | Path, device_type: str = "cpu", data_root: str | None = None) -> DistillJob:
     """The job of `cfg` (unresolved) on `dataset` with `teachers` (checked to fit the dataset):
-    resolved once, its run id computed once."""
+    resolved once, its run id computed once. The dataset spec and the teachers' paths are
+    recorded absolute (`reopenable_spec`; a teacher's path as this process sees it)."""
     from fadrm_ray.distill import make_run_id
     from fadrm_ray.models import check_teacher_fits
 
@@ -106,9 +125,9 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
     resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
                            channels=dataset.channels)
     fingerprint = dataset.fingerprint()
-    refs = tuple(TeacherRef(path=str(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
+    refs = tuple(TeacherRef(path=os.path.abspath(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
                             test_accuracy=i.test_accuracy) for i in teachers)
-    return DistillJob(config=resolved, dataset_spec=dataset_spec, data_root=data_root,
+    return DistillJob(config=resolved, dataset_spec=reopenable_spec(dataset_spec, dataset), data_root=data_root,
                       dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
                       image_size=dataset.image_size, channels=dataset.channels, teachers=refs, store=str(store),
                       run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type)
@@ -125,8 +144,12 @@ class JobParts:
 
     @classmethod
     def of(cls, dataset: "ImageDataset", loaded: Sequence[tuple], device: str) -> "JobParts":
-        """From `load_teacher`'s (model, info) pairs."""
-        return cls(dataset, [model for model, _ in loaded], [info for _, info in loaded], device)
+        """From `load_teacher`'s (model, info) pairs; the dataset normalized as the teachers expect
+        (`models.teacher_view`)."""
+        from fadrm_ray.models import teacher_view
+
+        infos = [info for _, info in loaded]
+        return cls(teacher_view(dataset, infos), [model for model, _ in loaded], infos, device)
 
     @classmethod
     def load(cls, job: DistillJob, device: str = "cpu", dataset: "ImageDataset | None" = None) -> "JobParts":

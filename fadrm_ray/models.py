@@ -1,8 +1,8 @@
 """Teacher/student model factory, teacher checkpoints, and the top-1 score of a model on a split.
 
 Names: our own (``convnet-bn``, ``resnet18-cifar``), ``timm:NAME``, ``torchvision:NAME``, or a bare
-name looked up in that order. Weights are never downloaded (pretrained=False always): teachers
-are trained locally by squeeze.
+name looked up in that order. Models are built untrained (pretrained=False always): a teacher's
+weights come from squeeze or from weights imported into a checkpoint (teacher_import.py).
 
 A teacher checkpoint holds plain types plus the state dict, so it loads with
 ``torch.load(weights_only=True)``; it records the class order, normalization and dataset
@@ -14,11 +14,12 @@ import hashlib
 import io
 import os
 import warnings
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
@@ -213,6 +214,19 @@ def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_s
     return 100.0 * correct / n
 
 
+class ImportRecord(BaseModel):
+    """Where an imported teacher's weights came from, and what decided its normalization."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    source: str                         # e.g. "torchvision ResNet18_Weights.IMAGENET1K_V1 (...)", "file /abs/w.pth"
+    weights_sha256: str | None = None   # of the weights file read
+    normalization: str                  # where mean/std came from: flags, the weights' metadata, the dataset
+    trained_size: int | None = None     # the input size the weights were trained at, where their metadata says
+    eval_images: int                    # test images its top-1 was measured on
+    chance: float                       # chance top-1 on them, percent
+    display_names: list[str] | None = None  # human-readable class names the weights carry, in class order
+
+
 @dataclass
 class TeacherInfo:
     model_name: str
@@ -229,6 +243,11 @@ class TeacherInfo:
     sha256: str = ""  # of the checkpoint file; filled by save_teacher / load_teacher
     path: str = ""
     squeeze_config: dict | None = None  # the SqueezeConfig it was trained with (None: not trained by squeeze)
+    imported: dict | None = None  # an ImportRecord (None: not imported)
+
+    @property
+    def import_record(self) -> ImportRecord | None:
+        return None if self.imported is None else ImportRecord.model_validate(self.imported)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -331,6 +350,26 @@ def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu",
 def _short(values: list[str], limit: int = 12) -> str:
     shown = ", ".join(repr(v) for v in values[:limit])
     return f"[{shown}{', ...' if len(values) > limit else ''}]"
+
+
+def teacher_view(dataset: ImageDataset, infos: Sequence[TeacherInfo]) -> ImageDataset:
+    """`dataset` normalized as its teachers expect. A squeezed teacher was trained with the
+    dataset's own mean/std; an imported one records its weights' (or the flags'), and every phase
+    that feeds it images (patch scoring, recover, BN statistics) must use those. Teachers that
+    normalize differently cannot share one image: ModelError."""
+    wanted = {(tuple(i.mean), tuple(i.std)) for i in infos if i.imported is not None}
+    if not wanted:
+        return dataset
+    if len(wanted) > 1 or any(i.imported is None and (tuple(i.mean), tuple(i.std)) not in wanted for i in infos):
+        raise ModelError("the teachers normalize images differently (mean/std); teachers that share the images "
+                         "must share one normalization")
+    mean, std = wanted.pop()
+    if len(mean) != dataset.channels:
+        raise ModelError(f"the teachers' mean/std have {len(mean)} channels, dataset {dataset.name} has "
+                         f"{dataset.channels}")
+    if (mean, std) == (tuple(dataset.mean), tuple(dataset.std)):
+        return dataset
+    return replace(dataset, mean=mean, std=std)
 
 
 def check_teacher_fits(info: TeacherInfo, dataset: ImageDataset) -> None:

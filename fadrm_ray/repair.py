@@ -2,8 +2,9 @@
 
 A unit's images depend only on the run's config, data, teachers and seed, so a damaged unit is
 not restored from anywhere: it is computed again. The run's own records say how: its config
-(config.yaml, else the copy every part file carries), its dataset (reopened by name and checked
-by fingerprint) and its teachers (checked by sha256), as `fadrm evaluate` finds them. Before
+(config.yaml, else the copy every part file carries), its dataset (reopened by the spec it
+records, or given where it is now, and checked by fingerprint) and its teachers (at the paths it
+records, or given where they are now, checked by sha256), as `fadrm evaluate` finds them. Before
 anything is removed, these must give the same run id, so a repair never writes another run's
 images into this one. Then, under the run's writer lock, the failing units' manifests and the
 run manifest are removed, and the same job, run by `run_job` in this process, recomputes
@@ -19,7 +20,7 @@ from typing import Sequence
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import LocalExecutor, default_device, run_job
-from fadrm_ray.evaluate import run_dataset, run_teachers
+from fadrm_ray.evaluate import GIVE_DATASET, GIVE_TEACHERS, run_dataset, run_teachers
 from fadrm_ray.job import prepare_job
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError
@@ -46,9 +47,11 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
                progress: bool = True) -> dict:
     """Verify the run, recompute every unit that fails (and any not yet written), verify again.
 
-    Returns {"repaired": unit ids computed, "before": the first check, "after": the last}.
-    StoreError, with nothing changed, when the run's config, data or teachers cannot be found
-    or would not make this run.
+    `dataset` and `teachers` say where the run's data and teachers are now, when not where the
+    run records them (`evaluate.run_dataset`, `evaluate.run_teachers`). Returns {"repaired":
+    unit ids computed, "before": the first check, "after": the last}. StoreError or
+    EvaluationError, with nothing changed, when the run's config, data or teachers cannot be
+    found or would not make this run.
     """
     layout = RunLayout(run_dir)
     before = verify_run(layout.run_dir)
@@ -57,7 +60,7 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     prov = _provenance(layout)
     if not prov and (dataset is None or not teachers):
         raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
-                         f"pass them (--dataset SPEC --teacher PATH)")
+                         f"name them: {GIVE_DATASET} and {GIVE_TEACHERS}")
     saved = read_config(layout) or prov.get("config")
     if not saved:
         raise StoreError(f"{layout.run_dir}: neither {layout.config.name} nor any part file records the run's config; "
@@ -65,8 +68,9 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     cfg = DistillConfig.from_dict(saved)
     recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
     dataset = run_dataset(recorded, dataset)
-    teacher_paths = [str(t) for t in teachers] if teachers else run_teachers(recorded)
+    teacher_paths = run_teachers(recorded, teachers)
     executor = LocalExecutor(device or default_device(), progress)
+    # By its name, which build_job records as the spec that reopens it from where it is now.
     job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, layout.run_dir.parent, executor.device)
     if job.run_id != layout.run_id:
         raise StoreError(f"the recorded config, data and teachers make run {job.run_id}, not {layout.run_id}; "

@@ -70,8 +70,9 @@ def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: l
     cfg = DistillConfig.from_dict(cfg_dict)
     started = time.perf_counter()
     loaded = [load_teacher(f"teacher {i}", device, blob=blob) for i, blob in enumerate(teacher_blobs)]
-    teachers = frozen_teachers(JobParts.of(dataset, loaded, device), cfg)
-    selections = {label: score_class(dataset, label, cfg, teachers, device) for label in labels}
+    parts = JobParts.of(dataset, loaded, device)
+    teachers = frozen_teachers(parts, cfg)
+    selections = {label: score_class(parts.dataset, label, cfg, teachers, device) for label in labels}
     return selections, time.perf_counter() - started
 
 

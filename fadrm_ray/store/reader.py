@@ -145,8 +145,8 @@ def open_run(run_dir: str | os.PathLike, *, incomplete: bool = False, ipc: int |
     if manifest is None and not incomplete:
         units = len(layout.unit_ids())
         raise StoreError(f"{layout.run_dir} is incomplete (no {layout.manifest.name}; {units} unit(s) written): "
-                         f"rerun its distill command to finish it, or pass --incomplete (incomplete=True) "
-                         f"to read what is there")
+                         f"rerun its distill command to finish it, or read what is there with incomplete=True "
+                         f"(`fadrm export --incomplete`, `fadrm evaluate --incomplete`)")
     return RunReader(layout, manifests.read_config(layout), manifest, ipc)
 
 

@@ -1,0 +1,344 @@
+"""A classifier trained elsewhere made into a teacher: `fadrm import-teacher`, `import_teacher()`.
+
+The weights come from torchvision (`torchvision:NAME` with a weights enum member such as
+`IMAGENET1K_V1`, taken from torch hub's cache or downloaded where a network exists, or a file),
+timm (`timm:NAME` with a `.pth`/`.bin`/`.safetensors` file, or `pretrained` for the Hugging Face
+cache) or a plain state dict for a model this project builds (`resnet18-cifar`, `convnet-bn`).
+Files are read weights-only (timm's loader: safetensors, or `torch.load(weights_only=True)`;
+a wrapping `state_dict`/`model` key and a `module.` prefix are taken off).
+
+The teacher takes the dataset's class order (ImageNet's sorted WordNet ids are torchvision's and
+timm's index order) and its image size; the weights must have one output per class. Its
+normalization comes from `--mean/--std`, else from the weights' metadata (torchvision's weights
+enum, timm's pretrained config), else from the dataset, and the checkpoint says which
+(`ImportRecord`). Every phase then normalizes images for it with that mean/std
+(`models.teacher_view`). The teacher's top-1 is measured on the dataset's test split (all of
+it, or `eval_images` spread evenly over the classes) and recorded; a teacher no better than
+chance (the sign of a class order or normalization that does not fit) is refused and nothing
+is written.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fadrm_ray.data import get_dataset
+from fadrm_ray.data.base import ImageDataset, Split
+from fadrm_ray.fileio import check_new_output, sha256_file
+from fadrm_ray.models import (ImportRecord, ModelError, TeacherInfo, create_model, evaluate_top1, save_teacher,
+                              teacher_view)
+
+# A teacher is refused when its top-1 is within this many binomial standard deviations of chance.
+CHANCE_SIGMAS = 3.0
+
+
+class ImportSettings(BaseModel):
+    """What `import_teacher` is asked: validated once, recorded in the result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+    model: str = Field(min_length=1)          # torchvision:NAME, timm:NAME, convnet-bn, resnet18-cifar
+    weights: str = Field(min_length=1)        # a file, a torchvision weights name, or `pretrained` (timm)
+    dataset: str = Field(min_length=1)        # a dataset spec (fadrm_ray.data.get_dataset)
+    out: str = Field(min_length=1)            # the checkpoint to write (a new file)
+    eval_images: int | None = Field(default=None, ge=1)   # None: the whole test split
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    accept_chance: bool = False               # write a teacher at chance level all the same
+    device: str | None = None
+    data_root: str | None = None
+
+
+class ImportResult(BaseModel):
+    """What an import wrote and measured."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+    path: str
+    sha256: str
+    model: str
+    dataset: str
+    num_classes: int
+    image_size: int
+    top1: float                 # percent, on `eval_images` test images
+    chance: float               # percent
+    bar: float                  # the top-1 a teacher must exceed
+    record: ImportRecord
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    seconds: float
+
+
+class _Weights(BaseModel):
+    """The weights found for a source, and what their metadata says."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    state_dict: dict[str, Any]
+    described: str                      # e.g. "torchvision ResNet18_Weights.IMAGENET1K_V1 (torch hub cache)"
+    weights_sha256: str | None = None   # of the file read
+    meta_from: str | None = None        # what the metadata below comes from
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    trained_size: int | None = None
+    categories: list[str] | None = None
+
+
+# --------------------------------------------------------------------------- weights
+def _read_file(path: Path) -> dict[str, Any]:
+    from timm.models import load_state_dict
+
+    if not path.is_file():
+        raise ModelError(f"weights file not found: {path}")
+    try:
+        state = load_state_dict(str(path), use_ema=False, weights_only=True)
+    except Exception as exc:  # a pickle that a weights-only load refuses, a truncated file, not a checkpoint
+        # torch's own text suggests loading again with weights_only=False, which runs whatever code
+        # the file holds: never pass that on.
+        why = ("it holds objects other than tensors and plain values" if "weights_only" in str(exc)
+               else f"not a weights file ({type(exc).__name__})")
+        raise ModelError(f"cannot read weights {path}: {why}; only tensors and plain values are loaded, and "
+                         f"nothing in the file is run") from None
+    if not isinstance(state, dict) or not state:
+        raise ModelError(f"{path} holds no state dict")
+    if state.get("format") == "fadrm-teacher":
+        raise ModelError(f"{path} is already a fadrm teacher checkpoint: pass it as --teacher")
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ModelError(f"{path} holds no tensors: not a state dict")
+    return tensors
+
+
+def _torchvision_enum_member(arch: str, name: str):
+    from torchvision.models import get_model_weights
+
+    try:
+        enum = get_model_weights(arch)
+    except (ValueError, KeyError):
+        raise ModelError(f"torchvision publishes no weights for {arch}") from None
+    members = [m for m in enum.__members__]
+    if name not in members:
+        raise ModelError(f"torchvision has no weights {name!r} for {arch}; choose one of: {', '.join(members)} "
+                         f"or a weights file")
+    return enum[name]
+
+
+def _torchvision_member_of_file(arch: str, path: Path):
+    """The weights enum member whose published file name is `path`'s (torch hub's cache keeps it)."""
+    from torchvision.models import get_model_weights
+
+    try:
+        enum = get_model_weights(arch)
+    except (ValueError, KeyError):
+        return None
+    return next((m for m in enum if Path(m.url).name == path.name), None)
+
+
+def _torchvision_meta(member) -> dict:
+    transform = member.transforms()
+    size = transform.crop_size[0] if isinstance(transform.crop_size, (list, tuple)) else transform.crop_size
+    return {"mean": tuple(float(v) for v in transform.mean), "std": tuple(float(v) for v in transform.std),
+            "trained_size": int(size), "categories": list(member.meta.get("categories") or []) or None,
+            "meta_from": f"torchvision's {member}"}
+
+
+def _torchvision_weights(arch: str, source: str) -> _Weights:
+    path = Path(source).expanduser()
+    if path.suffix or os.sep in source or path.exists():
+        member = _torchvision_member_of_file(arch, path)
+        state = _read_file(path)
+        described = f"file {path.resolve()}" + (f" (torchvision's {member} file)" if member else "")
+        meta = _torchvision_meta(member) if member else {}
+        return _Weights(state_dict=state, described=described, weights_sha256=sha256_file(path), **meta)
+    member = _torchvision_enum_member(arch, source)
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(member.url).name
+    if not cached.is_file() and os.environ.get("FADRM_OFFLINE", "").strip().lower() not in ("", "0", "false", "no"):
+        raise ModelError(f"torchvision weights {member} are not in torch hub's cache ({cached}) and FADRM_OFFLINE is "
+                         f"set; copy {cached.name} there or pass the file as --weights")
+    if not cached.is_file():
+        try:
+            member.get_state_dict(progress=False, check_hash=True)  # downloads into the cache
+        except Exception as exc:
+            raise ModelError(f"torchvision weights {member} are not in torch hub's cache ({cached}) and the download "
+                             f"failed ({type(exc).__name__}); copy {cached.name} there or pass the file as "
+                             f"--weights") from None
+    state = _read_file(cached)
+    return _Weights(state_dict=state, described=f"torchvision {member} ({cached})", weights_sha256=sha256_file(cached),
+                    **_torchvision_meta(member))
+
+
+def _timm_meta(arch: str) -> dict:
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(arch)
+    if cfg is None:
+        return {}
+    names = list(cfg.label_names) if cfg.label_names else None
+    return {"mean": tuple(float(v) for v in cfg.mean), "std": tuple(float(v) for v in cfg.std),
+            "trained_size": int(cfg.input_size[-1]), "categories": names,
+            "meta_from": f"timm's pretrained config of {cfg.architecture}" + (f".{cfg.tag}" if cfg.tag else "")}
+
+
+def _timm_weights(arch: str, source: str) -> _Weights:
+    import timm
+
+    if not timm.is_model(arch):
+        raise ModelError(f"unknown timm model '{arch}'")
+    if source == "pretrained":  # the Hugging Face cache (downloads only where a network exists)
+        try:
+            model = timm.create_model(arch, pretrained=True)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise ModelError(f"timm weights for {arch} are not in the Hugging Face cache and cannot be fetched "
+                             f"({first}); pass a weights file as --weights") from None
+        state = {k: v for k, v in model.state_dict().items()}
+        return _Weights(state_dict=state, described=f"timm {arch} pretrained (Hugging Face cache)", **_timm_meta(arch))
+    path = Path(source).expanduser()
+    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path),
+                    **_timm_meta(arch))
+
+
+def find_weights(model: str, source: str) -> _Weights:
+    """The state dict and metadata `source` gives for `model`."""
+    prefix, sep, arch = model.partition(":")
+    if sep and prefix == "torchvision":
+        return _torchvision_weights(arch, source)
+    if sep and prefix == "timm":
+        return _timm_weights(arch, source)
+    path = Path(source).expanduser()
+    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
+
+
+# --------------------------------------------------------------------------- model
+def _first_conv_in_chans(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int | None:
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Conv2d):
+            weight = state.get(f"{name}.weight")
+            return int(weight.shape[1]) if weight is not None and weight.dim() == 4 else None
+    return None
+
+
+def _classifier(model: torch.nn.Module) -> str | None:
+    """The name of the model's last Linear layer (its classifier)."""
+    name = None
+    for qualname, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            name = qualname
+    return name
+
+
+def build_model(model_name: str, weights: _Weights, dataset: ImageDataset,
+                model_kwargs: dict[str, Any]) -> tuple[torch.nn.Module, int]:
+    """The model `model_name` with `weights` loaded (strict), for `dataset`'s classes: (model, in_chans)."""
+    state = weights.state_dict
+    probe = create_model(model_name, dataset.num_classes, in_chans=3, image_size=dataset.image_size, **model_kwargs)
+    in_chans = _first_conv_in_chans(probe, state) or 3
+    head = _classifier(probe)
+    if head is not None and f"{head}.weight" in state:
+        classes = int(state[f"{head}.weight"].shape[0])
+        if classes != dataset.num_classes:
+            raise ModelError(f"the weights have {classes} classes ({head}.weight), dataset {dataset.name} has "
+                             f"{dataset.num_classes}; a teacher needs one output per class of the dataset")
+    model = probe if in_chans == 3 else create_model(model_name, dataset.num_classes, in_chans=in_chans,
+                                                     image_size=dataset.image_size, **model_kwargs)
+    try:
+        outcome = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else "")
+        raise ModelError(f"the weights ({weights.described}) do not fit {model_name}: {detail[:300]}") from None
+    if outcome.missing_keys or outcome.unexpected_keys:
+        def some(keys: list[str]) -> str:
+            return (", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")) or "none"
+
+        raise ModelError(f"the weights ({weights.described}) do not fit {model_name}: "
+                         f"{len(outcome.missing_keys)} of its tensors missing: {some(outcome.missing_keys)}; "
+                         f"{len(outcome.unexpected_keys)} unknown to it: {some(outcome.unexpected_keys)}")
+    return model.eval().requires_grad_(False), in_chans
+
+
+# --------------------------------------------------------------------------- measure
+def spread_sample(split: Split, num_classes: int, count: int | None) -> Split:
+    """`count` images of `split` spread evenly over its classes (evenly spaced within each), or all of it."""
+    if count is None or count >= len(split):
+        return split
+    per_class = max(1, math.ceil(count / num_classes))
+    keep = []
+    for label in range(num_classes):
+        idx = split.indices_of_class(label)
+        if idx.numel():
+            take = min(per_class, idx.numel())
+            keep.append(idx[torch.linspace(0, idx.numel() - 1, take).round().long().unique()])
+    keep_t = torch.sort(torch.cat(keep)).values
+    parent = split.load
+
+    def load(indices):
+        return parent(keep_t[torch.as_tensor(indices, dtype=torch.long)])
+
+    return Split(labels=split.labels[keep_t], load=load, fingerprint_source=f"{split.fingerprint_source}:spread{count}")
+
+
+def chance_bar(num_classes: int, count: int) -> tuple[float, float]:
+    """Chance top-1 and the top-1 a teacher must exceed (CHANCE_SIGMAS binomial deviations above it), percent."""
+    p = 1.0 / num_classes
+    return 100.0 * p, 100.0 * (p + CHANCE_SIGMAS * math.sqrt(p * (1 - p) / max(1, count)))
+
+
+def import_teacher(settings: ImportSettings) -> ImportResult:
+    """Wrap `settings.weights` into a teacher checkpoint for `settings.dataset` at `settings.out`
+    (a new file), after measuring its top-1; ModelError (nothing written) when it cannot be."""
+    started = time.perf_counter()
+    out = check_new_output(settings.out, "--out")
+    if (settings.mean is None) != (settings.std is None):
+        raise ModelError("--mean and --std go together: give both or neither")
+    dataset = get_dataset(settings.dataset, root=settings.data_root)
+    if settings.mean is not None and len(settings.mean) != len(settings.std):
+        raise ModelError(f"--mean has {len(settings.mean)} values, --std {len(settings.std)}: one each per channel")
+    if settings.std is not None and min(settings.std) <= 0:
+        raise ModelError("--std values must be positive")
+    weights = find_weights(settings.model, settings.weights)
+    model, in_chans = build_model(settings.model, weights, dataset, dict(settings.model_kwargs))
+    if settings.mean is not None:
+        mean, std, norm_from = settings.mean, settings.std, "flags"
+    elif weights.mean is not None:
+        mean, std, norm_from = weights.mean, weights.std, f"the weights' metadata ({weights.meta_from})"
+    else:
+        mean, std, norm_from = dataset.mean, dataset.std, f"the dataset {dataset.name} (no metadata in the weights)"
+    if len(mean) == 3 and dataset.channels == 1 and settings.mean is None:  # grey images into an RGB model
+        mean, std = (sum(mean) / 3,), (sum(std) / 3,)
+        norm_from += ", averaged over its 3 channels for grey images"
+    if len(mean) != dataset.channels:
+        raise ModelError(f"the normalization ({norm_from}) has {len(mean)} channels, dataset {dataset.name} has "
+                         f"{dataset.channels}; pass --mean and --std with {dataset.channels} value(s)")
+    categories = weights.categories if weights.categories and len(weights.categories) == dataset.num_classes else None
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    test = spread_sample(dataset.test, dataset.num_classes, settings.eval_images)
+    if len(test) == 0:
+        raise ModelError(f"dataset {dataset.name} has no test images to measure the teacher on")
+    chance, bar = chance_bar(dataset.num_classes, len(test))
+    record = ImportRecord(source=weights.described, weights_sha256=weights.weights_sha256, normalization=norm_from,
+                          trained_size=weights.trained_size, eval_images=len(test), chance=round(chance, 4),
+                          display_names=categories)
+    info = TeacherInfo(model_name=settings.model, model_kwargs=dict(settings.model_kwargs),
+                       num_classes=dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
+                       mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std),
+                       class_names=list(dataset.class_names), dataset=dataset.name,
+                       dataset_fingerprint=dataset.fingerprint(), imported=record.model_dump(mode="json"))
+    view = teacher_view(dataset, [info])
+    top1 = evaluate_top1(model, test, view, batch_size=256 if device == "cpu" else 512)
+    if top1 <= bar and not settings.accept_chance:
+        raise ModelError(f"the teacher's top-1 on {len(test)} test images of {dataset.name} is {top1:.2f}% (chance "
+                         f"{chance:.2f}%, a teacher must exceed {bar:.2f}%): the weights' class order or "
+                         f"normalization does not fit the dataset; nothing written (--accept-chance writes it "
+                         f"anyway)")
+    info.test_accuracy = round(float(top1), 4)
+    digest = save_teacher(out, model.cpu(), info, replace=False)
+    return ImportResult(path=str(Path(out).resolve()), sha256=digest, model=settings.model, dataset=dataset.name,
+                        num_classes=dataset.num_classes, image_size=dataset.image_size, top1=round(float(top1), 4),
+                        chance=round(chance, 4), bar=round(bar, 4), record=record, mean=info.mean, std=info.std,
+                        seconds=round(time.perf_counter() - started, 2))

@@ -1,0 +1,213 @@
+"""`fadrm import-teacher`: torchvision and timm classifiers trained outside the project (plain
+PyTorch loops here, their weights saved locally) become teachers whose logits are the original
+models', and weights that cannot make a teacher are refused in one line with nothing written."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import pytest
+
+from fadrm_ray.cli import main
+from fadrm_ray.models import load_teacher
+from fadrm_ray.runtime import torch_threads
+
+
+def _train_outside(model: torch.nn.Module, digits, steps: int, seed: int = 0) -> torch.nn.Module:
+    """A few Adam steps on digits' training images (repeated to 3 channels): a model trained by
+    someone else's code, as any user's would be."""
+    torch.manual_seed(seed)
+    x = digits.normalize(digits.train.load(torch.arange(len(digits.train)))).expand(-1, 3, -1, -1).contiguous()
+    y = digits.train.labels
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        i = torch.randint(0, len(y), (64,), generator=gen)
+        loss = F.cross_entropy(model(x[i]), y[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def torchvision_weights(digits, tmp_path_factory):
+    """A torchvision ResNet-18 trained briefly on digits, saved as a plain `.pth` state dict."""
+    from torchvision.models import resnet18
+
+    with torch_threads(1):
+        model = _train_outside(resnet18(num_classes=10), digits, steps=8)
+    path = tmp_path_factory.mktemp("tv") / "r18-digits.pth"
+    torch.save(model.state_dict(), path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def timm_weights(digits, tmp_path_factory):
+    """A small timm ResNet trained briefly on digits, saved as `.safetensors`."""
+    import timm
+    from safetensors.torch import save_file
+
+    with torch_threads(1):
+        model = _train_outside(timm.create_model("test_resnet", num_classes=10), digits, steps=40)
+    path = tmp_path_factory.mktemp("timm") / "test-resnet-digits.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path, model
+
+
+def _logits_gap(teacher_path, original, digits) -> float:
+    teacher, info = load_teacher(teacher_path)
+    # The teacher normalizes with the mean/std it recorded; the original was trained with digits'.
+    x = digits.test.load(torch.arange(64))
+    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(info.std).view(1, -1, 1, 1)
+    with torch.no_grad():
+        ours = teacher((x.float() / 255 - mean).div(std).expand(-1, 3, -1, -1))
+        theirs = original(digits.normalize(x).expand(-1, 3, -1, -1))
+    return float((ours - theirs).abs().max())
+
+
+def test_torchvision_state_dict_round_trip(torchvision_weights, digits, tmp_path, capsys):
+    path, original = torchvision_weights
+    out = tmp_path / "teachers" / "r18.pt"
+    assert main(["import-teacher", "--model", "torchvision:resnet18", "--weights", str(path), "--dataset", "digits",
+                 "--out", str(out), "--eval-images", "200"]) == 0
+    said = capsys.readouterr().out
+    assert "normalization: mean [0.306] std [0.3763], from the dataset digits" in said
+    assert _logits_gap(out, original, digits) <= 1e-5
+    _, info = load_teacher(out)
+    assert info.model_name == "torchvision:resnet18" and info.class_names == digits.class_names
+    assert info.import_record.eval_images == 200 and info.test_accuracy > info.import_record.chance
+
+
+def test_timm_safetensors_round_trip(timm_weights, digits, tmp_path, capsys):
+    import json
+
+    path, original = timm_weights
+    out = tmp_path / "timm.pt"
+    # timm's pretrained config of test_resnet carries an RGB mean/std: the digits' own are given as flags.
+    assert main(["import-teacher", "--model", "timm:test_resnet", "--weights", str(path), "--dataset", "digits",
+                 "--out", str(out), "--mean", str(digits.mean[0]), "--std", str(digits.std[0]), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["record"]["normalization"] == "flags"
+    assert result["record"]["eval_images"] == len(digits.test)
+    assert _logits_gap(out, original, digits) <= 1e-5
+
+
+def test_own_model_state_dict(digits_teacher, digits, tmp_path):
+    """A plain state dict of a model the project builds (here a convnet-bn's) with its builder's keywords."""
+    teacher, info = load_teacher(digits_teacher[0])
+    weights = tmp_path / "convnet.pth"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in teacher.state_dict().items()}}, weights)
+    out = tmp_path / "convnet.pt"
+    assert main(["import-teacher", "--model", "convnet-bn", "--model-arg", "width=32", "--weights", str(weights),
+                 "--dataset", "digits", "--out", str(out), "--quiet"]) == 0
+    imported, _ = load_teacher(out)
+    x = digits.normalize(digits.test.load(torch.arange(32)))
+    assert torch.equal(imported(x), teacher(x))
+
+
+def _refused(capsys, argv, out) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert not out.exists()
+    return err
+
+
+def test_wrong_class_count_from_torch_hub_cache(tmp_path, monkeypatch, capsys):
+    """torchvision's IMAGENET1K_V1 taken from torch hub's cache (saved here: no network), metadata
+    read from torchvision's enum, then refused: 1000 classes for a 10-class dataset."""
+    from torchvision.models import resnet18
+
+    hub = tmp_path / "torch-home"
+    (hub / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(resnet18().state_dict(), hub / "hub" / "checkpoints" / "resnet18-f37072fd.pth")
+    monkeypatch.setenv("TORCH_HOME", str(hub))
+    out = tmp_path / "r18.pt"
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet18", "--weights", "IMAGENET1K_V1",
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "the weights have 1000 classes (fc.weight), dataset digits has 10" in err
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty"))
+    monkeypatch.setenv("FADRM_OFFLINE", "1")
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet18", "--weights", "IMAGENET1K_V1",
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "not in torch hub's cache" in err and "resnet18-f37072fd.pth" in err
+
+
+def test_wrong_weights_refused(torchvision_weights, timm_weights, tmp_path, capsys):
+    out = tmp_path / "t.pt"
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet34", "--weights", str(torchvision_weights[0]),
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "do not fit torchvision:resnet34" in err and "tensors missing" in err
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet18", "--weights", str(timm_weights[0]),
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "do not fit torchvision:resnet18" in err
+    pickle = tmp_path / "code.pth"
+    torch.save({"model": torch.nn.Linear(2, 2)}, pickle)  # a whole module: only an unsafe load would read it
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet18", "--weights", str(pickle),
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "nothing in the file is run" in err
+
+
+def test_class_order_that_differs_is_refused_at_chance(torchvision_weights, tmp_path, capsys):
+    """The same weights with the classifier's rows rotated by one: a class order that is not the
+    dataset's. Its top-1 is far below the bar, so no teacher is written."""
+    path, _ = torchvision_weights
+    state = torch.load(path, weights_only=True)
+    state["fc.weight"] = state["fc.weight"].roll(1, dims=0)
+    state["fc.bias"] = state["fc.bias"].roll(1, dims=0)
+    rotated = tmp_path / "rotated.pth"
+    torch.save(state, rotated)
+    out = tmp_path / "t.pt"
+    err = _refused(capsys, ["import-teacher", "--model", "torchvision:resnet18", "--weights", str(rotated),
+                            "--dataset", "digits", "--out", str(out)], out)
+    assert "chance 10.00%" in err and "class order or normalization does not fit" in err
+    assert main(["import-teacher", "--model", "torchvision:resnet18", "--weights", str(rotated), "--dataset", "digits",
+                 "--out", str(out), "--accept-chance", "--quiet"]) == 0
+    assert out.is_file()
+
+
+def test_imported_teacher_distills_and_sets_the_normalization(torchvision_weights, digits, tmp_path, one_thread):
+    """An imported teacher distills like a squeezed one, and its recorded mean/std (here given as
+    flags) is the normalization every phase uses for it (`models.teacher_view`)."""
+    from fadrm_ray.config import make_config
+    from fadrm_ray.distill import distill_local
+    from fadrm_ray.store import open_run
+    from fadrm_ray.teacher_import import ImportSettings, import_teacher
+
+    out = tmp_path / "r18.pt"
+    result = import_teacher(ImportSettings(model="torchvision:resnet18", weights=str(torchvision_weights[0]),
+                                           dataset="digits", out=str(out), mean=(0.3,), std=(0.4,), eval_images=100,
+                                           accept_chance=True))
+    assert result.mean == (0.3,) and result.record.normalization == "flags"
+    cfg = make_config("fadrm", overrides={"ipc": 1, "iterations": 2, "precision": "fp32"}, classes=[0, 1])
+    run = distill_local(cfg, digits, [out], tmp_path / "store", device="cpu", progress=False)
+    reader = open_run(run.run_dir)
+    assert reader.provenance["dataset"]["mean"] == [0.3] and reader.provenance["dataset"]["std"] == [0.4]
+    assert reader.read()[0].shape[0] == 2
+
+
+@pytest.mark.ray
+def test_the_service_offers_and_distills_with_an_imported_teacher(api_service, torchvision_weights, tmp_path):
+    """An imported teacher dropped into the service's teacher folder is listed by /v1/teachers and
+    distills a class subset over real HTTP like a squeezed one."""
+    from tests.api_helpers import request, wait_state
+
+    out = api_service.teachers / "digits-r18-imported.pt"
+    assert main(["import-teacher", "--model", "torchvision:resnet18", "--weights", str(torchvision_weights[0]),
+                 "--dataset", "digits", "--out", str(out), "--eval-images", "100", "--quiet"]) == 0
+    try:
+        with api_service.client() as client:
+            listed = {t["name"]: t for t in client.get("/v1/teachers").json()}
+            assert listed["digits-r18-imported"]["model"] == "torchvision:resnet18"
+            assert listed["digits-r18-imported"]["test_accuracy"] > 10
+            body = {**request(classes=[5], ipc=1, seed=31, iterations=4), "teacher": "digits-r18-imported"}
+            job = client.post("/v1/distillations", json=body).json()
+            done = wait_state(client, job["id"])
+            assert done["state"] == "succeeded", done
+            data = client.get(f"/v1/distillations/{job['id']}/dataset")
+            assert data.status_code == 200 and data.content[:4] == b"PAR1"
+    finally:
+        out.unlink()
