@@ -11,8 +11,10 @@ scheduler runs in a thread of this process.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import functools
 import logging
 import secrets
 import threading
@@ -20,21 +22,23 @@ from typing import Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fadrm_ray.config import PRESETS, make_config
+from fadrm_ray.settings import EvalConfig
 
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.executor import Executor
 from api.http import HeadAsGet, RateLimiter
 from api.jobs import JobDB, JobRecord
-from api.models import (FINAL_STATES, JOB_ID_PATTERN, STATES, DatasetInfo, DistillationRequest, Job, JobAsked,
-                        JobList, Problem, Ready, Report, TeacherInfo)
-from api.outputs import progress, report, write_dataset, write_imagefolder_zip, write_preview
+from api.models import (FINAL_STATES, JOB_ID_PATTERN, MAX_TEACHERS, STATES, DatasetInfo, DistillationRequest, Job,
+                        JobAsked, JobList, Problem, Ready, Report, TeacherInfo)
+from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, progress, report, write_dataset,
+                         write_imagefolder_zip, write_preview)
 from api.requests import RequestInvalid, images_in_store, plan_request, run_dir
 
 log = logging.getLogger("fadrm.api")
@@ -108,7 +112,7 @@ class Service:
         return Job(id=job.id, state=job.state, run_id=plan.run_id, **asked, reused=job.reused, progress=prog,
                    timings=timings, eta_seconds=eta, error=job.error,
                    links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
-                          "report": f"{base}/report"})
+                          "report": f"{base}/report", "teacher": f"{base}/teacher", "recipe": f"{base}/recipe"})
 
     def job(self, job_id: str) -> JobRecord:
         job = self.db.get(job_id)
@@ -292,7 +296,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if format == "imagefolder":
             path = service.build(job, files.imagefolder, write_imagefolder_zip)
             return FileResponse(path, media_type="application/zip", filename=f"{job.id}-imagefolder.zip")
-        path = service.build(job, files.dataset, write_dataset)
+        path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id))
         return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.parquet")
 
     @app.get("/v1/distillations/{job_id}/preview.png", tags=["results"], dependencies=auth,
@@ -307,6 +311,52 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def job_report(job_id: str = JobId) -> Report:
         job = service.finished(job_id)
         return Report(**report(run_dir(settings, job.plan), job.plan, service.db.files(job.id).evaluation))
+
+    @app.get("/v1/distillations/{job_id}/recipe", tags=["results"], dependencies=auth, response_model=EvalConfig,
+             responses={**JOB_ERRORS, 409: {"model": Problem}})
+    def recipe(job_id: str = JobId):
+        """The student recipe of the report's top-1: students trained on the images with the
+        teachers' soft labels under these EvalConfig settings (those the job's evaluation ran
+        with, else the defaults resolved for its images)."""
+        job = service.finished(job_id)
+        return _json(job_recipe(job.plan, service.db.files(job.id).evaluation))
+
+    @app.get("/v1/distillations/{job_id}/teacher", tags=["results"], dependencies=auth, response_class=Response,
+             responses={**JOB_ERRORS,
+                        200: {"content": {"application/octet-stream": {}},
+                              "description": "the teacher checkpoint as it is (loads with torch.load(weights_only=True)"
+                                             "); ETag and Repr-Digest carry its sha256"},
+                        403: {"model": Problem, "description": "a wrong token, or the operator keeps teachers "
+                                                               "private (FADRM_PRIVATE_TEACHERS)"},
+                        404: {"model": Problem, "description": "no such job, or no teacher of that index"},
+                        409: {"model": Problem}, 410: {"model": Problem,
+                                                       "description": "the teacher file changed or went away"}})
+    def teacher(job_id: str = JobId,
+                index: int = Query(0, ge=0, le=MAX_TEACHERS - 1, description="which teacher of a committee")):
+        job = service.job(job_id)
+        if settings.private_teachers:
+            base = f"/v1/distillations/{job.id}"
+            raise HTTPException(403, "the operator of this service keeps teachers private (FADRM_PRIVATE_TEACHERS): "
+                                     f"the teacher of job {job.id} is not served; GET {base}/recipe still gives the "
+                                     "student recipe, and a request with evaluate: true reports the top-1 of students "
+                                     f"trained here with the teacher (GET {base}/report); the dataset's hard labels "
+                                     "alone reach less")
+        job = service.finished(job_id)
+        names, refs = job.plan.teachers, job.plan.job.teachers
+        if index >= len(refs):
+            raise HTTPException(404, f"job {job.id} has {len(refs)} teacher{'s' if len(refs) > 1 else ''} "
+                                     f"(index 0..{len(refs) - 1}); no teacher {index}")
+        name, ref = names[index], refs[index]
+        try:
+            f, size = open_teacher(ref.path, ref.sha256)
+        except TeacherChanged:
+            raise HTTPException(410, f"teacher {name} of job {job.id} is no longer the file the job was distilled "
+                                     f"with (sha256 {ref.sha256[:12]}...): the operator changed or removed it") from None
+        digest = base64.b64encode(bytes.fromhex(ref.sha256)).decode()
+        return StreamingResponse(file_chunks(f), media_type="application/octet-stream",
+                                 headers={"Content-Length": str(size), "ETag": f'"{ref.sha256}"',
+                                          "Repr-Digest": f"sha-256=:{digest}:",
+                                          "Content-Disposition": f'attachment; filename="{name}.pt"'})
 
     @app.get("/v1/datasets", tags=["catalog"], dependencies=auth, responses=ERRORS)
     def datasets() -> list[DatasetInfo]:

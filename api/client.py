@@ -10,16 +10,26 @@ backoff while the job is queued or running, and downloads the Parquet file, resu
 that was cut off with an HTTP Range request. A call over the service's per-token request rate
 (429 with a short Retry-After) waits that long and is sent again. Errors of the service raise
 `ServiceError` with its status and message.
+
+The top-1 a job reports trains students with the teachers' soft labels, not the file's hard
+labels: `distill(..., with_teacher=True)` also fetches the teacher checkpoint(s) and the student
+recipe beside the Parquet file (`Downloaded`), and `download_teacher` / `recipe` fetch each alone.
+A service whose operator keeps teachers private answers 403, raised as `ServiceError` with its line.
 """
 from __future__ import annotations
 
+import hashlib
 import ssl
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence, overload
 
 import httpx
+
+if TYPE_CHECKING:
+    from fadrm_ray.settings import EvalConfig
 
 FINAL = ("succeeded", "failed", "cancelled")
 # A 429 asking to wait at most this long is the request-rate limit: wait and send again. A longer
@@ -37,6 +47,24 @@ class JobFailed(RuntimeError):
     def __init__(self, job: dict):
         self.job = job
         super().__init__(f"job {job['id']} {job['state']}: {job.get('error')}")
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """What `distill(..., with_teacher=True)` wrote: the Parquet file, the teacher checkpoint(s)
+    beside it (`<stem>.teacher.pt`, `<stem>.teacher-1.pt`, ...: load with
+    `fadrm_ray.models.load_teacher`) and the student recipe (`<stem>.recipe.json`, an `EvalConfig`)."""
+
+    data: Path
+    teachers: tuple[Path, ...]
+    recipe: Path
+
+
+def product_paths(out: str | Path, teachers: int) -> tuple[tuple[Path, ...], Path]:
+    """Where `distill(..., with_teacher=True)` puts the teachers and the recipe of the file `out`."""
+    out = Path(out)
+    names = [f"{out.stem}.teacher.pt"] + [f"{out.stem}.teacher-{i}.pt" for i in range(1, teachers)]
+    return tuple(out.with_name(n) for n in names), out.with_name(f"{out.stem}.recipe.json")
 
 
 class FadrmClient:
@@ -158,11 +186,88 @@ class FadrmClient:
         partial.replace(out)
         return out
 
-    def distill(self, *, out: str | Path, timeout: float = 3600.0, **request: Any) -> Path:
-        """Submit, wait, download: the path of the Parquet file (`submit` takes the request's fields)."""
+    def download_teacher(self, job_id: str, out: str | Path, index: int = 0) -> Path:
+        """The job's teacher checkpoint `index` (a committee has several), checked against the sha256
+        the service sends (ETag) before it is renamed to `out`."""
+        out = Path(out)
+        partial = out.with_name(out.name + ".part")
+        try:
+            want, got = self._fetch_teacher(job_id, index, partial)
+            if got != want:
+                raise ServiceError(502, f"teacher {index} of job {job_id} arrived with sha256 {got[:12]}..., not the "
+                                        f"{want[:12] or '(none)'}... the service sent")
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(out)
+        return out
+
+    def _fetch_teacher(self, job_id: str, index: int, partial: Path) -> tuple[str, str]:
+        """Write the teacher to `partial`: (the sha256 the service sent, that of the bytes received)."""
+        for _ in range(5):
+            digest = hashlib.sha256()
+            with self.http.stream("GET", f"/v1/distillations/{job_id}/teacher", params={"index": index}) as response:
+                if (wait := _rate_wait(response)) is not None:
+                    time.sleep(wait)
+                    continue
+                if response.status_code >= 400:
+                    response.read()
+                    raise ServiceError(response.status_code, _detail(response))
+                with open(partial, "wb") as f:
+                    for chunk in response.iter_bytes():
+                        digest.update(chunk)
+                        f.write(chunk)
+                return response.headers.get("etag", "").strip('"'), digest.hexdigest()
+        raise ServiceError(429, "the request rate stayed over the service's limit")
+
+    def recipe(self, job_id: str) -> "EvalConfig":
+        """The student recipe of the job's report (`fadrm_ray.settings.EvalConfig`)."""
+        from fadrm_ray.settings import EvalConfig
+
+        return EvalConfig.model_validate_json(self._call("GET", f"/v1/distillations/{job_id}/recipe").content)
+
+    @overload
+    def distill(self, *, out: str | Path, timeout: float = ..., with_teacher: Literal[False] = ...,
+                **request: Any) -> Path: ...
+
+    @overload
+    def distill(self, *, out: str | Path, timeout: float = ..., with_teacher: Literal[True],
+                **request: Any) -> Downloaded: ...
+
+    def distill(self, *, out: str | Path, timeout: float = 3600.0, with_teacher: bool = False,
+                **request: Any) -> Path | Downloaded:
+        """Submit, wait, download: the path of the Parquet file (`submit` takes the request's fields).
+        `with_teacher`: the teacher checkpoint(s) and the student recipe too, beside it (`Downloaded`);
+        when one cannot be had (a service that keeps its teachers private: ServiceError with its
+        line) nothing of this call is left behind."""
         job = self.submit(**request)
         self.wait(job["id"], timeout=timeout)
-        return self.download(job["id"], out)
+        if not with_teacher:
+            return self.download(job["id"], out)
+        teachers, recipe = product_paths(out, len(job["teachers"]))
+        written: list[Path] = []
+        try:
+            for index, path in enumerate(teachers):
+                written.append(self.download_teacher(job["id"], path, index))
+            body = self._call("GET", f"/v1/distillations/{job['id']}/recipe").content
+            from fadrm_ray.settings import EvalConfig
+
+            EvalConfig.model_validate_json(body)  # what is written reads back
+            recipe.write_bytes(body)
+            written.append(recipe)
+            data = self.download(job["id"], out)
+        except BaseException:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
+        return Downloaded(data=data, teachers=teachers, recipe=recipe)
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        return response.json().get("detail")
+    except ValueError:
+        return response.text
 
 
 def _rate_wait(response: httpx.Response) -> int | None:

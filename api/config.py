@@ -21,6 +21,7 @@ prefix, FADRM_MAX_<NAME>; in the file they are a `limits:` mapping or flat keys 
 | FADRM_CPUS_PER_WORKER | CPUs each distill actor reserves (default 1) |
 | FADRM_RAY_CPUS | CPUs of the local Ray head (default: this machine's) |
 | FADRM_DEVICE | cpu, or cuda (one GPU per distill actor) |
+| FADRM_PRIVATE_TEACHERS | true: GET .../teacher answers 403 (the operator keeps teacher checkpoints private) |
 """
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ class ServiceSettings(BaseSettings):
     ray_cpus: int | None = Field(None, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     max_body_bytes: int = Field(64 * 1024, ge=1024)
+    # A job's teacher checkpoint is served to its clients (GET .../teacher) unless the operator keeps it.
+    private_teachers: bool = False
 
     @field_validator("api_token")
     @classmethod

@@ -19,6 +19,7 @@ JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
 CLASS_NAME_MAX = 200
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
+MAX_TEACHERS = 8  # teachers of one request (a committee), so `?index=` of GET .../teacher is below it
 
 Name = Field(pattern=NAME_PATTERN, description="a name from GET /v1/datasets or GET /v1/teachers")
 # A class index, or a class name: strictly, so that true is not class 1 nor 3.0 class 3.
@@ -33,7 +34,7 @@ class DistillationRequest(BaseModel):
 
     dataset: str = Field(pattern=NAME_PATTERN, description="a dataset name (GET /v1/datasets)")
     teacher: str | None = Field(None, pattern=NAME_PATTERN, description="a teacher name (GET /v1/teachers)")
-    teachers: list[str] | None = Field(None, min_length=1, max_length=8,
+    teachers: list[str] | None = Field(None, min_length=1, max_length=MAX_TEACHERS,
                                        description="several teachers (preset fadrm+); instead of `teacher`")
     classes: list[ClassRef] = Field(min_length=1, max_length=1000,
                                     description="class indices or class names, each once")
@@ -73,6 +74,26 @@ class Links(BaseModel):
     dataset: str
     preview: str
     report: str
+    teacher: str = Field(description="the teacher checkpoint (`?index=i` for each teacher of a committee)")
+    recipe: str = Field(description="the student recipe (EvalConfig) of the report's top-1")
+
+
+class TeacherFile(BaseModel):
+    """One teacher of a job, as its dataset file names it."""
+
+    name: str
+    sha256: str
+    url: str
+
+
+class DatasetLabels(BaseModel):
+    """What a job's dataset file says about its labels (`labels` in its `fadrm` schema metadata):
+    the reported top-1 needs the teachers' soft labels, and where they and the recipe are."""
+
+    note: str
+    kd_temperature: float
+    teachers: list[TeacherFile]
+    recipe: str
 
 
 class JobAsked(BaseModel):

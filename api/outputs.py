@@ -1,23 +1,34 @@
 """What a job gives back, built from the store's run (every read verified against its manifests):
-progress from the run's ledger, the dataset file, the ImageFolder zip, the preview, the report.
+progress from the run's ledger, the dataset file, the ImageFolder zip, the preview, the report,
+the student recipe and the teacher checkpoint.
 
 The dataset file is one Parquet table of the requested classes at the requested IPC, in the
 store's own part layout (`fadrm_ray.store.records.part_schema`: an `image` struct of PNG bytes and
 path, `label` the dataset's class index, `ipc_index`, the losses), with the class names as a
-`ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`. Each file is
-written once per job, atomically and with mode 0600, beside the job record, and served from
-there; a write that fails leaves no partial file behind.
+`ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`, whose `labels`
+(`api.models.DatasetLabels`) says that the reported top-1 trains students with the teachers' soft
+labels and where the teachers and the recipe are. Each file is written once per job, atomically
+and with mode 0600, beside the job record, and served from there; a write that fails leaves no
+partial file behind.
+
+Every top-1 the project reports is a student trained on the images with the teachers' soft
+labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluate`), so a client
+that should reach it needs the teachers and the recipe too: `job_recipe` is the `EvalConfig` the
+report used (or would use), `open_teacher` a teacher file checked against the sha256 the job
+recorded.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import stat
 import shutil
 import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,10 +36,12 @@ import pyarrow.parquet as pq
 from fadrm_ray.distill import Unit
 from fadrm_ray.events import LedgerEvent, read_events
 from fadrm_ray.layout import RunLayout
+from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import export_imagefolder, open_run
 from fadrm_ray.store.records import part_schema
 
 from api.files import make_private, private_write
+from api.models import DatasetLabels, TeacherFile
 
 if TYPE_CHECKING:
     from api.requests import JobPlan
@@ -110,7 +123,7 @@ def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
 
 
 # --------------------------------------------------------------------------- files
-def write_dataset(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
+def write_dataset(run_dir: Path, plan: "JobPlan", out: Path, job_id: str) -> Path:
     """The requested classes at the requested IPC as one Parquet file (module docstring)."""
     classes, ipc = plan.classes, plan.ipc
     reader = open_run(run_dir, ipc=ipc)
@@ -118,7 +131,8 @@ def write_dataset(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     losses = {(r["label"], r["ipc_index"]): (r["ce_loss"], r["bn_loss"]) for r in reader.records(classes)}
     names = reader.class_names
     about = {"run_id": plan.run_id, "dataset": plan.dataset, "teachers": plan.teachers, "ipc": ipc,
-             "classes": classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed}
+             "classes": classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed,
+             "labels": dataset_labels(plan, job_id).model_dump(mode="json")}
     table = pa.Table.from_pydict(
         {
             "image": [{"bytes": png, "path": f"{names[label]}/ipc{index:05d}.png"} for label, index, png in images],
@@ -132,6 +146,80 @@ def write_dataset(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="none")  # PNG bytes are compressed already
     return private_write(out, sink.getvalue().to_pybytes())
+
+
+def dataset_labels(plan: "JobPlan", job_id: str) -> DatasetLabels:
+    """What the dataset file says about its labels: the soft labels of the reported top-1, and
+    where its teachers and recipe are."""
+    base = f"/v1/distillations/{job_id}"
+    temperature = (plan.evaluation or EvalConfig()).temperature  # the recipe's (resolving keeps it)
+    several = len(plan.teachers) > 1
+    whose = "the teachers' soft labels" if several else "the teacher's soft labels"
+    teacher = f"GET {base}/teacher{'?index=i' if several else ''}"
+    note = (f"the reported top-1 trains students with {whose} (KD at T={temperature:g}) on these images; "
+            f"{teacher} (unless the operator keeps teachers private) and GET {base}/recipe give them; "
+            "the file's hard labels alone reach less")
+    teachers = [TeacherFile(name=name, sha256=ref.sha256, url=f"{base}/teacher?index={i}")
+                for i, (name, ref) in enumerate(zip(plan.teachers, plan.job.teachers))]
+    return DatasetLabels(note=note, kd_temperature=temperature, teachers=teachers, recipe=f"{base}/recipe")
+
+
+def job_recipe(plan: "JobPlan", evaluation_file: Path) -> EvalConfig:
+    """The student recipe of the job's report: the `config` its evaluation recorded, or (not
+    evaluated) the job's evaluation settings or the defaults, resolved as `evaluate_run` resolves
+    them for the job's images (ipc x classes, ipc per class)."""
+    from fadrm_ray.evaluate import resolve_protocol
+
+    if evaluation_file.is_file():
+        from fadrm_ray.scores import Evaluation
+
+        return Evaluation.model_validate_json(evaluation_file.read_text()).config
+    return resolve_protocol(plan.evaluation or EvalConfig(), plan.ipc * len(plan.classes), plan.ipc)
+
+
+class TeacherChanged(Exception):
+    """The teacher file a job recorded is gone, or no longer holds the bytes the job was built with."""
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def open_teacher(path: str | Path, sha256: str) -> tuple[BinaryIO, int]:
+    """The file at `path` open for reading, and its size, when it holds the bytes whose sha256 is
+    `sha256`; else TeacherChanged. The digest is taken through the open file, so what is read
+    from it is what was checked; it is kept while the file (device, inode, size, mtime) stays the same."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        raise TeacherChanged("missing") from None
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TeacherChanged("not a file")
+        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        digest = _DIGESTS.get(key)
+        if digest is None:
+            h = hashlib.sha256()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            digest = h.hexdigest()
+            f.seek(0)
+            if len(_DIGESTS) > 256:
+                _DIGESTS.clear()
+            _DIGESTS[key] = digest
+        if digest != sha256:
+            raise TeacherChanged("changed")
+        return f, st.st_size
+    except BaseException:
+        f.close()
+        raise
+
+
+def file_chunks(f: BinaryIO, size: int = 1 << 20):
+    """The bytes of an open file, chunk by chunk; the file is closed at the end."""
+    with f:
+        while chunk := f.read(size):
+            yield chunk
 
 
 def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:

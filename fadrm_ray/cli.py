@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 # Subcommands that train or distill: their process starts with runtime.heavy_process_env.
-HEAVY_COMMANDS = ("squeeze", "import-teacher", "distill", "evaluate", "demo", "verify")
+HEAVY_COMMANDS = ("squeeze", "import-teacher", "distill", "evaluate", "demo", "verify", "train-student")
 
 
 class Command(Protocol):
@@ -205,6 +205,18 @@ def cmd_export(args) -> None:
     check_new_output(args.out, "--out", empty_dir_ok=args.format == "imagefolder")
     complete = open_run(args.run, incomplete=args.incomplete).complete
     _warn_incomplete(args, complete)
+    if args.with_teacher:  # the teacher(s) and student recipe of the report's top-1, with the images
+        from fadrm_ray.store.product import export_with_teacher
+
+        count, product, recipe_from = export_with_teacher(args.run, args.out, args.format, classes,
+                                                          incomplete=args.incomplete, ipc=args.ipc)
+        _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count, "complete": complete,
+                     "teachers": [str(p) for p in product[:-1]], "recipe": str(product[-1]),
+                     "recipe_from": recipe_from},
+              f"exported {count} images as {args.format} to {args.out}, with the teacher(s) "
+              f"{', '.join(str(p) for p in product[:-1])} and the student recipe {product[-1]} "
+              f"(from {recipe_from}): the reported top-1 trains students with the teachers' soft labels")
+        return
     if args.format == "imagefolder":
         count = export_imagefolder(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
     else:
@@ -259,6 +271,10 @@ def cmd_evaluate(args) -> None:
 
         lines.append(f"  DD-Ranking: {ranking_text(result.ranking)}")
         lines.extend(f"    not measured: {why}" for why in result.ranking.missing)
+        hard = result.ranking.hard_label_text()
+        if hard is not None:
+            lines.append(f"  the images with their hard labels only: {hard} (the top-1 above needs the teacher's "
+                         f"soft labels: `fadrm export --with-teacher` ships them)")
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
     result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
     _emit(args, result, "\n".join(lines))
@@ -390,6 +406,30 @@ def cmd_import_teacher(args) -> None:
           f"written to {result.path}")
 
 
+def cmd_train_student(args) -> None:
+    """Students trained from downloaded files alone: the images, the teacher(s), the recipe."""
+    import math
+
+    from fadrm_ray.runtime import process_info
+    from fadrm_ray.student import train_from_files
+
+    _check_teachers(args.teacher)
+    result = train_from_files(args.data, args.teacher, args.recipe, args.test,
+                              seeds=None if args.seed is None else [args.seed], device=args.device or "cpu",
+                              num_threads=args.threads, progress=not args.quiet, data_root=args.data_root)
+    tested = not math.isnan(result.top1_mean)
+    payload = {"top1": result.top1_mean if tested else None, "top1_per_seed": result.top1_per_seed if tested else None,
+               "seeds": result.seeds, "images": result.images, "classes": result.classes,
+               "test_size": result.test_size if tested else 0, "evaluation": result.model_dump(mode="json"),
+               "process": process_info()}
+    per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
+    where = "" if result.classes is None else f" of its {len(result.classes)} classes"
+    human = (f"student {result.student} on {result.images} images, {result.epochs} epochs, seeds {result.seeds}: "
+             + (f"test top-1 {result.top1_mean:.2f}% ({per_seed}) on {result.test_size} test images{where}"
+                if tested else "trained (no --test dataset, so no test top-1)"))
+    _emit(args, payload, human)
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser(ray_distill: "RayDistill | None" = None,
                  commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
@@ -450,6 +490,19 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--data-root", default=None, help="where downloadable datasets live")
     p.set_defaults(func=cmd_import_teacher)
 
+    p = sub.add_parser("train-student", parents=[common],
+                       help="train a student from a downloaded distilled set, its teacher and its recipe")
+    p.add_argument("--data", required=True, help="the distilled Parquet file (a job's dataset download)")
+    p.add_argument("--teacher", action="append", required=True,
+                   help="the teacher checkpoint that gives the soft labels (repeat for a committee)")
+    p.add_argument("--recipe", default=None, help="the student recipe, an EvalConfig as JSON (default: the defaults)")
+    p.add_argument("--test", default=None, help=f"score on this dataset's test images of the file's classes: {data_help}")
+    p.add_argument("--seed", type=int, default=None, help="train one student with this seed (default: the recipe's seeds)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--data-root", default=None, help="where downloadable datasets live")
+    p.set_defaults(func=cmd_train_student)
+
     p = sub.add_parser("distill", parents=[common, execution], help="distill a dataset into a store run")
     p.add_argument("--dataset", required=True, help=data_help)
     p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
@@ -470,6 +523,9 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.add_argument("--out", required=True, help="a new path (an empty folder for imagefolder); never replaced")
     p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
+    p.add_argument("--with-teacher", action="store_true",
+                   help="also write the run's teacher checkpoint(s) and the student recipe (recipe.json) its "
+                        "reported top-1 needs: inside the folder, or beside the .pt file")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")

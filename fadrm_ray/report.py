@@ -20,7 +20,9 @@ Figures use matplotlib's Agg backend: reports are written on headless workers.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -232,8 +234,14 @@ def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScor
     # recorded has the plain gain only.
     labels = {k: (g.mean, gain_text(g, seeds=False)) for k, g in evaluation.paired_gains.items()}
     labels.update({k: (g, f"{g:+.2f}") for k, g in evaluation.gains.items() if k not in labels})
-    rows = [("this run", evaluation.brief(), None)] + [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
-    colors = ["tab:blue", "tab:gray", "tab:olive"]
+    rows = [("this run", evaluation.brief(), None)]
+    hard = evaluation.ranking.hard_top1_per_seed if evaluation.ranking is not None else []
+    if hard:  # the same images without the teacher: what the soft labels add
+        rows.append(("this run,\nhard labels", SimpleNamespace(
+            top1_mean=statistics.fmean(hard), top1_std=statistics.stdev(hard) if len(hard) > 1 else 0.0,
+            top1_per_seed=list(hard)), None))
+    rows += [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
+    colors = ["tab:blue", "tab:cyan", "tab:gray", "tab:olive"] if hard else ["tab:blue", "tab:gray", "tab:olive"]
     for i, (label, ev, key) in enumerate(rows):
         ax.bar(i, ev.top1_mean, yerr=ev.top1_std or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
         ax.plot([i] * len(ev.top1_per_seed), ev.top1_per_seed, "k.", ms=4)

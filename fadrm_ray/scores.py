@@ -9,6 +9,8 @@ adds the report's paths) still reads.
 """
 from __future__ import annotations
 
+import statistics
+
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.settings import EvalConfig
@@ -68,6 +70,15 @@ class Ranking(_Score):
     ars: float | None = None              # augmentation-robust score
     weight: float = 0.5                   # w of LRS and gamma of ARS
     missing: list[str] = []
+
+    def hard_label_text(self) -> str | None:
+        """'41.20 ± 1.30%': the set's top-1 with hard labels only (no teacher), where measured."""
+        values = self.hard_top1_per_seed
+        if not values:
+            return None
+        mean = statistics.fmean(values)
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{mean:.2f} ± {spread:.2f}%"
 
 
 class Evaluation(_Score):

@@ -116,3 +116,24 @@ def test_information_vanishing_returns_numbers_and_a_plot(digits, digits_teacher
     # With no iterations both are the same real patches, so the same students.
     assert result["arc"][0]["top1_per_seed"] == result["no_arc"][0]["top1_per_seed"]
     assert png_size(result["png"])[0] > 300 and json.loads(open(result["json"]).read())["budgets"] == [0, 4]
+
+
+def test_the_evaluation_plot_shows_the_images_with_hard_labels_only(tmp_path):
+    """Where DD-Ranking measured the set with hard labels, the bars show it beside the run (what
+    the teacher's soft labels add) and the summary line names it."""
+    from fadrm_ray.scores import BaselineScore, PairedGain, Ranking
+    from fadrm_ray.report import write_evaluation_plot
+
+    ranking = Ranking(full_hard_top1=90.0, hard_top1_per_seed=[41.0, 43.0], hlr=48.0)
+    evaluation = Evaluation(top1_mean=60.0, top1_std=1.0, top1_per_seed=[59.0, 61.0], best_top1_mean=61.0,
+                            best_top1_std=0.0, best_top1_per_seed=[61.0, 61.0], student="convnet-bn", seeds=[0, 1],
+                            curves=[[(1, 30.0), (2, 59.0)], [(1, 35.0), (2, 61.0)]], epochs=2, steps_per_seed=8,
+                            seconds=1.0, images=30, dataset="digits", test_size=359, teachers=["t"],
+                            config=EvalConfig(epochs=2, seeds=2), ranking=ranking,
+                            baselines={"random-real": BaselineScore(top1_mean=55.0, top1_std=1.0,
+                                                                    top1_per_seed=[54.0, 56.0])},
+                            paired_gains={"random-real": PairedGain(mean=5.0, stderr=0.0, higher=2, seeds=2)})
+    assert ranking.hard_label_text() == "42.00 ± 1.41%"
+    path = write_evaluation_plot(evaluation, tmp_path / "evaluation.png")
+    width, height = png_size(path)
+    assert width > 600 and height > 300

@@ -13,7 +13,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -46,7 +46,7 @@ def _nothing_to_export(reader, count: int) -> None:
 
 def export_imagefolder(
     run_dir: str | os.PathLike, out_dir: str | os.PathLike, classes: Iterable[int] | None = None,
-    *, incomplete: bool = False, ipc: int | None = None,
+    *, incomplete: bool = False, ipc: int | None = None, extra: Mapping[str, bytes] | None = None,
 ) -> int:
     """Write ``out_dir/<class folder>/ipc<k>.png`` plus ``classes.json``; returns the image count.
 
@@ -54,7 +54,8 @@ def export_imagefolder(
     is either absent or complete. ``out_dir`` must not exist or be empty. With ``classes`` given,
     ImageFolder numbers only the exported folders; ``classes.json`` maps them to global indices.
     `incomplete` allows a run that is not finished, `ipc` reads the run at that IPC (IPC indices
-    0..ipc-1; `open_run`).
+    0..ipc-1; `open_run`). `extra` maps file names to bytes written at the top of the folder
+    with the rest (the run's teacher and recipe: `store.product`).
     """
     out_dir = Path(out_dir)
     check_new_output(out_dir, "export target", empty_dir_ok=True)
@@ -62,6 +63,10 @@ def export_imagefolder(
     if not reader.class_names:
         raise StoreError(f"{reader.run_dir}: no class names recorded; cannot name class folders")
     folders, prefixed = imagefolder_names(reader.class_names)
+    taken = set(folders) | {"classes.json"}
+    for name in extra or {}:
+        if name in taken or Path(name).name != name or name.startswith("."):
+            raise StoreError(f"cannot add {name!r} to the export: it is not a free plain file name there")
     images = reader.encoded(classes)
     _nothing_to_export(reader, len(images))
 
@@ -86,6 +91,8 @@ def export_imagefolder(
             "imagefolder_index": {folders[c]: k for k, c in enumerate(present)},
         }
         (tmp / "classes.json").write_text(json_dumps(mapping), encoding="utf-8")
+        for name, data in (extra or {}).items():
+            (tmp / name).write_bytes(data)
         for p in tmp.rglob("*"):
             if p.is_file():
                 with open(p, "rb") as f:

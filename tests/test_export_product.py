@@ -1,0 +1,81 @@
+"""`fadrm export --with-teacher`: the run's teacher checkpoint(s) and the student recipe of its
+report, with the images (inside an ImageFolder export, beside a tensor file), all or nothing."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torchvision
+
+from fadrm_ray.cli import main
+from fadrm_ray.evaluate import evaluate_run, resolve_protocol
+from fadrm_ray.models import load_teacher
+from fadrm_ray.settings import EvalConfig
+
+
+def export(capsys, *argv) -> tuple[int, dict | str]:
+    code = main(["export", *map(str, argv), "--with-teacher", "--json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if code == 0 else err
+
+
+def test_an_imagefolder_export_holds_the_teacher_and_the_default_recipe(small_run, digits_teacher, tmp_path, capsys):
+    folder = tmp_path / "folder"
+    code, result = export(capsys, "--run", small_run, "--format", "imagefolder", "--out", folder)
+    assert code == 0, result
+    teacher = folder / "teacher.pt"
+    assert teacher.read_bytes() == digits_teacher[0].read_bytes()
+    _, info = load_teacher(teacher)
+    assert info.num_classes == 10 and info.class_names[3] == "3"
+    recipe = EvalConfig.model_validate_json((folder / "recipe.json").read_text())
+    assert recipe == resolve_protocol(EvalConfig(), 30, 3) and recipe.epochs and recipe.cosine_stretch
+    assert result["teachers"] == [str(teacher)] and result["recipe"] == str(folder / "recipe.json")
+    assert result["recipe_from"] == "default (30 images, ipc 3)"
+    exported = torchvision.datasets.ImageFolder(str(folder))  # the extra files are not classes
+    assert len(exported) == 30 and exported.classes == [str(c) for c in range(10)]
+
+
+def test_a_tensor_export_gets_them_beside_it_with_the_recipe_the_report_used(run_copy, digits_teacher, tmp_path,
+                                                                          capsys, one_thread):
+    evaluation = evaluate_run(run_copy, EvalConfig(epochs=1, seeds=1, eval_every=1), progress=False)
+    out = tmp_path / "x.pt"
+    code, result = export(capsys, "--run", run_copy, "--format", "pt", "--classes", "0,1", "--out", out)
+    assert code == 0, result
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["x.pt", "x.recipe.json", "x.teacher.pt"]
+    assert (tmp_path / "x.teacher.pt").read_bytes() == digits_teacher[0].read_bytes()
+    recipe = EvalConfig.model_validate_json((tmp_path / "x.recipe.json").read_text())
+    assert recipe == evaluation.config and recipe.epochs == 1
+    assert "/evaluations/" in result["recipe_from"]
+
+
+def test_nothing_is_replaced_and_a_refused_export_writes_nothing(small_run, tmp_path, capsys):
+    (tmp_path / "x.recipe.json").write_text("mine")
+    code, err = export(capsys, "--run", small_run, "--format", "pt", "--out", tmp_path / "x.pt")
+    assert code == 2 and "x.recipe.json already exists" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.recipe.json"]
+    assert (tmp_path / "x.recipe.json").read_text() == "mine"
+
+
+def test_a_teacher_that_changed_since_the_run_is_refused(digits, digits_teacher, tmp_path, capsys, one_thread):
+    from fadrm_ray.config import make_config
+    from fadrm_ray.distill import distill_local
+
+    teacher = tmp_path / "teacher.pt"
+    shutil.copy(digits_teacher[0], teacher)
+    cfg = make_config("fadrm", overrides={"ipc": 1, "iterations": 4, "precision": "fp32", "classes": [0]})
+    run = distill_local(cfg, digits, [teacher], tmp_path / "store", device="cpu", progress=False).run_dir
+    teacher.write_bytes(teacher.read_bytes() + b"\0")
+    folder = tmp_path / "folder"
+    code, err = export(capsys, "--run", run, "--format", "imagefolder", "--out", folder)
+    assert code == 2 and "has changed since the run was distilled" in err, err
+    assert not folder.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".folder")]
+
+
+@pytest.mark.parametrize("name", ["classes.json", "../x", ".hidden"])
+def test_extra_files_of_an_imagefolder_export_are_plain_free_names(small_run, tmp_path, name):
+    from fadrm_ray.store import StoreError, export_imagefolder
+
+    with pytest.raises(StoreError, match="free plain file name"):
+        export_imagefolder(small_run, tmp_path / "f", extra={name: b"x"})
+    assert not (tmp_path / "f").exists()
