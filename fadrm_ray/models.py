@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
+from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, atomic_write_bytes, sha256_file
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
@@ -203,9 +204,9 @@ def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_s
     model.eval()
     correct = 0
     try:
-        for start in range(0, n, batch_size):
-            idx = torch.arange(start, min(n, start + batch_size))
-            x = match_channels(dataset.normalize(split.load(idx)), in_chans).to(device)
+        # The next batch decodes while the model runs on this one.
+        for idx, images in prefetch(split.load, torch.arange(n).split(batch_size)):
+            x = match_channels(dataset.normalize(images), in_chans).to(device)
             logits = model(x).cpu()
             pred = logits.argmax(dim=1) if columns is None else columns[logits[:, columns].argmax(dim=1)]
             correct += int((pred == split.labels[idx]).sum())

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 
@@ -39,6 +40,9 @@ SCORED = ("easy", "medium", "grouped", "spread")  # the selections that rank the
 # Input pixels per scoring forward (512 crops of 32 px on a CPU): large batches keep the device
 # busy; the cap keeps the activations of large images within memory.
 _SCORE_PIXELS = {"cpu": 1 << 19, "cuda": 1 << 22}
+# Candidates decoded per chunk while scoring (at least one scoring batch's worth): enough to keep
+# the decode threads busy, few enough that a class of ImageNet is never held whole.
+_DECODE_CHUNK = 64
 
 
 def scored(cfg: DistillConfig) -> bool:
@@ -115,10 +119,28 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     cfg = cfg.sized(dataset.image_size, dataset.channels)
     candidates, gen = _candidates(dataset, label, cfg)
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
-    images = dataset.train.load(candidates)
-    boxes = draw_boxes(gen, n * m, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])  # image by image
-    crops = cut(images, boxes, size, per_image=m)
-    scores = crop_scores(crops, label, dataset, teachers, device, cfg.precision, cfg.channels_last).view(n, m)
+    batch = _score_batch(size, torch.device(device))
+    # The candidates are decoded a chunk at a time, the next chunk while the teacher scores this
+    # one; the crops are scored in the same batches of `batch` crops as if all were cut at once.
+    chunk = max(-(-batch // m), _DECODE_CHUNK)
+    boxes: list[Box] = []
+    waiting = torch.empty((0, dataset.channels, size, size), dtype=torch.uint8)  # cut, not yet scored
+    parts, done = [], 0
+    for idx, images in prefetch(dataset.train.load, candidates.split(chunk)):
+        if not boxes:
+            boxes = draw_boxes(gen, n * m, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])  # image by image
+        crops = cut(images, boxes[done:done + idx.numel() * m], size, per_image=m)
+        done += crops.shape[0]
+        waiting = torch.cat([waiting, crops])
+        ready = waiting.shape[0] // batch * batch
+        if ready:
+            parts.append(crop_scores(waiting[:ready], label, dataset, teachers, device, cfg.precision,
+                                     cfg.channels_last, batch_size=batch))
+            waiting = waiting[ready:]
+    if waiting.shape[0]:
+        parts.append(crop_scores(waiting, label, dataset, teachers, device, cfg.precision, cfg.channels_last,
+                                 batch_size=batch))
+    scores = torch.cat(parts).view(n, m)
     best = scores.argmin(dim=1)
     ranking = scores.min(dim=1).values.argsort(stable=True).tolist()
     return ClassSelection(label, tuple(int(candidates[r]) for r in ranking),

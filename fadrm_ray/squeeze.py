@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .augment import cutmix_box
 from .data.base import ImageDataset
+from .data.parallel import prefetch
 from .fileio import OutputError, check_output_dir
 from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
                      model_in_chans, save_teacher)
@@ -139,10 +140,10 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
         for _epoch in bar:
             order = torch.randperm(n, generator=gen)
             loss_sum, correct, seen = 0.0, 0, 0
-            for s in range(steps_per_epoch):
-                idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            batches = [order[s * cfg.batch_size:(s + 1) * cfg.batch_size] for s in range(steps_per_epoch)]
+            for idx, images in prefetch(dataset.train.load, batches):  # the next batch decodes during this step
                 y = dataset.train.labels[idx]
-                x = dataset.train.load(idx).float().div_(255.0)
+                x = images.float().div_(255.0)
                 x = random_crop_flip(x, pad, dataset.hflip, gen)
                 x = match_channels((x - mean) / std, in_chans)
                 mix = cfg.cutmix_prob > 0 and float(torch.rand(1, generator=gen)) < cfg.cutmix_prob

@@ -21,11 +21,12 @@ w = `bn_category`. EDC's released code weights the two halves equally (w = 0.5).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
+from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.models import match_channels
 
 if TYPE_CHECKING:
@@ -88,22 +89,32 @@ def bn_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
-def _visit_inputs(model: nn.Module, layers: Sequence[nn.Module], images: torch.Tensor, in_chans: int | None,
-                  device: str | torch.device, visit) -> None:
-    """Run `images` through `model` in batches; `visit(i, a, start)` sees the fp64 input `a` of
-    `layers[i]` for the batch that begins at image `start`."""
+def _batches(images) -> Iterable[torch.Tensor]:
+    """Batches of `images`: a tensor (N, C, H, W) is cut into batches of `_BATCH`; anything else
+    is taken as an iterable of such batches already."""
+    return images.split(_BATCH) if isinstance(images, torch.Tensor) else images
+
+
+def _visit_inputs(runs: Sequence[tuple[nn.Module, Sequence[nn.Module], int | None, Callable]],
+                  batches: Iterable[torch.Tensor], device: str | torch.device) -> None:
+    """Run every batch through each model of `runs` (model, layers, in_chans, visit), one batch
+    at a time; `visit(i, a, start)` sees the fp64 input `a` of `layers[i]` for the batch that
+    begins at image `start`."""
     start = 0
 
-    def make(i):
+    def make(visit, i):
         def hook(module, inputs, output):
             visit(i, inputs[0].detach().double(), start)
         return hook
 
-    hooks = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+    hooks = [layer.register_forward_hook(make(visit, i))
+             for _, layers, _, visit in runs for i, layer in enumerate(layers)]
     try:
-        for start in range(0, images.shape[0], _BATCH):
-            x = images[start:start + _BATCH].to(device)
-            model(match_channels(x, in_chans) if in_chans is not None else x)
+        for batch in batches:
+            x = batch.to(device)
+            for model, _, in_chans, _ in runs:
+                model(match_channels(x, in_chans) if in_chans is not None else x)
+            start += x.shape[0]
     finally:
         for h in hooks:
             h.remove()
@@ -144,48 +155,74 @@ class ConvStatistics:
 
 
 @torch.no_grad()
-def real_conv_targets(model: nn.Module, images: torch.Tensor, in_chans: int | None = None,
+def real_conv_targets(model: nn.Module, images, in_chans: int | None = None,
                       device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Channel mean and biased variance of every convolution's input over all pixels of the
-    normalized real `images` (N, C, H, W), in fp64 sums so the result does not depend on the
-    batching. The model must be in eval mode (BN uses its running statistics)."""
-    layers = conv_layers(model)
-    sums: list[list[torch.Tensor | None]] = [[None, None, 0] for _ in layers]
+    normalized real `images` (N, C, H, W), or of an iterable of batches of them, in fp64 sums so
+    the result does not depend on the batching. The model must be in eval mode (BN uses its
+    running statistics)."""
+    return _conv_targets([(model, in_chans)], _batches(images), device)[0]
 
-    def visit(i, a, start):
-        s = sums[i]
-        part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
-        s[0] = part if s[0] is None else s[0] + part
-        s[1] = part_sq if s[1] is None else s[1] + part_sq
-        s[2] += a.shape[0] * a.shape[2] * a.shape[3]
 
-    _visit_inputs(model, layers, images, in_chans, device, visit)
+def _conv_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
+                  device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`real_conv_targets` of several models over one pass of the batches."""
+    runs, all_sums = [], []
+    for model, in_chans in models:
+        layers = conv_layers(model)
+        sums: list[list] = [[None, None, 0] for _ in layers]
+
+        def visit(i, a, start, sums=sums):
+            s = sums[i]
+            part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
+            s[0] = part if s[0] is None else s[0] + part
+            s[1] = part_sq if s[1] is None else s[1] + part_sq
+            s[2] += a.shape[0] * a.shape[2] * a.shape[3]
+
+        runs.append((model, layers, in_chans, visit))
+        all_sums.append(sums)
+    _visit_inputs(runs, batches, device)
     out = []
-    for total, total_sq, n in sums:
-        mean = total / n
-        out.append((mean.float().cpu(), (total_sq / n - mean * mean).clamp_min(0).float().cpu()))
+    for sums in all_sums:
+        targets = []
+        for total, total_sq, n in sums:
+            mean = total / n
+            targets.append((mean.float().cpu(), (total_sq / n - mean * mean).clamp_min(0).float().cpu()))
+        out.append(targets)
     return out
 
 
-def real_images_for_statistics(dataset, per_class: int = CONV_STAT_IMAGES_PER_CLASS, with_labels: bool = False):
-    """The first `per_class` training images of every class, normalized (and, `with_labels`,
-    their labels): a fixed choice, so the targets (and the images distilled against them) are a
-    function of the dataset alone."""
+def _statistics_indices(dataset, per_class: int) -> list[int]:
     labels = dataset.train.labels
-    keep = sorted(int(i) for c in range(dataset.num_classes)
+    return sorted(int(i) for c in range(dataset.num_classes)
                   for i in torch.nonzero(labels == c, as_tuple=False).flatten()[:per_class])
-    images = dataset.normalize(dataset.train.load(keep))
-    return (images, labels[keep].long()) if with_labels else images
+
+
+def _real_batches(dataset, keep: list[int]) -> Iterator[torch.Tensor]:
+    """The normalized images `keep` of the training split in batches of `_BATCH`; the next batch
+    decodes while the teachers see this one."""
+    for _, images in prefetch(dataset.train.load, torch.as_tensor(keep, dtype=torch.long).split(_BATCH)):
+        yield dataset.normalize(images)
+
+
+def _pending(teachers: Sequence["FrozenTeacher"], attribute: str) -> list["FrozenTeacher"]:
+    """The teachers (each once) whose `attribute` is not measured yet."""
+    out: list = []
+    for teacher in teachers:
+        if getattr(teacher, attribute) is None and not any(t is teacher for t in out):
+            out.append(teacher)
+    return out
 
 
 def attach_conv_targets(teachers: Sequence["FrozenTeacher"], dataset, device: str | torch.device = "cpu") -> None:
     """Measure each teacher's convolution targets on the dataset's real images, once, and hook
-    the loss onto it (recover's `r_conv` term)."""
-    images = real_images_for_statistics(dataset)
-    for teacher in teachers:
-        if teacher.conv is not None:
-            continue
-        targets = real_conv_targets(teacher.model, images, teacher.in_chans, device)
+    the loss onto it (recover's `r_conv` term). The images are read once for all teachers."""
+    todo = _pending(teachers, "conv")
+    if not todo:
+        return
+    keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
+    measured = _conv_targets([(t.model, t.in_chans) for t in todo], _real_batches(dataset, keep), device)
+    for teacher, targets in zip(todo, measured):
         teacher.conv = ConvStatistics(teacher.model, targets, teacher.first_bn_weight)
 
 
@@ -214,39 +251,55 @@ class ClassStatistics:
 
 
 @torch.no_grad()
-def real_class_bn_targets(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
+def real_class_bn_targets(model: nn.Module, images, labels: torch.Tensor, num_classes: int,
                           in_chans: int | None = None,
                           device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per BN layer of `model` (eval mode), per class: the mean over the class's `images` of each
-    image's channel mean and biased channel variance of the layer's input, (K, C) each, summed in
-    fp64 so the result does not depend on the batching. Every class needs at least one image."""
-    layers = bn_layers(model)
+    """Per BN layer of `model` (eval mode), per class: the mean over the class's `images` (a
+    tensor, or an iterable of batches in the order of `labels`) of each image's channel mean and
+    biased channel variance of the layer's input, (K, C) each, summed in fp64 so the result does
+    not depend on the batching. Every class needs at least one image."""
+    return _class_bn_targets([(model, in_chans)], _batches(images), labels, num_classes, device)[0]
+
+
+def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
+                      labels: torch.Tensor, num_classes: int,
+                      device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`real_class_bn_targets` of several models over one pass of the batches."""
     counts = torch.bincount(labels.long(), minlength=num_classes).double()
     if counts.numel() != num_classes or (counts == 0).any():
         raise ValueError("class-wise BN targets need real images of every class")
-    sums: list[list[torch.Tensor | None]] = [[None, None] for _ in layers]
+    runs, all_sums = [], []
+    for model, in_chans in models:
+        layers = bn_layers(model)
+        sums: list[list] = [[None, None] for _ in layers]
 
-    def visit(i, a, start):
-        flat = a.reshape(a.shape[0], a.shape[1], -1)
-        lab = labels[start:start + a.shape[0]].long().to(a.device)
-        s = sums[i]
-        if s[0] is None:
-            s[0] = torch.zeros(num_classes, a.shape[1], dtype=torch.float64, device=a.device)
-            s[1] = torch.zeros_like(s[0])
-        s[0].index_add_(0, lab, flat.mean(dim=2))
-        s[1].index_add_(0, lab, flat.var(dim=2, unbiased=False))
+        def visit(i, a, start, sums=sums):
+            flat = a.reshape(a.shape[0], a.shape[1], -1)
+            lab = labels[start:start + a.shape[0]].long().to(a.device)
+            s = sums[i]
+            if s[0] is None:
+                s[0] = torch.zeros(num_classes, a.shape[1], dtype=torch.float64, device=a.device)
+                s[1] = torch.zeros_like(s[0])
+            s[0].index_add_(0, lab, flat.mean(dim=2))
+            s[1].index_add_(0, lab, flat.var(dim=2, unbiased=False))
 
-    _visit_inputs(model, layers, images, in_chans, device, visit)
-    return [((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
+        runs.append((model, layers, in_chans, visit))
+        all_sums.append(sums)
+    _visit_inputs(runs, batches, device)
+    return [[((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
+            for sums in all_sums]
 
 
 def attach_class_targets(teachers: Sequence["FrozenTeacher"], dataset, weight: float,
                          device: str | torch.device = "cpu") -> None:
     """Measure each teacher's class-wise BN targets on the dataset's real images, once (recover's
-    `bn_category` term, EDC)."""
-    images, labels = real_images_for_statistics(dataset, with_labels=True)
-    for teacher in teachers:
-        if teacher.category is not None:
-            continue
-        targets = real_class_bn_targets(teacher.model, images, labels, dataset.num_classes, teacher.in_chans, device)
+    `bn_category` term, EDC). The images are read once for all teachers."""
+    todo = _pending(teachers, "category")
+    if not todo:
+        return
+    keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
+    labels = dataset.train.labels[keep].long()
+    measured = _class_bn_targets([(t.model, t.in_chans) for t in todo], _real_batches(dataset, keep), labels,
+                                 dataset.num_classes, device)
+    for teacher, targets in zip(todo, measured):
         teacher.category = ClassStatistics(targets, weight)

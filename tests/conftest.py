@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Folder listings the tests cache (fadrm_ray/data/listing.py) stay in a folder of this session.
+os.environ.setdefault("FADRM_CACHE", tempfile.mkdtemp(prefix="fadrm-test-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from .. import codec
 from .base import DatasetError, Split
+from .parallel import prefetch
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2
@@ -108,8 +109,8 @@ def sample_stats(split: Split, max_images: int = 1000, batch: int = 256):
     total = None
     sq = None
     pixels = 0
-    for start in range(0, idx.numel(), batch):
-        x = split.load(idx[start:start + batch]).double().div_(255.0)
+    for _, images in prefetch(split.load, idx.split(batch)):  # the next batch decodes while this one is summed
+        x = images.double().div_(255.0)
         s = x.sum(dim=(0, 2, 3))
         q = (x * x).sum(dim=(0, 2, 3))
         total = s if total is None else total + s

@@ -1,20 +1,30 @@
 """torchvision ImageFolder layout, decoded on demand.
 
-``PATH/train/<class>/*`` with ``PATH/test/<class>/*`` (or ``PATH/val/<class>/*``); without split
-folders, ``PATH/<class>/*`` gets a deterministic stratified 80/20 split. Class index = position
-of the folder name in sorted order, the torchvision convention.
+``PATH/train/<class>/*`` with ``PATH/test/<class>/*`` (or ``PATH/val/<class>/*``); ImageNet's
+flat ``PATH/val/*`` with its labels in ``LOC_val_solution.csv`` (imagenet_val.py); without a
+test folder, ``PATH/train/<class>/*`` or ``PATH/<class>/*`` gets a deterministic stratified 80/20
+split. Class index = position of the folder name in sorted order, the torchvision convention
+(for ImageNet: sorted wnids, torchvision's ImageNet order).
+
+The listing (files, labels, fingerprints) is made once per folder and reused from a cache file
+while the folders are unchanged (listing.py); images are read and decoded on several threads
+(parallel.py).
 """
 from __future__ import annotations
 
 import os
+import stat
+import time
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import find_classes, make_dataset
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
 from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .imagenet_val import SOLUTION_CSV, find_solution, label_flat_files
+from .listing import FolderListing, SplitListing, load_listing, save_listing, settled, stat_key
+from .parallel import parallel_map
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".avif")
 DEFAULT_SIZE = 224
@@ -22,71 +32,250 @@ _HEAD_BYTES = 65536
 
 
 def _class_dirs(root: Path) -> list[str]:
+    """The class folders of `root`, sorted by name (linked folders count; hidden ones, such as
+    .git or .ipynb_checkpoints, do not: a dataset never has them)."""
     try:
-        names, _ = find_classes(root)
-    except FileNotFoundError:  # torchvision's "no class folder": the caller says it in this reader's words
+        with os.scandir(root) as entries:
+            return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    except OSError:
         return []
-    # torchvision counts hidden folders (.git, .ipynb_checkpoints) as classes; a dataset never has them.
-    return [name for name in names if not name.startswith(".")]
 
 
-def _is_image(path: str) -> bool:
-    name = os.path.basename(path)
-    return (not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-            and os.path.isfile(path))  # a broken link is listed by the walk but is no image
+def _image_name(name: str) -> bool:
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _list_files(root: Path, classes: list[str], strict: bool) -> tuple[list[Path], list[int]]:
-    """The image files under each class folder (subfolders included) and their labels, a class's
-    files in path order. `strict`: every class folder must hold an image.
-
-    torchvision's walk follows linked subfolders, as its ImageFolder does; a link back up the
-    tree lists the same files again, until the system's link limit stops it."""
-    samples = make_dataset(root, {name: label for label, name in enumerate(classes)}, is_valid_file=_is_image,
-                           allow_empty=True)
-    # make_dataset lists a folder's own files before its subfolders'; path order (by components)
-    # keeps the file order, and so the 80/20 split, this reader has always had.
-    samples = sorted(((Path(path), label) for path, label in samples), key=lambda s: (s[1], s[0]))
-    if strict:
-        found = {label for _, label in samples}
-        empty = next((name for label, name in enumerate(classes) if label not in found), None)
-        if empty is not None:
-            raise DatasetError(f"class folder {root / empty} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return [path for path, _ in samples], [label for _, label in samples]
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
 
 
-def _file_fingerprint(base: Path, files: list[Path], labels: list[int]) -> str:
-    parts = []
-    for f, y in zip(files, labels):
-        parts.append(f"{f.relative_to(base).as_posix()}:{f.stat().st_size}:{y}")
-    return hash_parts(sorted(parts))
+class _Tree:
+    """What a listing of one folder saw: the (mtime, size) of every folder it listed (and of the
+    label file), and the newest modification time of anything in it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.watched: dict[str, tuple[int, int]] = {}
+        self.newest = 0
+
+    def watch(self, rel: str) -> None:
+        try:
+            key = stat_key(os.path.join(self.root, rel or "."))
+        except OSError as exc:
+            raise DatasetError(f"cannot read {self.root / rel}: {exc}") from None
+        self.add(rel or ".", key)
+
+    def add(self, rel: str, key: tuple[int, int]) -> None:
+        self.watched[rel] = key
+        self.newest = max(self.newest, key[0])
 
 
-def _read_head(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read(_HEAD_BYTES)
+def _walk_class(root: Path, rel_dir: str) -> tuple[list[tuple[str, int]], dict[str, tuple[int, int]], int]:
+    """The image files under one class folder, subfolders included, in path order (by
+    components), each (path relative to `root`, size); the (mtime, size) of every folder walked;
+    the newest mtime seen. Linked subfolders are followed, as torchvision's ImageFolder does; a
+    link back up the tree lists the same files again, until the system's link limit stops it."""
+    top = os.path.join(root, rel_dir)
+    files: list[tuple[str, int]] = []
+    folders: dict[str, tuple[int, int]] = {}
+    newest = 0
+    for dirpath, _, names in os.walk(top, followlinks=True):
+        rel = rel_dir + dirpath[len(top):].replace(os.sep, "/")
+        try:
+            folders[rel] = key = stat_key(dirpath)
+        except OSError:
+            continue
+        newest = max(newest, key[0])
+        for name in names:
+            if not _image_name(name):
+                continue
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:  # a broken link is listed by the walk but is no image
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files.append((f"{rel}/{name}", st.st_size))
+                newest = max(newest, st.st_mtime_ns)
+    files.sort(key=lambda f: f[0].split("/"))
+    return files, folders, newest
 
 
-def _decoded_channels(path: Path) -> int:
+def _walk_split(tree: _Tree, split_rel: str, classes: list[str],
+                strict: bool) -> tuple[list[str], list[int], list[int]]:
+    """(files, sizes, labels) under `split_rel/<class>/` for every class (one thread per class
+    folder), a class's files in path order. `strict`: every class folder must hold an image."""
+    tree.watch(split_rel)
+    present = [(label, name) for label, name in enumerate(classes)
+               if os.path.isdir(os.path.join(tree.root, split_rel or ".", name))]
+    walks = parallel_map(lambda item: _walk_class(tree.root, _join(split_rel, item[1])), present)
+    files, sizes, labels = [], [], []
+    for (label, name), (found, folders, newest) in zip(present, walks):
+        if strict and not found:
+            raise DatasetError(f"class folder {tree.root / split_rel / name} has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        for rel, key in folders.items():
+            tree.add(rel, key)
+        tree.newest = max(tree.newest, newest)
+        files.extend(rel for rel, _ in found)
+        sizes.extend(size for _, size in found)
+        labels.extend([label] * len(found))
+    return files, sizes, labels
+
+
+def _holds_images(folder: Path) -> bool:
+    """Whether image files lie directly in `folder` (by name)."""
+    with os.scandir(folder) as entries:
+        return any(_image_name(entry.name) and not entry.is_dir() for entry in entries)
+
+
+def _direct_images(folder: Path) -> list[tuple[str, int, int]]:
+    """The image files directly in `folder`: (name, size, mtime_ns), by name."""
+    out = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if _image_name(entry.name):
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append((entry.name, st.st_size, st.st_mtime_ns))
+    return sorted(out)
+
+
+def _flat_val(tree: _Tree, val_dir: Path, classes: list[str],
+              train_dir: Path) -> tuple[list[str], list[int], list[int]]:
+    """(files, sizes, labels) of ImageNet's flat validation folder, labelled by its solution CSV;
+    ordered by label, then name (the order of the same images in class folders)."""
+    solution = find_solution(tree.root, val_dir) if val_dir.name == "val" else None
+    if solution is None:
+        raise DatasetError(f"{val_dir} holds images but no class folders, and no {SOLUTION_CSV} "
+                           f"(in {tree.root} or {val_dir}) gives their labels")
+    tree.watch(val_dir.name)
+    tree.watch(solution.relative_to(tree.root).as_posix())
+    found = _direct_images(val_dir)
+    for _, _, mtime in found:
+        tree.newest = max(tree.newest, mtime)
+    labels = label_flat_files([name for name, _, _ in found], solution, classes, train_dir)
+    order = sorted(range(len(found)), key=lambda i: (labels[i], found[i][0]))
+    return ([f"{val_dir.name}/{found[i][0]}" for i in order], [found[i][1] for i in order],
+            [labels[i] for i in order])
+
+
+def _test_dir(root: Path) -> Path | None:
+    """The held-out folder: the first of test/ and val/ that has labels (class folders, or for
+    val/ a solution CSV), else the first that exists."""
+    found = [root / name for name in ("test", "val") if (root / name).is_dir()]
+    for folder in found:
+        if _class_dirs(folder) or (folder.name == "val" and find_solution(root, folder) is not None):
+            return folder
+    return found[0] if found else None
+
+
+def _fingerprint(files: list[str], sizes: list[int], labels: list[int]) -> str:
+    return hash_parts(sorted(f"{rel}:{size}:{y}" for rel, size, y in zip(files, sizes, labels)))
+
+
+def _split_listing(files: list[str], sizes: list[int], labels: list[int], keep=None) -> SplitListing:
+    if keep is not None:
+        files, sizes, labels = ([v[i] for i in keep] for v in (files, sizes, labels))
+    return SplitListing(list(files), list(labels), _fingerprint(files, sizes, labels))
+
+
+def _paths(root: Path, files: list[str]) -> list[str]:
+    base = str(root)
+    if base == ".":
+        return list(files)
+    prefix = base if base.endswith(os.sep) else base + os.sep
+    return [prefix + rel for rel in files]
+
+
+def _read(path: str) -> bytes:
     try:
-        return codec.stored_channels(path.read_bytes())
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise DatasetError(f"cannot read image file {path}: {exc}") from None
+
+
+def _read_head(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    except OSError as exc:
+        raise DatasetError(f"cannot read image file {path}: {exc}") from None
+
+
+def _decoded_channels(path: str) -> int:
+    try:
+        return codec.stored_channels(_read(path))
     except codec.CodecError as exc:
         raise DatasetError(f"cannot decode image {path}: {exc}") from None
 
 
-def file_split(base: Path, files: list[Path], labels: list[int], channels: int, size: int) -> Split:
-    """A split whose loader reads and decodes only the requested files."""
-    files = list(files)
-    label_tensor = torch.as_tensor(labels, dtype=torch.int64)
+def _layout(tree: _Tree) -> tuple[str, list[str], tuple, tuple | None]:
+    """(layout, classes, train, test): `train` and `test` as (files, sizes, labels); `test` None
+    when the held-out images are to be split off `train` (80/20)."""
+    root = tree.root
+    train_dir = root / "train"
+    if not train_dir.is_dir():
+        classes = _class_dirs(root)
+        if not classes:
+            raise DatasetError(f"no class folders in {root} (expected PATH/<class>/*.png or PATH/train/<class>/...)")
+        return "flat (80/20 split)", classes, _walk_split(tree, "", classes, strict=True), None
+    classes = _class_dirs(train_dir)
+    if not classes:
+        raise DatasetError(f"no class folders in {train_dir}")
+    train = _walk_split(tree, "train", classes, strict=True)
+    test_dir = _test_dir(root)
+    if test_dir is None:
+        return "train (80/20 split)", classes, train, None
+    held_out = _class_dirs(test_dir)
+    extra = sorted(set(held_out) - set(classes))
+    if extra:
+        raise DatasetError(f"{test_dir} has class folders missing from {train_dir}: {', '.join(extra)}")
+    if held_out or not _holds_images(test_dir):
+        return f"train/{test_dir.name}", classes, train, _walk_split(tree, test_dir.name, classes, strict=False)
+    return (f"train/{test_dir.name} (flat, {SOLUTION_CSV})", classes, train,
+            _flat_val(tree, test_dir, classes, train_dir))
+
+
+def list_folder(root: Path) -> tuple[FolderListing, bool]:
+    """Walk the folder: its listing, and whether the tree has been still long enough to keep it."""
+    listed_at = time.time_ns()
+    tree = _Tree(root)
+    tree.watch("")
+    layout, classes, train, test = _layout(tree)
+    if test is None:
+        tr, te = stratified_split(torch.as_tensor(train[2], dtype=torch.int64))
+        train_listing, test_listing = _split_listing(*train, keep=tr.tolist()), _split_listing(*train, keep=te.tolist())
+    else:
+        train_listing, test_listing = _split_listing(*train), _split_listing(*test)
+
+    everything = _paths(root, train_listing.files + test_listing.files)
+    grey = all_grey(lambda i: _read_head(everything[i]), len(everything), lambda i: _decoded_channels(everything[i]))
+    channels = 1 if grey else 3
+    first = decode_bytes(_read(everything[0]), channels, what=everything[0])
+    listing = FolderListing(layout=layout, classes=classes, train=train_listing, test=test_listing, channels=channels,
+                            first_shape=(int(first.shape[-2]), int(first.shape[-1])), watched=tree.watched)
+    return listing, settled(tree.newest, listed_at)
+
+
+def file_split(root: Path, split: SplitListing, channels: int, size: int) -> Split:
+    """A split whose loader reads and decodes only the requested files, on the shared decode
+    threads (parallel.py)."""
+    paths = _paths(root, split.files)
+
+    def read(i: int) -> torch.Tensor:
+        return resize_uint8(decode_bytes(_read(paths[i]), channels, what=paths[i]), size)
 
     def load(indices):
         idx = torch.as_tensor(indices, dtype=torch.long).flatten().tolist()
         if not idx:
             return torch.empty((0, channels, size, size), dtype=torch.uint8)
-        out = [resize_uint8(decode_bytes(files[i].read_bytes(), channels, what=str(files[i])), size) for i in idx]
-        return torch.stack(out)
+        return torch.stack(parallel_map(read, idx))
 
-    return Split(labels=label_tensor, load=load, fingerprint_source=_file_fingerprint(base, files, labels))
+    return Split(labels=torch.as_tensor(split.labels, dtype=torch.int64), load=load,
+                 fingerprint_source=split.fingerprint)
 
 
 def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
@@ -98,52 +287,27 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
     if not root.is_dir():
         raise DatasetError(f"image folder is not a directory: {root}")
 
-    train_dir = root / "train"
-    test_dir = next((root / n for n in ("test", "val") if (root / n).is_dir()), None)
-    if train_dir.is_dir():
-        classes = _class_dirs(train_dir)
-        if not classes:
-            raise DatasetError(f"no class folders in {train_dir}")
-        train_files, train_labels = _list_files(train_dir, classes, strict=True)
-        if test_dir is not None:
-            extra = sorted(set(_class_dirs(test_dir)) - set(classes))
-            if extra:
-                raise DatasetError(f"{test_dir} has class folders missing from {train_dir}: {', '.join(extra)}")
-            test_files, test_labels = _list_files(test_dir, classes, strict=False)
-            layout = f"train/{test_dir.name}"
-        else:
-            all_files, all_labels = train_files, train_labels
-            layout = "train (80/20 split)"
-    else:
-        classes = _class_dirs(root)
-        if not classes:
-            raise DatasetError(f"no class folders in {root} (expected PATH/<class>/*.png or PATH/train/<class>/...)")
-        all_files, all_labels = _list_files(root, classes, strict=True)
-        layout = "flat (80/20 split)"
-        test_dir = None
-    if test_dir is None:
-        tr, te = stratified_split(torch.as_tensor(all_labels, dtype=torch.int64))
-        train_files = [all_files[i] for i in tr.tolist()]
-        train_labels = [all_labels[i] for i in tr.tolist()]
-        test_files = [all_files[i] for i in te.tolist()]
-        test_labels = [all_labels[i] for i in te.tolist()]
-
-    everything = train_files + test_files
-    grey = all_grey(lambda i: _read_head(everything[i]), len(everything),
-                    lambda i: _decoded_channels(everything[i]))
-    channels = 1 if grey else 3
-
+    listing = load_listing(root)
+    keep = listing is not None
+    if listing is None:
+        listing, keep = list_folder(root)
     if image_size is None:
-        first = decode_bytes(train_files[0].read_bytes(), channels, what=str(train_files[0]))
-        h, w = first.shape[-2:]
-        image_size = int(h) if h == w else DEFAULT_SIZE
+        h, w = listing.first_shape
+        image_size = h if h == w else DEFAULT_SIZE
     if image_size < 1:
         raise DatasetError(f"image_size must be positive, got {image_size}")
 
-    train = file_split(root, train_files, train_labels, channels, image_size)
-    test = file_split(root, test_files, test_labels, channels, image_size)
-    mean, std, used = sample_stats(train)
-    return ImageDataset(name=f"imagefolder:{root.resolve().name}", class_names=classes, image_size=image_size,
-                        channels=channels, mean=mean, std=std, train=train, test=test, hflip=True,
-                        info={"source": "imagefolder", "path": str(root.resolve()), "layout": layout,
-                              "stats_images": used})
+    train = file_split(root, listing.train, listing.channels, image_size)
+    test = file_split(root, listing.test, listing.channels, image_size)
+    stats = listing.stats.get(str(image_size))
+    if stats is None:
+        mean, std, used = sample_stats(train)
+        listing.stats[str(image_size)] = [list(mean), list(std), used]
+    else:
+        mean, std, used = tuple(float(v) for v in stats[0]), tuple(float(v) for v in stats[1]), int(stats[2])
+    if keep and (stats is None or listing.source == "walked"):
+        save_listing(root, listing)
+    return ImageDataset(name=f"imagefolder:{root.resolve().name}", class_names=listing.classes, image_size=image_size,
+                        channels=listing.channels, mean=mean, std=std, train=train, test=test, hflip=True,
+                        info={"source": "imagefolder", "path": str(root.resolve()), "layout": listing.layout,
+                              "stats_images": used, "listing": listing.source})

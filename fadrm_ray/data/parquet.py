@@ -16,6 +16,7 @@ import torch
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
 from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .parallel import parallel_map
 
 DEFAULT_SIZE = 224
 _HIVE_LABEL = re.compile(r"^label=(-?\d+)$")
@@ -153,14 +154,17 @@ def _fingerprint(rows: _Rows) -> str:
 
 
 def rows_split(rows: _Rows, channels: int, size: int, what: str) -> Split:
+    """A split whose loader decodes the requested rows on the shared decode threads (parallel.py)."""
     items = rows.items
+
+    def read(i: int) -> torch.Tensor:
+        return resize_uint8(decode_bytes(_read_item(items[i]), channels, what=f"{what} row {i}"), size)
 
     def load(indices):
         idx = torch.as_tensor(indices, dtype=torch.long).flatten().tolist()
         if not idx:
             return torch.empty((0, channels, size, size), dtype=torch.uint8)
-        return torch.stack([resize_uint8(decode_bytes(_read_item(items[i]), channels, what=f"{what} row {i}"), size)
-                            for i in idx])
+        return torch.stack(parallel_map(read, idx))
 
     return Split(labels=torch.as_tensor(rows.labels, dtype=torch.int64), load=load,
                  fingerprint_source=_fingerprint(rows))
