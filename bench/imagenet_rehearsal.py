@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 
 from bench.rehearsal_measure import ListingCounter, Phase, TreeSampler, become_subreaper, last_json, ledger_split
+from bench.decode import cpu_name
 from bench.rehearsal_report import report, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,16 +74,6 @@ def log(message: str) -> None:
 def wnids(count: int = 1000) -> list[str]:
     """`count` WordNet-id-like class names (n0 and 7 digits), sorted, the same on every call."""
     return [f"n0{1440000 + 7919 * i:07d}" for i in range(count)]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 # --------------------------------------------------------------------------- data

@@ -16,7 +16,7 @@ import torch
 from torchvision.io import encode_png, write_file
 
 from fadrm_ray import distill
-from fadrm_ray.cli import build_parser, main
+from fadrm_ray.cli import build_parser
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import make_run_id
@@ -24,24 +24,12 @@ from fadrm_ray.job import build_job
 from fadrm_ray.models import load_teacher
 from fadrm_ray.store import open_run
 from tests import fault_inject
+from tests.test_integrity import one_line, run_cli
 
 PER_CLASS = 12  # digits images per class folder: 80/20 split, one IPC of patches to pick from
 DISTILL = ["--preset", "fadrm", "--ipc", "1", "--set", "iterations=8", "--set", "precision=fp32",
            "--out", "STORE", "--local", "--device", "cpu", "--threads", "1", "--json", "--quiet"]
 EVALUATE = ["--epochs", "1", "--seeds", "1", "--no-baselines", "--threads", "1", "--json", "--quiet"]
-
-
-def run_cli(capsys, *argv):
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
