@@ -58,6 +58,7 @@ from pathlib import Path
 
 from bench.rehearsal_measure import ListingCounter, Phase, TreeSampler, become_subreaper, last_json, ledger_split
 from bench.decode import cpu_name
+from fadrm_ray.layout import RunLayout
 from bench.rehearsal_report import report, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,13 +288,15 @@ def rehearse(n: int, args, out: Path, counter_for) -> dict:
                                    "--ipc", "1", "--workers", str(args.workers), "--cpus-per-worker", "1", *sets,
                                    "--out", "store", "--json", "--quiet"], args.timeout).stdout)
             run_dir = work / got["run_dir"]
-            resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+            layout = RunLayout(run_dir)
+            resolved = yaml.safe_load(layout.config.read_text())
             split = ledger_split(run_dir)
             p.result.update({"run_id": got["run_id"], "images": got["images"], "own_s": round(got["seconds"], 2),
                              "recipe": resolved.get("recipe"), "downsample_size": resolved.get("downsample_size"),
                              "precision": resolved.get("precision"), **split})
-            units = sorted((run_dir / "units").glob("*.json"))
-            resolutions = json.loads(units[0].read_text())["stats"]["packs"][0]["resolutions"] if units else None
+            units = layout.unit_ids()
+            resolutions = (json.loads(layout.unit(units[0]).read_text())["stats"]["packs"][0]["resolutions"]
+                           if units else None)
             p.result["stage_resolutions"] = resolutions
         d = p.result
         d["outside_recover_s"] = round(d["seconds"] - d["recover_wall_s"], 2)

@@ -21,6 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from fadrm_ray.events import read_events
+from fadrm_ray.layout import RunLayout
+
 SAMPLE_SECONDS = 0.2
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 2 ** 20
@@ -281,7 +284,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 def ledger_split(run_dir: Path) -> dict:
     """Recover stages and patch scoring of a Ray run from its ledger: worker seconds (summed
     over workers) and wall seconds (the union of the intervals), and the run's own seconds."""
-    events = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines() if line.strip()]
+    events = list(read_events(RunLayout(run_dir).ledger))
     out: dict = {}
     for key, name in (("recover", "stage_done"), ("patch_scoring", "patches_scored")):
         spans = [(e["t"] - e["seconds"], e["t"]) for e in events if e["event"] == name]

@@ -155,7 +155,7 @@ def _torchvision_weights(arch: str, source: str) -> _Weights:
         meta = _torchvision_meta(member) if member else {}
         return _Weights(state_dict=state, described=described, weights_sha256=sha256_file(path), **meta)
     member = _torchvision_enum_member(arch, source)
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(member.url).name
+    cached = Path(os.path.join(torch.hub.get_dir(), "checkpoints", Path(member.url).name))  # torch hub's cache
     if not cached.is_file() and os.environ.get("FADRM_OFFLINE", "").strip().lower() not in ("", "0", "false", "no"):
         raise ModelError(f"torchvision weights {member} are not in torch hub's cache ({cached}) and FADRM_OFFLINE is "
                          f"set; copy {cached.name} there or pass the file as --weights")
