@@ -11,7 +11,6 @@ service is imported.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray import codec
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.common import decode_bytes
+from fadrm_ray.data.parquet import fadrm_hflip, label_names
 from fadrm_ray.models import TeacherInfo, load_teacher
 from fadrm_ray.scores import Evaluation
 from fadrm_ray.settings import EvalConfig, EvaluationError
@@ -42,14 +42,6 @@ class DistilledFile(BaseModel):
         return sorted({int(v) for v in self.labels.tolist()})
 
 
-def _metadata_json(metadata: dict | None, key: bytes) -> dict:
-    try:
-        value = json.loads((metadata or {})[key])
-    except (KeyError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def read_distilled(path: str | Path) -> DistilledFile:
     """The images, labels and class names of a distilled Parquet file (EvaluationError if it is
     not one: no `image`/`label` columns, no class names, or images of different shapes)."""
@@ -63,8 +55,7 @@ def read_distilled(path: str | Path) -> DistilledFile:
     if not {"image", "label"} <= set(table.column_names):
         raise EvaluationError(f"{path} has no image and label columns: not a distilled dataset file")
     metadata = table.schema.metadata
-    feature = _metadata_json(metadata, b"huggingface").get("info", {}).get("features", {}).get("label", {})
-    names = feature.get("names") if isinstance(feature, dict) else None
+    names = label_names(metadata)
     if not names:
         raise EvaluationError(f"{path} records no class names (a ClassLabel in its `huggingface` metadata)")
     labels = table.column("label").to_pylist()
@@ -86,11 +77,8 @@ def read_distilled(path: str | Path) -> DistilledFile:
     shapes = {tuple(x.shape) for x in images}
     if len(shapes) > 1:
         raise EvaluationError(f"{path}: images of different shapes {sorted(shapes)}")
-    fadrm = _metadata_json(metadata, b"fadrm")
-    hflip = next((h["hflip"] for h in (fadrm, fadrm.get("dataset")) if isinstance(h, dict)
-                  and isinstance(h.get("hflip"), bool)), None)
     return DistilledFile(images=torch.stack(images), labels=torch.as_tensor([labels[i] for i in order]),
-                         class_names=[str(n) for n in names], hflip=hflip)
+                         class_names=names, hflip=fadrm_hflip(metadata))
 
 
 def _check_classes(file: DistilledFile, info: TeacherInfo, teacher: str) -> None:

@@ -273,13 +273,7 @@ def spread_sample(split: Split, num_classes: int, count: int | None) -> Split:
         if idx.numel():
             take = min(per_class, idx.numel())
             keep.append(idx[torch.linspace(0, idx.numel() - 1, take).round().long().unique()])
-    keep_t = torch.sort(torch.cat(keep)).values
-    parent = split.load
-
-    def load(indices):
-        return parent(keep_t[torch.as_tensor(indices, dtype=torch.long)])
-
-    return Split(labels=split.labels[keep_t], load=load, fingerprint_source=f"{split.fingerprint_source}:spread{count}")
+    return split.subset(torch.sort(torch.cat(keep)).values, f"spread{count}")
 
 
 def chance_bar(num_classes: int, count: int) -> tuple[float, float]:

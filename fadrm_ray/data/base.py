@@ -44,13 +44,17 @@ class Split:
             return self
         keep = torch.nonzero(torch.isin(self.labels, torch.as_tensor(list(classes), dtype=torch.int64)),
                              as_tuple=False).flatten()
+        return self.subset(keep, f"classes={sorted(int(c) for c in classes)}")
+
+    def subset(self, keep: torch.Tensor, what: str) -> "Split":
+        """The images `keep` (indices into this split), in that order; `what` names the choice in
+        the fingerprint."""
         parent = self.load
 
         def load(indices):
             return parent(keep[torch.as_tensor(indices, dtype=torch.long)])
 
-        return Split(labels=self.labels[keep], load=load,
-                     fingerprint_source=f"{self.fingerprint_source}:classes={sorted(int(c) for c in classes)}")
+        return Split(labels=self.labels[keep], load=load, fingerprint_source=f"{self.fingerprint_source}:{what}")
 
     @staticmethod
     def in_memory(images: torch.Tensor, labels: torch.Tensor) -> "Split":

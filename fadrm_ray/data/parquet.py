@@ -35,7 +35,8 @@ def _split_role(rel: Path) -> str:
     return ""
 
 
-def _label_names(metadata: dict | None) -> list[str] | None:
+def label_names(metadata: dict | None) -> list[str] | None:
+    """The class names of a ClassLabel `label` in a file's `huggingface` schema metadata, if any."""
     if not metadata or b"huggingface" not in metadata:
         return None
     try:
@@ -48,7 +49,8 @@ def _label_names(metadata: dict | None) -> list[str] | None:
     return [str(n) for n in feature["names"]]
 
 
-def _fadrm_hflip(metadata: dict | None) -> bool | None:
+def fadrm_hflip(metadata: dict | None) -> bool | None:
+    """Whether a flip keeps the label, as a file's `fadrm` metadata says (None: it does not)."""
     if not metadata or b"fadrm" not in metadata:
         return None
     try:
@@ -206,12 +208,12 @@ def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
     hflip = None
     for f in files:
         items, labels, metadata = _read_file(f)
-        names = _label_names(metadata)
+        names = label_names(metadata)
         if names is not None:
             if class_names is not None and names != class_names:
                 raise DatasetError(f"{f}: class names differ from those of the other files")
             class_names = names
-        flip = _fadrm_hflip(metadata)
+        flip = fadrm_hflip(metadata)
         hflip = flip if flip is not None else hflip
         roles[_split_role(f.relative_to(base))].extend(items, labels)
 
