@@ -199,30 +199,50 @@ def run_recipe(reader) -> str:
 
 def cmd_export(args) -> None:
     from fadrm_ray.fileio import check_new_output
-    from fadrm_ray.store import export_imagefolder, export_tensors, open_run
+    from fadrm_ray.store import export_imagefolder, export_parquet, export_tensors, open_run
 
     classes = _parse_classes(args.classes)
     check_new_output(args.out, "--out", empty_dir_ok=args.format == "imagefolder")
+    if (args.topk is not None or args.label_epochs is not None) and not args.soft_labels:
+        raise CLIError("--topk and --label-epochs shape the stored soft labels: add --soft-labels")
+    for flag, value in (("--topk", args.topk), ("--label-epochs", args.label_epochs)):
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} must be at least 1, got {value}")
     complete = open_run(args.run, incomplete=args.incomplete).complete
     _warn_incomplete(args, complete)
-    if args.with_teacher:  # the teacher(s) and student recipe of the report's top-1, with the images
-        from fadrm_ray.store.product import export_with_teacher
+    payload = {"run": args.run, "format": args.format, "out": args.out, "complete": complete}
+    if args.with_teacher or args.soft_labels:  # what the report's top-1 needs, with the images
+        from fadrm_ray.settings import LabelStorage
+        from fadrm_ray.store.product import export_with_product
 
-        count, product, recipe_from = export_with_teacher(args.run, args.out, args.format, classes,
-                                                          incomplete=args.incomplete, ipc=args.ipc)
-        _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count, "complete": complete,
-                     "teachers": [str(p) for p in product[:-1]], "recipe": str(product[-1]),
-                     "recipe_from": recipe_from},
-              f"exported {count} images as {args.format} to {args.out}, with the teacher(s) "
-              f"{', '.join(str(p) for p in product[:-1])} and the student recipe {product[-1]} "
-              f"(from {recipe_from}): the reported top-1 trains students with the teachers' soft labels")
+        storage = LabelStorage(topk=args.topk, epochs=args.label_epochs) if args.soft_labels else None
+        count, product, files = export_with_product(args.run, args.out, args.format, classes,
+                                                    incomplete=args.incomplete, ipc=args.ipc,
+                                                    teachers=args.with_teacher, soft_labels=storage,
+                                                    progress=not args.quiet)
+        teachers = [str(p) for p in files[:len(product.teachers)]]
+        payload.update(images=count, teachers=teachers, recipe=str(files[-1]), recipe_from=product.recipe_from)
+        shipped = [f"the teacher(s) {', '.join(teachers)}"] if teachers else []
+        if product.soft_labels is not None:
+            labels = str(files[len(product.teachers)])
+            payload.update(soft_labels=labels, soft_label_bytes_per_image=round(product.soft_label_bytes_per_image, 1),
+                           soft_label_topk=product.recipe.soft_label_topk,
+                           soft_label_epochs=product.recipe.soft_label_epochs or product.recipe.epochs)
+            shipped.append(f"the stored soft labels {labels} ({product.soft_label_bytes_per_image:,.0f} bytes per "
+                           f"image and seed, top-{product.recipe.soft_label_topk or 'all'} logits, "
+                           f"{product.recipe.soft_label_epochs or product.recipe.epochs} epochs)")
+        _emit(args, payload,
+              f"exported {count} images as {args.format} to {args.out}, with {' and '.join(shipped)} and the student "
+              f"recipe {files[-1]} (from {product.recipe_from}): the reported top-1 trains students with the "
+              "teachers' soft labels")
         return
     if args.format == "imagefolder":
         count = export_imagefolder(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
+    elif args.format == "parquet":
+        count = export_parquet(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
     else:
         count = export_tensors(args.run, args.out, classes=classes, incomplete=args.incomplete, ipc=args.ipc)
-    _emit(args, {"run": args.run, "format": args.format, "out": args.out, "images": count, "complete": complete},
-          f"exported {count} images as {args.format} to {args.out}")
+    _emit(args, {**payload, "images": count}, f"exported {count} images as {args.format} to {args.out}")
 
 
 def cmd_evaluate(args) -> None:
@@ -413,9 +433,12 @@ def cmd_train_student(args) -> None:
     from fadrm_ray.runtime import process_info
     from fadrm_ray.student import train_from_files
 
-    _check_teachers(args.teacher)
-    result = train_from_files(args.data, args.teacher, args.recipe, args.test,
-                              seeds=None if args.seed is None else [args.seed], device=args.device or "cpu",
+    _check_teachers(args.teacher or [])
+    if args.soft_labels is not None and not Path(args.soft_labels).is_file():
+        raise CLIError(f"soft-label file {args.soft_labels} does not exist")
+    result = train_from_files(args.data, args.teacher or [], args.recipe, args.test,
+                              seeds=None if args.seed is None else [args.seed], soft_labels=args.soft_labels,
+                              device=args.device or "cpu",
                               num_threads=args.threads, progress=not args.quiet, data_root=args.data_root)
     tested = not math.isnan(result.top1_mean)
     payload = {"top1": result.top1_mean if tested else None, "top1_per_seed": result.top1_per_seed if tested else None,
@@ -451,7 +474,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
 
     parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_help = "digits, mnist-sample, fashion-mnist, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+    data_help = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
     ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
@@ -493,8 +516,10 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p = sub.add_parser("train-student", parents=[common],
                        help="train a student from a downloaded distilled set, its teacher and its recipe")
     p.add_argument("--data", required=True, help="the distilled Parquet file (a job's dataset download)")
-    p.add_argument("--teacher", action="append", required=True,
+    p.add_argument("--teacher", action="append", default=None,
                    help="the teacher checkpoint that gives the soft labels (repeat for a committee)")
+    p.add_argument("--soft-labels", default=None,
+                   help="stored soft labels instead of a teacher (`fadrm export --soft-labels`, GET .../soft-labels)")
     p.add_argument("--recipe", default=None, help="the student recipe, an EvalConfig as JSON (default: the defaults)")
     p.add_argument("--test", default=None, help=f"score on this dataset's test images of the file's classes: {data_help}")
     p.add_argument("--seed", type=int, default=None, help="train one student with this seed (default: the recipe's seeds)")
@@ -516,16 +541,24 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--data-root", default=None)
     p.set_defaults(func=functools.partial(cmd_distill, ray_distill=ray_distill))
 
-    p = sub.add_parser("export", parents=[common], help="export a run as an ImageFolder or a tensor file")
+    p = sub.add_parser("export", parents=[common], help="export a run as an ImageFolder, a Parquet or a tensor file")
     p.add_argument("--run", required=True, help="STORE/RUN_ID")
-    p.add_argument("--format", choices=["imagefolder", "pt"], default="imagefolder")
+    p.add_argument("--format", choices=["imagefolder", "parquet", "pt"], default="imagefolder",
+                   help="parquet: one file, as the REST service serves it and `fadrm train-student --data` reads it")
     p.add_argument("--classes", default=None)
     p.add_argument("--ipc", type=int, default=None, help=ipc_help)
     p.add_argument("--out", required=True, help="a new path (an empty folder for imagefolder); never replaced")
     p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
     p.add_argument("--with-teacher", action="store_true",
                    help="also write the run's teacher checkpoint(s) and the student recipe (recipe.json) its "
-                        "reported top-1 needs: inside the folder, or beside the .pt file")
+                        "reported top-1 needs: inside the folder, or beside the file")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="also write the soft labels of the recipe's students, stored (soft-labels.parquet), for "
+                        "`fadrm train-student --soft-labels` without the teacher")
+    p.add_argument("--topk", type=int, default=None,
+                   help="keep the K largest logits of each view (default: all)")
+    p.add_argument("--label-epochs", type=int, default=None,
+                   help="keep the labels of this many epochs, read in turn (default: every epoch of the recipe)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", parents=[common], help="train students on a run's images, report test top-1")

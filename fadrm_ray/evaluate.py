@@ -51,7 +51,8 @@ from torch import nn
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.models import create_model, evaluate_top1
-from fadrm_ray.relabel import AugmentSpec, SoftLabeler, soft_label_source, steps_per_epoch
+from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
+from fadrm_ray.soft_label_store import soft_label_source
 from fadrm_ray.runtime import torch_threads, tune_allocator
 from fadrm_ray.scores import Evaluation, StudentScore
 from fadrm_ray.settings import EvalConfig, EvaluationError
@@ -136,7 +137,10 @@ def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
 
 
 class Targets(Protocol):
-    """What a student learns instead of the teachers' soft labels (ranking.HardLabels)."""
+    """What a student learns instead of soft labels from teachers at hand (ranking.HardLabels,
+    student.PackedSoftLabels); `teacher_ids` names the teachers behind them, if any."""
+
+    teacher_ids: list[str]
 
     def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int): ...  # .epoch(e) -> steps
 
@@ -170,8 +174,8 @@ def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: So
         spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
                            hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
         labeler = labeler.with_batch_statistics(cfg.teacher_bn == "batch")
-        source = soft_label_source(cfg.soft_labels, images_uint8, labeler, spec, cfg.batch_size, seed, epochs,
-                                   soft_label_dir, dtype=cfg.soft_label_dtype)
+        online = OnlineSoftLabels(images_uint8, labeler, spec, cfg.batch_size, seed)
+        source = soft_label_source(cfg.soft_labels, online, epochs, soft_label_dir, cfg.label_storage())
 
         def loss_of(logits, step):
             return kd_loss(logits, step.logits.to(device_t), cfg.temperature)
@@ -251,7 +255,8 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
                     classes: Sequence[int] | None = None,
                     on_eval: Callable[[int, int, int, float], None] | None = None,
                     known: dict[int, StudentScore] | None = None,
-                    on_seed: Callable[[StudentScore], None] | None = None, augment: bool = True) -> Evaluation:
+                    on_seed: Callable[[StudentScore], None] | None = None, augment: bool = True,
+                    targets: Targets | None = None) -> Evaluation:
     """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real
     test images of `classes` (None: the whole test split; `models.evaluate_top1`).
 
@@ -261,7 +266,8 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
     `known` maps seeds to students already trained on these images with these settings: they are
     not trained again. `on_seed` sees each new student as soon as it is trained (`evaluate_run`
     keeps it, so an interrupted evaluation resumes). `augment=False`: students that see the images
-    as they are (`train_student`).
+    as they are (`train_student`). `targets` replaces the teachers' soft labels (`teachers` may
+    then be None).
     """
     tune_allocator()
     dataset = _as_dataset(dataset)
@@ -275,12 +281,12 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
     known = {s: r for s, r in (known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
     with torch_threads(num_threads):
-        labeler = _as_labeler(teachers, dataset, device)
+        labeler = _as_labeler(teachers, dataset, device) if targets is None or teachers else None
         for s in cfg.seed_list:
             if s not in per_seed:
                 per_seed[s] = train_student(images_uint8, dataset, labeler, cfg, s, device=device,
                                             soft_label_dir=soft_label_dir, progress=progress, classes=classes,
-                                            on_eval=on_eval, augment=augment)
+                                            on_eval=on_eval, augment=augment, targets=targets)
                 if on_seed is not None:
                     on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
@@ -297,7 +303,8 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dat
         seconds=round(time.perf_counter() - started + sum(r.seconds for r in known.values()), 2),
         images=int(images_uint8.shape[0]), images_per_class=per_class, dataset=dataset.name,
         classes=None if classes is None else sorted(int(c) for c in classes),
-        test_size=len(dataset.test.of_classes(classes)), teachers=list(labeler.ids), config=cfg, augment=augment)
+        test_size=len(dataset.test.of_classes(classes)),
+        teachers=list(labeler.ids) if labeler is not None else list(targets.teacher_ids), config=cfg, augment=augment)
 
 
 def run_teacher_paths(provenance: dict) -> list[dict]:

@@ -129,6 +129,8 @@ class HardLabels:
     """`evaluate.Targets` for hard-label students: cross-entropy on each image's class, images
     unaugmented (DD-Ranking's default for hard labels)."""
 
+    teacher_ids: list[str] = []
+
     def __init__(self, labels: torch.Tensor):
         self.labels = torch.as_tensor(labels, dtype=torch.long)
 

@@ -11,10 +11,8 @@ sources of soft labels share one code path and cannot drift apart:
 
 - `OnlineSoftLabels` (the default) draws the plan and runs the teachers on every step;
   nothing is stored.
-- `precompute_soft_labels` writes the plans and fp16 logits of E epochs to Parquet (the
-  published pipeline's storage, section 6, without its patched PyTorch loader: pitfall list in
-  section 8), and `StoredSoftLabels`, a plain map-style Dataset with one item per step, reads
-  them back and rebuilds the same views with `apply_plan`.
+- the stored source (soft_label_store.py) writes the plans and logits of E epochs to Parquet
+  and rebuilds the same views from them with `apply_plan`.
 
 Each epoch's plan comes from its own generator, seeded from (seed, epoch), so an epoch can be
 recomputed or read back on its own, in any order.
@@ -23,28 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fadrm_ray.augment import crop_box, cutmix_box
-from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.statistics import bn_layers
 
-SOFT_LABEL_MODES = ("online", "stored")
-STORE_FORMAT = "fadrm-soft-labels"
-STORE_VERSION = 1
-LOGIT_DTYPES = {"float16": (torch.float16, pa.float16()), "float32": (torch.float32, pa.float32())}
 
 
 # --------------------------------------------------------------------------- the augmentation
@@ -281,7 +271,7 @@ class OnlineSoftLabels:
                  batch_size: int, seed: int):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.images01 = to_unit(images_uint8)
+        self.images_uint8, self.images01 = images_uint8, to_unit(images_uint8)
         self.labeler, self.spec, self.batch_size, self.seed = labeler, spec, int(batch_size), int(seed)
 
     @property
@@ -298,177 +288,3 @@ class OnlineSoftLabels:
         for i, plan in enumerate(self.plans(epoch)):
             view = apply_plan(self.images01, plan, self.spec.out_size)
             yield Step(view, self.labeler(view), plan, epoch, i)
-
-
-# --------------------------------------------------------------------------- stored soft labels
-def soft_label_key(images_uint8: torch.Tensor, teacher_ids: Sequence[str], spec: AugmentSpec,
-                   batch_size: int, seed: int, dtype: str) -> str:
-    """What the stored labels depend on (not the epoch count: epochs are independent)."""
-    h = hashlib.sha256()
-    h.update(images_uint8.contiguous().numpy().tobytes())
-    h.update(json.dumps({"teachers": list(teacher_ids), "spec": spec.to_dict(), "batch_size": int(batch_size),
-                         "seed": int(seed), "dtype": dtype, "shape": list(images_uint8.shape)},
-                        sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
-
-def _epoch_file(directory: Path, epoch: int) -> Path:
-    return directory / f"epoch={epoch:05d}.parquet"
-
-
-def _plan_table(steps: list[Step], dtype: str, num_classes: int) -> pa.Table:
-    torch_dtype, arrow_dtype = LOGIT_DTYPES[dtype]
-    cols: dict[str, list] = {k: [] for k in ("step", "slot", "image", "crop_top", "crop_left", "crop_h", "crop_w",
-                                             "flip", "mix_slot", "mix_image", "mix_y0", "mix_y1", "mix_x0",
-                                             "mix_x1", "lam")}
-    logits = []
-    for step in steps:
-        p = step.plan
-        for j in range(len(p)):
-            cols["step"].append(step.index)
-            cols["slot"].append(j)
-            cols["image"].append(int(p.indices[j]))
-            for name, v in zip(("crop_top", "crop_left", "crop_h", "crop_w"), p.boxes[j].tolist()):
-                cols[name].append(int(v))
-            cols["flip"].append(bool(p.flips[j]))
-            cols["mix_slot"].append(int(p.partner[j]))
-            cols["mix_image"].append(int(p.indices[int(p.partner[j])]))
-            for name, v in zip(("mix_y0", "mix_y1", "mix_x0", "mix_x1"), p.mix_box):
-                cols[name].append(int(v))
-            cols["lam"].append(float(p.lam))
-        logits.append(step.logits.to(torch_dtype))
-    flat = torch.cat(logits).reshape(-1).numpy()
-    arrays = {k: pa.array(v, type=pa.bool_() if k == "flip" else pa.float64() if k == "lam" else pa.int64())
-              for k, v in cols.items()}
-    arrays["logits"] = pa.FixedSizeListArray.from_arrays(pa.array(flat, type=arrow_dtype), num_classes)
-    return pa.table(arrays)
-
-
-def precompute_soft_labels(images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec, batch_size: int,
-                           seed: int, epochs: int, directory: str | Path, dtype: str = "float16",
-                           progress: bool = False) -> Path:
-    """Write the plans and logits of `epochs` epochs under `directory/<key>/`; returns that folder.
-
-    Epoch files already there are kept (a rerun only fills in what is missing), each file is
-    written atomically, and `meta.json` records what the labels depend on.
-    """
-    if dtype not in LOGIT_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(LOGIT_DTYPES)}, got {dtype!r}")
-    key = soft_label_key(images_uint8, labeler.key_ids, spec, batch_size, seed, dtype)
-    out = Path(directory) / key
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": STORE_FORMAT, "version": STORE_VERSION, "key": key, "teachers": list(labeler.ids),
-            "spec": spec.to_dict(), "batch_size": int(batch_size), "seed": int(seed), "dtype": dtype,
-            "images": int(images_uint8.shape[0]), "image_shape": list(images_uint8.shape[1:])}
-    source = OnlineSoftLabels(images_uint8, labeler, spec, batch_size, seed)
-    from tqdm.auto import tqdm
-
-    for epoch in tqdm(range(epochs), desc="relabel", unit="epoch", disable=not progress):
-        path = _epoch_file(out, epoch)
-        if path.is_file():
-            continue
-        steps = list(source.epoch(epoch))
-        table = _plan_table(steps, dtype, steps[0].logits.shape[1])
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    meta["epochs"] = max(epochs, _stored_epochs(out))
-    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2))
-    return out
-
-
-def _stored_epochs(directory: Path) -> int:
-    n = 0
-    while _epoch_file(directory, n).is_file():
-        n += 1
-    return n
-
-
-class StoredSoftLabels(torch.utils.data.Dataset):
-    """A plain map-style Dataset over stored steps: item i is step i % steps_per_epoch of epoch
-    i // steps_per_epoch, returned as (ViewPlan, logits float32). `epoch(e)` rebuilds the
-    views of a whole epoch with the same `apply_plan` the online path uses."""
-
-    mode = "stored"
-
-    def __init__(self, directory: str | Path, images_uint8: torch.Tensor):
-        self.directory = Path(directory)
-        meta_path = self.directory / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"no stored soft labels in {self.directory} (meta.json missing)")
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("format") != STORE_FORMAT or self.meta.get("version") != STORE_VERSION:
-            raise ValueError(f"{self.directory}: not a version {STORE_VERSION} {STORE_FORMAT} folder")
-        if int(self.meta["images"]) != images_uint8.shape[0] or list(self.meta["image_shape"]) != list(images_uint8.shape[1:]):
-            raise ValueError(f"{self.directory}: stored labels are for {self.meta['images']} images of shape "
-                             f"{self.meta['image_shape']}, got {tuple(images_uint8.shape)}")
-        self.images01 = to_unit(images_uint8)
-        self.spec = AugmentSpec(out_size=int(self.meta["spec"]["out_size"]),
-                                crop_scale=tuple(self.meta["spec"]["crop_scale"]),
-                                hflip=bool(self.meta["spec"]["hflip"]),
-                                cutmix_prob=float(self.meta["spec"]["cutmix_prob"]))
-        self.batch_size = int(self.meta["batch_size"])
-        self.epochs = _stored_epochs(self.directory)
-        self._cache: tuple[int, list[tuple[ViewPlan, torch.Tensor]]] | None = None
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.images01.shape[0], self.batch_size)
-
-    def __len__(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    def _load_epoch(self, epoch: int) -> list[tuple[ViewPlan, torch.Tensor]]:
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        path = _epoch_file(self.directory, epoch)
-        if not path.is_file():
-            raise IndexError(f"epoch {epoch} is not stored in {self.directory} ({self.epochs} epochs are)")
-        table = pq.read_table(path)
-        col = {name: table.column(name).to_pylist() for name in table.column_names if name != "logits"}
-        k = table.column("logits").type.list_size
-        flat = table.column("logits").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        logits = torch.from_numpy(flat.copy()).float().view(-1, k)
-        steps: list[tuple[ViewPlan, torch.Tensor]] = []
-        rows = torch.tensor(col["step"])
-        for s in range(int(rows.max()) + 1):
-            sel = torch.nonzero(rows == s).flatten()
-            order = sel[torch.tensor([col["slot"][i] for i in sel.tolist()]).argsort()]
-            o = order.tolist()
-            first = o[0]
-            plan = ViewPlan(
-                indices=torch.tensor([col["image"][i] for i in o], dtype=torch.long),
-                boxes=torch.tensor([[col["crop_top"][i], col["crop_left"][i], col["crop_h"][i], col["crop_w"][i]]
-                                    for i in o], dtype=torch.long),
-                flips=torch.tensor([col["flip"][i] for i in o], dtype=torch.bool),
-                partner=torch.tensor([col["mix_slot"][i] for i in o], dtype=torch.long),
-                mix_box=(col["mix_y0"][first], col["mix_y1"][first], col["mix_x0"][first], col["mix_x1"][first]),
-                lam=float(col["lam"][first]))
-            steps.append((plan, logits[order]))
-        self._cache = (epoch, steps)
-        return steps
-
-    def __getitem__(self, i: int) -> tuple[ViewPlan, torch.Tensor]:
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        epoch, step = divmod(int(i), self.steps_per_epoch)
-        return self._load_epoch(epoch)[step]
-
-    def epoch(self, epoch: int) -> Iterator[Step]:
-        for i, (plan, logits) in enumerate(self._load_epoch(epoch)):
-            yield Step(apply_plan(self.images01, plan, self.spec.out_size), logits, plan, epoch, i)
-
-
-def soft_label_source(mode: str, images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec,
-                      batch_size: int, seed: int, epochs: int, directory: str | Path | None = None,
-                      dtype: str = "float16", progress: bool = False):
-    """The online source, or the stored one (computing whatever epochs are not stored yet)."""
-    if mode == "online":
-        return OnlineSoftLabels(images_uint8, labeler, spec, batch_size, seed)
-    if mode == "stored":
-        if directory is None:
-            raise ValueError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
-        folder = precompute_soft_labels(images_uint8, labeler, spec, batch_size, seed, epochs, directory,
-                                        dtype=dtype, progress=progress)
-        return StoredSoftLabels(folder, images_uint8)
-    raise ValueError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")

@@ -187,7 +187,23 @@ def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, An
 
 # --------------------------------------------------------------------------- evaluate and squeeze
 # EvalConfig fields added after evaluations were cached, with the value those evaluations had.
-EVAL_LATER_FIELDS = {"teacher_bn": "running"}
+EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_label_epochs": None}
+
+
+class LabelStorage(BaseModel):
+    """How stored soft labels are kept (soft_label_store.py): the logits' number type, the k
+    largest logits of each view (None: all), the epochs kept (None: every training epoch), and
+    the KD temperature at which the top-k probabilities are kept exactly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    dtype: Literal["float16", "float32"] = "float16"
+    topk: Count | None = None
+    epochs: Count | None = None
+    temperature: float = Field(20.0, gt=0)
+
+    def kept(self, num_classes: int) -> int | None:
+        """The logits kept per view, or None when that is all of them."""
+        return None if self.topk is None or self.topk >= num_classes else int(self.topk)
 
 
 class EvalConfig(Settings):
@@ -210,6 +226,10 @@ class EvalConfig(Settings):
     cosine_stretch: float | None = Field(None, strict=True, ge=1)  # eta of the stretched cosine; None: by protocol
     soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
     soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
+    # Stored soft labels keep the k largest logits of each view (and one value for the other
+    # classes) and only this many epochs, read in turn (soft_label_store.py); None: all.
+    soft_label_topk: Count | None = None
+    soft_label_epochs: Count | None = None
     crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view
     cutmix_prob: float = Field(1.0, strict=True, ge=0, le=1)
     eval_every: Count | None = None      # epochs between test evaluations; None: about 6 in all
@@ -223,6 +243,11 @@ class EvalConfig(Settings):
         gives the results cached before it (EVAL_LATER_FIELDS), is left out, so those stay valid."""
         return {k: v for k, v in self.model_dump(mode="json").items()
                 if not (k in EVAL_LATER_FIELDS and v == EVAL_LATER_FIELDS[k])}
+
+    def label_storage(self) -> "LabelStorage":
+        """How this recipe's stored soft labels are kept."""
+        return LabelStorage(dtype=self.soft_label_dtype, topk=self.soft_label_topk,
+                            epochs=self.soft_label_epochs, temperature=self.temperature)
 
     @property
     def seed_list(self) -> list[int]:

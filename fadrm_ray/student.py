@@ -3,8 +3,9 @@
 What a client gets from the service (`GET .../dataset`, `.../teacher`, `.../recipe`) or from
 `fadrm export --with-teacher` is enough to reach the top-1 the job reported: the distilled images
 (a Parquet file of the store's layout, its class names in the `huggingface` metadata), the
-teacher checkpoint(s) that give the soft labels, and the student recipe (an `EvalConfig` as
-JSON). The student is trained exactly as `fadrm evaluate` trains it (`evaluate.evaluate_images`),
+teacher checkpoint(s) that give the soft labels, or, where the teachers stay on the server, the
+stored soft labels (`fadrm export --soft-labels`: soft_label_store.py), and the student recipe
+(an `EvalConfig` as JSON). The student is trained exactly as `fadrm evaluate` trains it (`evaluate.evaluate_images`),
 and, with a test dataset, scored on the test images of the classes the file holds, the
 prediction restricted to them, as the service scores a class subset. Neither Ray nor the
 service is imported.
@@ -81,6 +82,30 @@ def read_distilled(path: str | Path) -> DistilledFile:
                          class_names=names, hflip=fadrm_hflip(metadata))
 
 
+class PackedSoftLabels:
+    """`evaluate.Targets`: the stored soft labels of a packed file (`soft_label_store`), one part
+    per student seed, learnt by KD at the recipe's temperature."""
+
+    def __init__(self, path: str | Path, temperature: float):
+        self.path, self.temperature = Path(path), float(temperature)
+        self.teacher_ids: list[str] = []
+
+    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int):
+        from fadrm_ray.soft_label_store import SoftLabelError, StoredSoftLabels
+
+        stored = StoredSoftLabels(self.path, images_uint8, seed=seed)
+        if stored.batch_size != batch_size:
+            raise SoftLabelError(f"{self.path} was made for batch size {stored.batch_size}, the recipe trains with "
+                                 f"{batch_size}: use the recipe exported with it")
+        self.teacher_ids = list(stored.meta.teachers)
+        return stored
+
+    def loss(self, logits: torch.Tensor, step) -> torch.Tensor:
+        from fadrm_ray.evaluate import kd_loss
+
+        return kd_loss(logits, step.logits.to(logits.device), self.temperature)
+
+
 def _check_classes(file: DistilledFile, info: TeacherInfo, teacher: str) -> None:
     if [str(n) for n in info.class_names] != file.class_names:
         raise EvaluationError(f"teacher {teacher} has other classes than the data file ({info.num_classes} classes, "
@@ -102,10 +127,11 @@ def _training_only(file: DistilledFile, info: TeacherInfo, source: str) -> Image
 
 def train_from_files(data: str | Path, teachers: Sequence[str | Path], recipe: str | Path | EvalConfig | None = None,
                      test: str | ImageDataset | None = None, seeds: Sequence[int] | None = None, *,
-                     device: str = "cpu", num_threads: int | None = None, progress: bool = True,
-                     data_root: str | None = None) -> Evaluation:
-    """Students trained on the images of `data` with the soft labels of `teachers` under `recipe`
-    (an EvalConfig, or its JSON file; default EvalConfig()), one per seed (`seeds` replaces the
+                     soft_labels: str | Path | None = None, device: str = "cpu", num_threads: int | None = None,
+                     progress: bool = True, data_root: str | None = None) -> Evaluation:
+    """Students trained on the images of `data` with the soft labels of `teachers`, or with the
+    stored ones of the file `soft_labels` (then `teachers` may be empty), under `recipe` (an
+    EvalConfig, or its JSON file; default EvalConfig()), one per seed (`seeds` replaces the
     recipe's). With `test` (a dataset spec or dataset), each is scored on the test images of the
     file's classes; without, `top1_*` are NaN."""
     from fadrm_ray.data import get_dataset
@@ -122,20 +148,24 @@ def train_from_files(data: str | Path, teachers: Sequence[str | Path], recipe: s
         cfg = recipe if recipe is not None else EvalConfig()
     if seeds is not None:
         cfg = cfg.model_copy(update={"seeds": list(seeds)})
-    if not teachers:
-        raise EvaluationError("a teacher checkpoint is needed for the soft labels (--teacher FILE)")
+    if not teachers and soft_labels is None:
+        raise EvaluationError("a teacher checkpoint (--teacher FILE) or a soft-label file (--soft-labels FILE) is "
+                              "needed for the soft labels")
     loaded = [load_teacher(path, device=device) for path in teachers]
     for path, (_, info) in zip(teachers, loaded):
         _check_classes(file, info, str(path))
+    targets = None if soft_labels is None else PackedSoftLabels(soft_labels, cfg.temperature)
+    if test is None and not loaded:
+        raise EvaluationError("without a teacher, --test DATASET gives the normalization the student trains with")
     if test is None:
         dataset = _training_only(file, loaded[0][1], str(data))
     else:
         dataset = get_dataset(test, root=data_root) if isinstance(test, str) else test
         if [str(n) for n in dataset.class_names] != file.class_names:
             raise EvaluationError(f"test dataset {dataset.name} has other classes than the data file")
-    labeler = SoftLabeler.from_loaded([m for m, _ in loaded], [i for _, i in loaded], device)
+    labeler = SoftLabeler.from_loaded([m for m, _ in loaded], [i for _, i in loaded], device) if loaded else None
     classes = file.classes if len(file.classes) < len(file.class_names) else None
-    with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as soft_labels:
+    with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as folder:
         return evaluate_images(file.images, file.labels, dataset, labeler, cfg, num_threads=num_threads,
-                               device=device, progress=progress, classes=classes,
-                               soft_label_dir=soft_labels if cfg.soft_labels == "stored" else None)
+                               device=device, progress=progress, classes=classes, targets=targets,
+                               soft_label_dir=folder if cfg.soft_labels == "stored" else None)

@@ -14,8 +14,8 @@ from fadrm_ray.config import make_config
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
-from fadrm_ray.relabel import (AugmentSpec, OnlineSoftLabels, SoftLabeler, StoredSoftLabels, apply_plan,
-                               draw_plan, epoch_generator, precompute_soft_labels)
+from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
+from fadrm_ray.soft_label_store import StoredSoftLabels, precompute_soft_labels
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -134,7 +134,7 @@ def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path)
     images, _ = real_subset(digits, per_class=4)
     spec = AugmentSpec(out_size=8, hflip=digits.hflip)
     online = OnlineSoftLabels(images, labeler, spec, batch_size=16, seed=3)
-    folder = precompute_soft_labels(images, labeler, spec, 16, 3, epochs=3, directory=tmp_path, dtype="float16")
+    folder = precompute_soft_labels(online, epochs=3, directory=tmp_path)
     stored = StoredSoftLabels(folder, images)
     assert isinstance(stored, torch.utils.data.Dataset) and len(stored) == 3 * online.steps_per_epoch
     for epoch in (2, 0):  # any epoch, in any order
@@ -266,9 +266,9 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
     specs = []
     real_source = evaluate_module.soft_label_source
 
-    def recording(mode, images, lab, spec, *args, **kwargs):
-        specs.append(spec)
-        return real_source(mode, images, lab, spec, *args, **kwargs)
+    def recording(mode, online, *args, **kwargs):
+        specs.append(online.spec)
+        return real_source(mode, online, *args, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "soft_label_source", recording)
     images, _ = real_subset(digits, 2)

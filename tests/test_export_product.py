@@ -79,3 +79,40 @@ def test_extra_files_of_an_imagefolder_export_are_plain_free_names(small_run, tm
     with pytest.raises(StoreError, match="free plain file name"):
         export_imagefolder(small_run, tmp_path / "f", extra={name: b"x"})
     assert not (tmp_path / "f").exists()
+
+
+def test_stored_soft_labels_travel_instead_of_the_teacher_and_give_the_same_students(run_copy, tmp_path, capsys,
+                                                                                     one_thread):
+    """`export --format parquet --soft-labels --topk K --label-epochs E` without the teacher: a
+    student trained from the files alone (`train-student --soft-labels`) is the one the run's own
+    evaluation with that recipe trains, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.api_helpers import REPO
+
+    evaluate_run(run_copy, EvalConfig(epochs=4, seeds=[0, 1], eval_every=2), progress=False)
+    out = tmp_path / "set.parquet"
+    assert main(["export", "--run", str(run_copy), "--format", "parquet", "--out", str(out), "--soft-labels",
+                 "--topk", "3", "--label-epochs", "2", "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        "set.parquet", "set.recipe.json", "set.soft-labels.parquet"]
+    assert result["teachers"] == [] and result["soft_label_topk"] == 3 and result["soft_label_epochs"] == 2
+    assert 0 < result["soft_label_bytes_per_image"]
+    recipe = EvalConfig.model_validate_json((tmp_path / "set.recipe.json").read_text())
+    assert (recipe.soft_labels, recipe.soft_label_topk, recipe.soft_label_epochs, recipe.seeds) == ("stored", 3, 2, [0, 1])
+    reference = evaluate_run(run_copy, recipe, progress=False)
+    argv = ["train-student", "--data", str(out), "--soft-labels", str(tmp_path / "set.soft-labels.parquet"),
+            "--recipe", str(tmp_path / "set.recipe.json"), "--test", "digits", "--threads", "1", "--json", "--quiet"]
+    proc = subprocess.run([sys.executable, "-m", "fadrm_ray.cli", *argv], cwd=tmp_path / "..", capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trained = json.loads(proc.stdout)
+    assert trained["top1_per_seed"] == reference.top1_per_seed and trained["seeds"] == [0, 1]
+    # A seed the file holds no labels for, and no teacher and no test set to normalize with: one line each.
+    assert main([*argv[:9], "--seed", "5", "--quiet"]) == 2
+    assert "seed(s) [0, 1], not seed 5" in capsys.readouterr().err
+    assert main(argv[:7]) == 2
+    assert "--test DATASET" in capsys.readouterr().err

@@ -20,7 +20,7 @@ The pieces:
 - `verify`: the whole-run check of `fadrm verify`;
 - `export`: ImageFolder and tensor-file exports.
 """
-from fadrm_ray.store.export import export_imagefolder, export_tensors, imagefolder_names
+from fadrm_ray.store.export import export_imagefolder, export_parquet, export_tensors, imagefolder_names
 from fadrm_ray.store.reader import open_run
 from fadrm_ray.store.records import ImageRecord, IntegrityError, StoreError, to_plain
 from fadrm_ray.store.writer import RunStore
@@ -31,6 +31,7 @@ __all__ = [
     "RunStore",
     "StoreError",
     "export_imagefolder",
+    "export_parquet",
     "export_tensors",
     "imagefolder_names",
     "open_run",

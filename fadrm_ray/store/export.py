@@ -1,9 +1,9 @@
-"""Exports of a run for tools that do not read Parquet: a torchvision ImageFolder, a tensor file.
+"""Exports of a run: a torchvision ImageFolder, a tensor file, one Parquet file.
 
-Both are built from `open_run(...)`, whose reads are verified against the run's manifests, so
+Each is built from `open_run(...)`, whose reads are verified against the run's manifests, so
 nothing that fails that check is exported; the ImageFolder export copies the stored PNG bytes as
-they are (no decode and re-encode), so exported files are bit-identical to the store's images.
-Neither replaces anything that exists, and the target is checked before the run is read.
+they are (no decode and re-encode), so exported files are bit-identical to the store's images;
+so does the Parquet export (`parquet_bytes`, also what the REST service serves). None replaces anything that exists, and the target is checked before the run is read.
 """
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from fadrm_ray.fileio import atomic_create_bytes, check_new_output, fsync_dir
 from fadrm_ray.store.reader import open_run
-from fadrm_ray.store.records import StoreError, json_dumps
+from fadrm_ray.store.records import StoreError, json_dumps, part_schema
 
 _UNSAFE_DIR_CHARS = re.compile(r"[/\\\x00]")
 
@@ -136,3 +138,45 @@ def export_tensors(
     except FileExistsError:
         raise StoreError(f"export target {out_file} appeared while the run was read; nothing was written") from None
     return int(labels.numel())
+
+
+def parquet_bytes(reader, classes: Iterable[int] | None, about: dict) -> bytes:
+    """One Parquet file of the images of `classes` as the store keeps them (PNG bytes, label,
+    ipc_index, the recover losses), sorted by (label, ipc_index), with the class names (a
+    ClassLabel in the `huggingface` metadata) and `about` (the `fadrm` metadata)."""
+    images = reader.encoded(classes)
+    _nothing_to_export(reader, len(images))
+    losses = {(r["label"], r["ipc_index"]): (r["ce_loss"], r["bn_loss"]) for r in reader.records(classes)}
+    names = reader.class_names
+    table = pa.Table.from_pydict(
+        {
+            "image": [{"bytes": png, "path": f"{names[label]}/ipc{index:05d}.png"} for label, index, png in images],
+            "label": [label for label, _, _ in images],
+            "ipc_index": [index for _, index, _ in images],
+            "ce_loss": [losses[(label, index)][0] for label, index, _ in images],
+            "bn_loss": [losses[(label, index)][1] for label, index, _ in images],
+        },
+        schema=part_schema(names, about),
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="none")  # PNG bytes are compressed already
+    return sink.getvalue().to_pybytes()
+
+
+def export_parquet(
+    run_dir: str | os.PathLike, out_file: str | os.PathLike, classes: Iterable[int] | None = None,
+    *, incomplete: bool = False, ipc: int | None = None,
+) -> int:
+    """One Parquet file (`parquet_bytes`) with the run's provenance, id, IPC and classes in its
+    metadata: what `fadrm train-student --data` reads. ``out_file`` must not exist."""
+    check_new_output(out_file, "export target")
+    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
+    chosen = sorted({r["label"] for r in reader.records(classes)})
+    about = {**(reader.provenance or {}), "run_id": reader.run_id, "ipc": ipc or reader.config.get("ipc"),
+             "classes": chosen}
+    data = parquet_bytes(reader, classes, about)
+    try:
+        atomic_create_bytes(out_file, data)
+    except FileExistsError:
+        raise StoreError(f"export target {out_file} appeared while the run was read; nothing was written") from None
+    return len(reader.records(classes))

@@ -1,13 +1,17 @@
-"""What reaches a run's reported top-1 beside its images: the teacher checkpoint(s) and the recipe.
+"""What reaches a run's reported top-1 beside its images: the teacher checkpoint(s) or stored soft
+labels, and the recipe.
 
 Every top-1 the project reports trains students on the images with the teachers' soft labels
 (KD, the teachers relabelling each augmented view: evaluate.py); the images and their hard
 labels alone reach less. `gather` collects, before anything is written, the bytes of the run's
 teachers (the files the run records, each checked against its recorded sha256:
-`evaluate.run_teachers`) and the `EvalConfig` of the run's report (`report_recipe`); `write_new`
-writes files that must not exist yet, all or none. `fadrm export --with-teacher` puts them inside
-an ImageFolder export (`teacher.pt`, `teacher-1.pt`, ..., `recipe.json`) or beside a tensor file
-(`<stem>.teacher.pt`, `<stem>.recipe.json`).
+`evaluate.run_teachers`), the `EvalConfig` of the run's report (`report_recipe`) and, asked
+for, the soft labels of that recipe's students stored in one file (soft_label_store.py: top-k
+logits of a number of epochs, for teachers that must not leave); `write_new` writes files that
+must not exist yet, all or none. `fadrm export --with-teacher` / `--soft-labels` puts them inside
+an ImageFolder export (`teacher.pt`, `teacher-1.pt`, ..., `soft-labels.parquet`, `recipe.json`)
+or beside a Parquet or tensor file (`<stem>.teacher.pt`, `<stem>.soft-labels.parquet`,
+`<stem>.recipe.json`).
 """
 from __future__ import annotations
 
@@ -17,32 +21,39 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, check_new_output, sha256_bytes
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.settings import EvalConfig, LabelStorage
 from fadrm_ray.store.reader import open_run
 from fadrm_ray.store.records import StoreError
 
 
 @dataclass(frozen=True)
 class Product:
-    teachers: tuple[bytes, ...]  # the run's teacher checkpoints, in its order, as they are
+    teachers: tuple[bytes, ...]  # the run's teacher checkpoints, in its order, as they are (or none)
     recipe: EvalConfig
     recipe_from: str             # the evaluation file whose config it is, or "default (N images, ipc M)"
+    soft_labels: bytes | None = None  # the recipe's students' stored soft labels, packed
+    soft_label_bytes_per_image: float | None = None  # of one student seed
 
     def files(self, prefix: str = "") -> dict[str, bytes]:
         """{file name: bytes} (`file_names`)."""
         recipe = (self.recipe.model_dump_json(indent=2) + "\n").encode()
-        return dict(zip(file_names(len(self.teachers), prefix), (*self.teachers, recipe)))
+        blobs = (*self.teachers, *(() if self.soft_labels is None else (self.soft_labels,)), recipe)
+        return dict(zip(file_names(len(self.teachers), prefix, self.soft_labels is not None), blobs, strict=True))
 
 
-def file_names(teachers: int, prefix: str = "") -> list[str]:
-    """`<prefix>teacher.pt`, `<prefix>teacher-1.pt`, ... (one per teacher), `<prefix>recipe.json`."""
-    names = [f"{prefix}teacher.pt"] + [f"{prefix}teacher-{i}.pt" for i in range(1, teachers)]
-    return [*names, f"{prefix}recipe.json"]
+def file_names(teachers: int, prefix: str = "", soft_labels: bool = False) -> list[str]:
+    """`<prefix>teacher.pt`, `<prefix>teacher-1.pt`, ... (one per teacher), then
+    `<prefix>soft-labels.parquet` where asked, then `<prefix>recipe.json`."""
+    names = ([f"{prefix}teacher.pt"] + [f"{prefix}teacher-{i}.pt" for i in range(1, teachers)]) if teachers else []
+    return [*names, *([f"{prefix}soft-labels.parquet"] if soft_labels else []), f"{prefix}recipe.json"]
 
 
 def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, incomplete: bool = False,
-           ipc: int | None = None) -> Product:
-    """The run's teachers and report recipe, for an export of `classes` of the run read at `ipc`."""
+           ipc: int | None = None, teachers: bool = True, soft_labels: LabelStorage | None = None,
+           progress: bool = False) -> Product:
+    """The run's teachers (unless `teachers` is False) and report recipe, for an export of
+    `classes` of the run read at `ipc`; with `soft_labels`, the recipe's students' labels stored
+    so (at the recipe's temperature), and the recipe says so."""
     from fadrm_ray.evaluate import run_teacher_paths, run_teachers
 
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
@@ -54,7 +65,36 @@ def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, 
                              "was written")
         blobs.append(blob)
     recipe, source = report_recipe(reader, classes)
-    return Product(tuple(blobs), recipe, source)
+    packed, per_image = None, None
+    if soft_labels is not None:
+        recipe = EvalConfig.model_validate({**recipe.model_dump(), "soft_labels": "stored",
+                                            "soft_label_dtype": soft_labels.dtype, "soft_label_topk": soft_labels.topk,
+                                            "soft_label_epochs": soft_labels.epochs})
+        packed, per_image = stored_soft_labels(reader, classes, recipe, run_teachers(reader), progress=progress)
+    return Product(tuple(blobs) if teachers else (), recipe, source, packed, per_image)
+
+
+def stored_soft_labels(reader, classes: Iterable[int] | None, recipe: EvalConfig, teachers: list[str], *,
+                       progress: bool = False) -> tuple[bytes, float]:
+    """The soft labels that students of `recipe` (one part per seed) learn from on the images of
+    `classes`, stored as `recipe.label_storage()` says and packed in one file; and their bytes
+    per image for one seed."""
+    import tempfile
+
+    from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
+    from fadrm_ray.soft_label_store import pack_soft_labels, precompute_soft_labels
+
+    images, _, _ = reader.read(classes)
+    labeler = SoftLabeler.from_paths(teachers).with_batch_statistics(recipe.teacher_bn == "batch")
+    dataset = reader.provenance.get("dataset") or {}
+    spec = AugmentSpec(out_size=int(images.shape[-1]), crop_scale=tuple(recipe.crop_scale),
+                       hflip=bool(dataset.get("hflip", False)), cutmix_prob=recipe.cutmix_prob)
+    with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as tmp:
+        folders = [precompute_soft_labels(OnlineSoftLabels(images, labeler, spec, recipe.batch_size, seed),
+                                          recipe.epochs, tmp, recipe.label_storage(), progress=progress)
+                   for seed in recipe.seed_list]
+        packed = pack_soft_labels(folders)
+    return packed, len(packed) / len(folders) / max(1, int(images.shape[0]))
 
 
 def report_recipe(reader, classes: Iterable[int] | None = None) -> tuple[EvalConfig, str]:
@@ -88,33 +128,39 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def export_with_teacher(run_dir: str | os.PathLike, out: str | os.PathLike, format: str,
+def export_with_product(run_dir: str | os.PathLike, out: str | os.PathLike, format: str,
                         classes: Iterable[int] | None = None, *, incomplete: bool = False,
-                        ipc: int | None = None) -> tuple[int, list[Path], str]:
-    """Export the run (`export_imagefolder`, or `export_tensors` for format "pt") with its teachers
-    and report recipe: inside the folder, or beside the file. All or nothing: (images exported,
-    the teacher and recipe files, where the recipe came from)."""
+                        ipc: int | None = None, teachers: bool = True, soft_labels: LabelStorage | None = None,
+                        progress: bool = False) -> tuple[int, Product, list[Path]]:
+    """Export the run (`export_imagefolder`, `export_parquet` for format "parquet",
+    `export_tensors` for "pt") with its teachers and/or stored soft labels and the report
+    recipe (`gather`): inside the folder, or beside the file. All or nothing: (images exported,
+    what was gathered, the files written beside the images)."""
     from fadrm_ray.evaluate import run_teacher_paths
-    from fadrm_ray.store.export import export_imagefolder, export_tensors
+    from fadrm_ray.store.export import export_imagefolder, export_parquet, export_tensors
 
     out = Path(out)
     if format == "imagefolder":
-        product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc)
+        check_new_output(out, "--out", empty_dir_ok=True)
+        product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, teachers=teachers,
+                         soft_labels=soft_labels, progress=progress)
         files = product.files()
         count = export_imagefolder(run_dir, out, classes, incomplete=incomplete, ipc=ipc, extra=files)
-        return count, [out / name for name in files], product.recipe_from
-    recorded = len(run_teacher_paths(open_run(run_dir, incomplete=incomplete).provenance))
-    for name in file_names(max(1, recorded), f"{out.stem}."):  # every target checked before any work
-        check_new_output(out.with_name(name), "export target")
-    product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc)
+        return count, product, [out / name for name in files]
+    recorded = len(run_teacher_paths(open_run(run_dir, incomplete=incomplete).provenance)) if teachers else 0
+    for name in [out.name, *file_names(max(1, recorded) if teachers else 0, f"{out.stem}.", soft_labels is not None)]:
+        check_new_output(out.with_name(name), "export target")  # every target checked before any work
+    product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, teachers=teachers,
+                     soft_labels=soft_labels, progress=progress)
     beside = {out.with_name(name): data for name, data in product.files(f"{out.stem}.").items()}
-    count = export_tensors(run_dir, out, classes, incomplete=incomplete, ipc=ipc)
+    export = export_parquet if format == "parquet" else export_tensors
+    count = export(run_dir, out, classes, incomplete=incomplete, ipc=ipc)
     try:
         write_new(beside)
     except BaseException:
         out.unlink(missing_ok=True)  # the export made it: nothing of this call stays
         raise
-    return count, list(beside), product.recipe_from
+    return count, product, list(beside)
 
 
 def write_new(files: Mapping[Path, bytes]) -> list[Path]:
