@@ -132,7 +132,7 @@ def test_mnist_sample():
 def test_unknown_spec_lists_choices():
     with pytest.raises(DatasetError) as err:
         get_dataset("xyz")
-    assert str(err.value) == ("unknown dataset 'xyz'; choose one of: digits, mnist-sample, fashion-mnist, cifar10, "
+    assert str(err.value) == ("unknown dataset 'xyz'; choose one of: digits, mnist-sample, fashion-mnist, clipart10, cifar10, "
                               "cifar100, imagefolder:PATH, parquet:PATH")
     assert "imagefolder:PATH" in DATASET_NAMES
     with pytest.raises(DatasetError):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .base import DatasetError, ImageDataset, Split, channel_stats
 
-DATASET_NAMES = ["digits", "mnist-sample", "fashion-mnist", "cifar10", "cifar100", "imagefolder:PATH", "parquet:PATH"]
+DATASET_NAMES = ["digits", "mnist-sample", "fashion-mnist", "clipart10", "cifar10", "cifar100", "imagefolder:PATH",
+                 "parquet:PATH"]
 
 __all__ = ["DATASET_NAMES", "DatasetError", "ImageDataset", "Split", "channel_stats", "get_dataset"]
 
@@ -13,7 +14,8 @@ def get_dataset(spec: str, root: str | None = None, image_size: int | None = Non
     """Open a dataset by spec.
 
     ``root`` is where CIFAR and Fashion-MNIST live (default: env FADRM_DATA or ~/.cache/fadrm/data;
-    Fashion-MNIST is also found where the Debian package dataset-fashion-mnist puts it).
+    Fashion-MNIST and clipart10 are also found where the Debian packages dataset-fashion-mnist and
+    openclipart-png put them).
     ``image_size`` resizes (shorter side + center crop) to that size; None keeps the native size.
     ``download`` (CIFAR only): None tries a download unless env FADRM_OFFLINE is set.
     """
@@ -43,6 +45,10 @@ def get_dataset(spec: str, root: str | None = None, image_size: int | None = Non
             from .fashion_mnist import load_fashion_mnist
 
             return load_fashion_mnist(root=root, image_size=image_size)
+        if key == "clipart10":
+            from .clipart10 import load_clipart10
+
+            return load_clipart10(root=root, image_size=image_size)
         if key in ("cifar10", "cifar100", "cifar-10", "cifar-100"):
             from .builtin import load_cifar
 
