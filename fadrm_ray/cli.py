@@ -294,7 +294,7 @@ def cmd_evaluate(args) -> None:
         hard = result.ranking.hard_label_text()
         if hard is not None:
             lines.append(f"  the images with their hard labels only: {hard} (the top-1 above needs the teacher's "
-                         f"soft labels: `fadrm export --with-teacher` ships them)")
+                         f"soft labels: `fadrm export --with-teacher` or `--soft-labels` ships them)")
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
     result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
     _emit(args, result, "\n".join(lines))

@@ -245,6 +245,22 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
     return ranking_scores(result.top1_per_seed, random_top1, full_top1, hard, plain, plain_random, missing=missing)
 
 
+def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDataset | None = None, *,
+                       device: str = "cpu", num_threads: int | None = None, ipc: int | None = None) -> Ranking:
+    """What the images of the run's evaluation `result` reach with their hard labels alone (one
+    student per seed, `hard_label_students`), beside nothing else: the part of `rank_evaluation`
+    whose cost is the evaluation's own (no full-data student, no random real images). `dataset`
+    defaults to the one the run records."""
+    if dataset is None:
+        from fadrm_ray.evaluate import run_dataset
+
+        dataset = run_dataset(open_run(run_dir, ipc=ipc))
+    with torch_threads(num_threads):
+        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, ipc=ipc)]
+    return ranking_scores(result.top1_per_seed, hard_top1=hard,
+                          missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
+
+
 def ranking_text(ranking: Ranking) -> str:
     """'HLR 3.10 (full data, hard labels: 99.72%), IOR +0.54, LRS 0.4900' (and ARS), for the
     scores that were measured."""

@@ -31,7 +31,6 @@ from torch import nn
 
 from fadrm_ray.augment import crop_box, cutmix_box
 from fadrm_ray.models import load_teacher, match_channels
-from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.statistics import bn_layers
 
@@ -189,13 +188,6 @@ class SoftLabeler:
         """Teachers already loaded (`load_teacher`'s models and TeacherInfos)."""
         return cls(models, [i.mean for i in infos], [i.std for i in infos], [i.in_chans for i in infos],
                    [i.sha256 for i in infos], device)
-
-    @classmethod
-    def from_frozen(cls, teachers: Sequence[FrozenTeacher], mean: Sequence[float], std: Sequence[float],
-                    channels: int) -> "SoftLabeler":
-        """Reuse teachers already loaded for recover (their BN hooks only add bookkeeping)."""
-        return cls([t.model for t in teachers], [mean] * len(teachers), [std] * len(teachers),
-                   [t.in_chans or channels for t in teachers])
 
     def with_batch_statistics(self, on: bool = True) -> "SoftLabeler":
         """The same teachers, labelling with batch statistics (`on`) or running ones."""

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
-from fadrm_ray.settings import EvaluationError, LabelStorage
+from fadrm_ray.settings import EvalConfig, EvaluationError, LabelStorage
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
 
 SOFT_LABEL_MODES = ("online", "stored")
@@ -70,6 +70,7 @@ class SoftLabelMeta(BaseModel):
     num_classes: int | None = None
     topk: int | None = None            # logits kept per view; None: all
     temperature: float | None = None   # the KD temperature of the top-k values
+    teacher_bn: Literal["running", "batch"] = "running"  # how the teachers' BatchNorm layers labelled
 
 
 class PackPart(BaseModel):
@@ -197,7 +198,8 @@ def precompute_soft_labels(source: OnlineSoftLabels, epochs: int, directory: str
                          images=int(images.shape[0]), image_shape=list(images.shape[1:]),
                          epochs=max(keep, _stored_epochs(out)), images_sha256=images_digest(images),
                          num_classes=num_classes, topk=storage.kept(num_classes),
-                         temperature=storage.temperature if storage.kept(num_classes) else None)
+                         temperature=storage.temperature if storage.kept(num_classes) else None,
+                         teacher_bn="batch" if source.labeler.batch_statistics else "running")
     atomic_write_text(out / "meta.json", meta.model_dump_json(indent=2))
     return out
 
@@ -229,6 +231,31 @@ def pack_soft_labels(folders: list[Path]) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=PACK_ROW_GROUP)
     return sink.getvalue().to_pybytes()
+
+
+def folders_of(directory: str | Path, images_uint8: torch.Tensor, cfg: EvalConfig,
+               teachers: Sequence[str]) -> list[Path]:
+    """The stored-label folder of each seed of `cfg` (resolved: epochs set) for these images and
+    teachers, as `evaluate_run` left them under `directory`, found by what their metas record;
+    SoftLabelError names the seeds that have none."""
+    digest, storage, found = images_digest(images_uint8), cfg.label_storage(), {}
+    wanted = min(int(cfg.epochs), storage.epochs or int(cfg.epochs))
+    for meta_path in sorted(Path(directory).glob("*/meta.json")):
+        try:
+            meta = SoftLabelMeta.model_validate_json(meta_path.read_bytes())
+        except ValueError:
+            continue
+        kept = storage.kept(meta.num_classes or 0)
+        if (meta.images_sha256 == digest and meta.teachers == list(teachers) and meta.batch_size == cfg.batch_size
+                and meta.dtype == storage.dtype and meta.topk == kept and meta.teacher_bn == cfg.teacher_bn
+                and (kept is None or meta.temperature == storage.temperature)
+                and tuple(meta.spec.crop_scale) == tuple(cfg.crop_scale) and meta.spec.cutmix_prob == cfg.cutmix_prob
+                and _stored_epochs(meta_path.parent) >= wanted):
+            found.setdefault(meta.seed, meta_path.parent)
+    missing = [seed for seed in cfg.seed_list if seed not in found]
+    if missing:
+        raise SoftLabelError(f"no stored soft labels of seed(s) {missing} for these images and settings in {directory}")
+    return [found[seed] for seed in cfg.seed_list]
 
 
 # --------------------------------------------------------------------------- reading

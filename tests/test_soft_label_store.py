@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from fadrm_ray.evaluate import train_student
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
 from fadrm_ray.settings import EvalConfig, LabelStorage
-from fadrm_ray.soft_label_store import (SoftLabelError, StoredSoftLabels, pack_soft_labels, precompute_soft_labels,
-                                        topk_compress, topk_expand)
+from fadrm_ray.soft_label_store import (SoftLabelError, StoredSoftLabels, folders_of, pack_soft_labels,
+                                        precompute_soft_labels, topk_compress, topk_expand)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,12 @@ def test_a_student_trains_on_top_k_labels_of_a_few_epochs(digits, labeler, tmp_p
     score = train_student(images, digits, labeler, cfg, 0, soft_label_dir=tmp_path)
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert sorted(p.name for p in folder.glob("epoch=*")) == ["epoch=00000.parquet", "epoch=00001.parquet"]
+    # Found again by what its meta records; other settings or another seed find nothing.
+    assert folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0]}), labeler.ids) == [folder]
+    with pytest.raises(SoftLabelError, match=r"seed\(s\) \[1\]"):
+        folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0, 1]}), labeler.ids)
+    with pytest.raises(SoftLabelError):
+        folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0], "soft_label_topk": 3}), labeler.ids)
     assert score.epochs == 40 and score.final_top1 > 25.0  # chance is 10 %
     # The storage settings are part of the recipe: cached evaluations made before them stay named alike.
     assert "soft_label_topk" not in EvalConfig().key_values() and "soft_label_topk" in cfg.key_values()
