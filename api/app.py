@@ -5,9 +5,11 @@ constant time; 401 without one, 403 for a wrong one), the OpenAPI schema include
 and ReDoc are not served (their pages load from a CDN). Each token may make `rate_limit`
 requests a second (429 past it). Bodies over `max_body_bytes` are refused (413) however they are
 sent (FastAPI's `max_body_size`); ids and names are checked against their patterns (422) before
-anything touches the store. Every GET endpoint answers HEAD too (api.http). Work happens
-elsewhere: jobs are records (`api.jobs`), run by driver processes on Ray (`api.executor`), whose
-scheduler runs in a thread of this process.
+anything touches the store, and a 422 quotes little of the request (api.refusals). Requests
+without the token are limited per address, and a request naming two body lengths is refused
+(api.http). Every GET endpoint answers HEAD too (api.http). Work happens elsewhere: jobs are
+records (`api.jobs`), run by driver processes on Ray (`api.executor`), whose scheduler (with the
+retention sweep) and the watch of the local Ray head run in threads of this process.
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ import fcntl
 import functools
 import logging
 import secrets
+import shutil
 import threading
+import time
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path as PathParam, Query, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,21 +34,29 @@ from starlette.routing import Match
 
 from fadrm_ray.config import PRESETS, make_config
 from fadrm_ray.settings import EvalConfig
+from fadrm_ray.soft_label_store import SoftLabelError
 
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
+from api.errors import clean_line
 from api.executor import Executor
-from api.http import HeadAsGet, RateLimiter
+from api.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
 from api.jobs import JobDB, JobRecord
 from api.models import (FINAL_STATES, JOB_ID_PATTERN, MAX_TEACHERS, STATES, DatasetInfo, DistillationRequest, Job,
                         JobAsked, JobList, Problem, Ready, Report, TeacherInfo)
-from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, progress, report, write_dataset,
-                         write_imagefolder_zip, write_preview)
+from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, progress, report, stored_labels,
+                         write_dataset, write_imagefolder_zip, write_preview, write_soft_labels)
+from api.refusals import body_shape, problems, utf8_body, validation_refused
 from api.requests import RequestInvalid, images_in_store, plan_request, run_dir
 
 log = logging.getLogger("fadrm.api")
 TICK_S = 0.5
+RAY_WATCH_S = 2.0  # how often the local Ray head is checked (and started again when it is gone)
+SWEEP_MAX_S = 60.0  # how often, at most, job records past their retention are removed
 RETRY_AFTER_S = 30
+# What api.refusals.body_shape checks of a POST body before pydantic does.
+REQUEST_FIELDS = frozenset(DistillationRequest.model_fields)
+REQUEST_LISTS = {"classes": (int, str)}
 JobId = PathParam(pattern=JOB_ID_PATTERN, description="a job id, as POST /v1/distillations returned it")
 ERRORS = {401: {"model": Problem}, 403: {"model": Problem},
           429: {"model": Problem, "description": "this token's request rate is over the limit (see Retry-After)"}}
@@ -51,18 +64,50 @@ JOB_ERRORS = {**ERRORS, 404: {"model": Problem}}
 
 
 class Scheduler(threading.Thread):
-    def __init__(self, executor: Executor):
+    """Runs `executor.tick` every TICK_S seconds, and `sweep` (retention) every `sweep_every`."""
+
+    def __init__(self, executor: Executor, sweep, sweep_every: float):
         super().__init__(name="fadrm-scheduler", daemon=True)
         self.executor, self.stopping = executor, threading.Event()
+        self.sweep, self.sweep_every = sweep, sweep_every
 
     def run(self) -> None:
-        with contextlib.suppress(Exception):
-            self.executor.ray_address()  # start (or find) the local head now, not at the first job
+        next_sweep = 0.0
         while not self.stopping.wait(TICK_S):
             try:
                 self.executor.tick()
             except Exception:  # keep scheduling; the next tick retries
                 log.exception("scheduler tick failed")
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.sweep_every
+                try:
+                    self.sweep()
+                except Exception:
+                    log.exception("removing expired job records failed")
+
+
+class RayWatch(threading.Thread):
+    """Keeps the service's local Ray head up: starts it at once (not at the first job), checks it
+    every RAY_WATCH_S seconds and starts it again when it is gone, waiting longer after each
+    start that fails (up to a minute) and logging one line for each."""
+
+    def __init__(self, executor: Executor):
+        super().__init__(name="fadrm-ray-watch", daemon=True)
+        self.executor, self.stopping = executor, threading.Event()
+        self.error: str | None = None  # why the last start failed, for /readyz
+
+    def run(self) -> None:
+        wait = 0.0
+        while not self.stopping.wait(wait):
+            try:
+                if self.executor.local is None:
+                    return
+                self.executor.keep_ray()
+                self.error, wait = None, RAY_WATCH_S
+            except Exception as exc:
+                self.error = clean_line(str(exc), 200)
+                log.warning("the local Ray head could not be started: %s", self.error)
+                wait = min(60.0, max(RAY_WATCH_S, 2 * wait))
 
 
 class Service:
@@ -80,17 +125,22 @@ class Service:
         self.catalog = Catalog(settings)
         self.db = JobDB(settings.state_dir)
         self.executor = Executor(settings, self.db)
-        self.scheduler = Scheduler(self.executor)
+        self.scheduler = Scheduler(self.executor, self.sweep,
+                                   max(TICK_S, min(SWEEP_MAX_S, settings.job_retention / 4)))
+        self.ray_watch = RayWatch(self.executor)
         self.submit_lock = threading.Lock()
         self.build_locks: dict[str, threading.Lock] = {}
         self.final_progress: dict[str, tuple] = {}
 
     def start(self) -> None:
+        self.ray_watch.start()
         self.scheduler.start()
 
     def stop(self) -> None:
+        self.ray_watch.stopping.set()
         self.scheduler.stopping.set()
         self.scheduler.join(timeout=30)
+        self.ray_watch.join(timeout=30)
         self.executor.shutdown()
         self.db.close()
         self._server_lock.close()
@@ -113,6 +163,26 @@ class Service:
                    timings=timings, eta_seconds=eta, error=job.error,
                    links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
                           "report": f"{base}/report", "teacher": f"{base}/teacher", "recipe": f"{base}/recipe"})
+
+    def sweep(self) -> int:
+        """Remove the finished jobs past FADRM_JOB_RETENTION, and the oldest finished ones past
+        FADRM_MAX_JOB_RECORDS: their records and their folders (plan, log, outcome, the files
+        built for downloads), never a run in the store, which other jobs may share. A job whose
+        leftovers are not tidied yet stays until they are. How many went."""
+        spare = set(self.executor.ending.copy())
+        gone = self.db.expired(time.time() - self.settings.job_retention, self.settings.max_job_records, spare)
+        if not gone:
+            return 0
+        self.db.delete(gone)
+        jobs_dir = self.settings.state_dir / "jobs"
+        for job_id in gone:
+            folder = self.db.files(job_id).root
+            if folder.parent == jobs_dir:
+                shutil.rmtree(folder, ignore_errors=True)
+            self.final_progress.pop(job_id, None)
+            self.build_locks.pop(job_id, None)
+        log.info("removed %d finished job record(s) past retention or the record cap", len(gone))
+        return len(gone)
 
     def job(self, job_id: str) -> JobRecord:
         job = self.db.get(job_id)
@@ -176,6 +246,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                   description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
     app.state.service = service
     app.add_middleware(HeadAsGet)
+    # Outermost first: a request without the token is counted against its address before anything
+    # else is done for it; then a request naming two lengths is refused.
+    app.add_middleware(OneRequestLength)
+    app.add_middleware(AddressLimit, token=settings.api_token, exempt=frozenset({"/healthz"}),
+                       limiter=RateLimiter(settings.anon_rate_limit, settings.anon_rate_burst))
     bearer = HTTPBearer(auto_error=False)
     limiter = RateLimiter(settings.rate_limit, settings.rate_burst)
 
@@ -189,10 +264,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             raise HTTPException(429, f"more than {settings.rate_limit:g} requests a second with this token; "
                                      f"retry in {wait} s", headers={"Retry-After": str(wait)})
 
+    app.add_exception_handler(RequestValidationError, validation_refused)
+
     @app.exception_handler(RequestInvalid)
     async def _invalid(request: Request, exc: RequestInvalid):
-        return JSONResponse({"detail": [{"loc": list(exc.loc), "msg": str(exc), "type": "value_error"}]},
-                            status_code=422)
+        return JSONResponse(problems([{"loc": exc.loc, "msg": str(exc), "type": "value_error"}]), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -210,6 +286,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         return JSONResponse({"detail": exc.message, "state": exc.job.state}, status_code=409)
 
     auth = [Depends(authorized)]
+    request_shape = body_shape(REQUEST_FIELDS, REQUEST_LISTS)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=auth)
     def openapi() -> JSONResponse:
@@ -223,11 +300,12 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def readyz() -> Ready:
         ray_ok = service.executor.ray_reachable()
         store_ok = _writable(settings.state_dir)
+        why = service.ray_watch.error
         ready = Ready(ready=ray_ok and store_ok, ray=ray_ok, store=store_ok,
-                      detail=None if ray_ok else "Ray is not reachable (yet)")
+                      detail=None if ray_ok else f"Ray is not reachable: {why}" if why else "Ray is not reachable (yet)")
         return ready if ready.ready else JSONResponse(ready.model_dump(), status_code=503)
 
-    @app.post("/v1/distillations", status_code=202, tags=["distillations"], dependencies=auth,
+    @app.post("/v1/distillations", status_code=202, tags=["distillations"], dependencies=[*auth, Depends(utf8_body), Depends(request_shape)],
               responses={**ERRORS, 200: {"model": Job, "description": "the same request: the job made before"},
                          400: {"model": Problem, "description": "a body that is not UTF-8 JSON text"},
                          409: {"model": Problem, "description": "the Idempotency-Key was used for another request"},
@@ -258,6 +336,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if job is None:
             return JSONResponse({"detail": f"{settings.max_queued} jobs are waiting already; retry later"},
                                 status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+        if service.db.count() > settings.max_job_records:  # the oldest finished records go now
+            service.sweep()
         return _job_response(service.view(job), 202)
 
     # The two endpoints clients poll run on the event loop (a few SQLite reads and a small file
@@ -296,7 +376,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if format == "imagefolder":
             path = service.build(job, files.imagefolder, write_imagefolder_zip)
             return FileResponse(path, media_type="application/zip", filename=f"{job.id}-imagefolder.zip")
-        path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id))
+        path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id,
+                                                                   evaluation_file=files.evaluation))
         return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.parquet")
 
     @app.get("/v1/distillations/{job_id}/preview.png", tags=["results"], dependencies=auth,
@@ -321,6 +402,30 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         job = service.finished(job_id)
         return _json(job_recipe(job.plan, service.db.files(job.id).evaluation))
 
+    @app.get("/v1/distillations/{job_id}/soft-labels", tags=["results"], dependencies=auth,
+             response_class=FileResponse,
+             responses={**JOB_ERRORS, 409: {"model": Problem,
+                                            "description": "not finished, or its evaluation stored no soft labels"},
+                        200: {"content": {"application/vnd.apache.parquet": {}},
+                              "description": "the soft labels the job's students learnt from, one part per seed "
+                                             "(`fadrm train-student --soft-labels`)"}})
+    def soft_labels(job_id: str = JobId):
+        """The soft labels the job's evaluation stored (a request with `evaluate: true` and
+        `evaluation.soft_labels: stored`, with `soft_label_topk` and `soft_label_epochs` to keep
+        them small): what a client trains from where the teacher stays on the server."""
+        job = service.finished(job_id)
+        files = service.db.files(job.id)
+        if not stored_labels(job.plan, files.evaluation):
+            raise _Conflict(job, f"job {job.id} stored no soft labels: submit with evaluate: true and evaluation "
+                                 "{soft_labels: stored} (soft_label_topk and soft_label_epochs keep them small)")
+        try:
+            path = service.build(job, files.soft_labels,
+                                 functools.partial(write_soft_labels, evaluation_file=files.evaluation))
+        except SoftLabelError:
+            raise _Conflict(job, f"the soft labels of job {job.id} are no longer in the store (its run was "
+                                 "evaluated again or cleaned); submit the request again") from None
+        return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.soft-labels.parquet")
+
     @app.get("/v1/distillations/{job_id}/teacher", tags=["results"], dependencies=auth, response_class=Response,
              responses={**JOB_ERRORS,
                         200: {"content": {"application/octet-stream": {}},
@@ -339,8 +444,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             raise HTTPException(403, "the operator of this service keeps teachers private (FADRM_PRIVATE_TEACHERS): "
                                      f"the teacher of job {job.id} is not served; GET {base}/recipe still gives the "
                                      "student recipe, and a request with evaluate: true reports the top-1 of students "
-                                     f"trained here with the teacher (GET {base}/report); the dataset's hard labels "
-                                     "alone reach less")
+                                     f"trained here with the teacher (GET {base}/report) and, with evaluation "
+                                     f"{{soft_labels: stored}}, the soft labels they learnt from (GET {base}/soft-labels)"
+                                     "; the dataset's hard labels alone reach less")
         job = service.finished(job_id)
         names, refs = job.plan.teachers, job.plan.job.teachers
         if index >= len(refs):

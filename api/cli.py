@@ -55,12 +55,13 @@ class ServeCommand:
         import uvicorn
 
         from api.app import create_app
-        from api.http import uvicorn_log_config
+        from api.http import guarded_protocol, uvicorn_log_config
 
         app = create_app(settings)  # refuses a second service on the same store before binding
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True,
-                    log_config=uvicorn_log_config(), ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                    timeout_graceful_shutdown=10)
+                    log_config=uvicorn_log_config(settings.log_file, settings.log_max_bytes, settings.log_backups),
+                    ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_graceful_shutdown=10,
+                    http=guarded_protocol(settings.request_timeout, settings.max_connections))
 
 
 def _loopback(host: str) -> bool:

@@ -13,7 +13,9 @@ that was cut off with an HTTP Range request. A call over the service's per-token
 
 The top-1 a job reports trains students with the teachers' soft labels, not the file's hard
 labels: `distill(..., with_teacher=True)` also fetches the teacher checkpoint(s) and the student
-recipe beside the Parquet file (`Downloaded`), and `download_teacher` / `recipe` fetch each alone.
+recipe beside the Parquet file (`Downloaded`), `soft_labels=True` the soft labels the job's
+evaluation stored (for a service that keeps its teachers private), and `download_teacher` /
+`download_soft_labels` / `recipe` fetch each alone.
 A service whose operator keeps teachers private answers 403, raised as `ServiceError` with its line.
 """
 from __future__ import annotations
@@ -51,19 +53,22 @@ class JobFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Downloaded:
-    """What `distill(..., with_teacher=True)` wrote: the Parquet file, the teacher checkpoint(s)
-    beside it (`<stem>.teacher.pt`, `<stem>.teacher-1.pt`, ...: load with
-    `fadrm_ray.models.load_teacher`) and the student recipe (`<stem>.recipe.json`, an `EvalConfig`)."""
+    """What `distill(..., with_teacher=True)` and/or `soft_labels=True` wrote: the Parquet file,
+    the teacher checkpoint(s) beside it (`<stem>.teacher.pt`, `<stem>.teacher-1.pt`, ...: load
+    with `fadrm_ray.models.load_teacher`), the stored soft labels (`<stem>.soft-labels.parquet`,
+    for `fadrm train-student --soft-labels`) and the student recipe (`<stem>.recipe.json`, an
+    `EvalConfig`)."""
 
     data: Path
     teachers: tuple[Path, ...]
     recipe: Path
+    soft_labels: Path | None = None
 
 
 def product_paths(out: str | Path, teachers: int) -> tuple[tuple[Path, ...], Path]:
     """Where `distill(..., with_teacher=True)` puts the teachers and the recipe of the file `out`."""
     out = Path(out)
-    names = [f"{out.stem}.teacher.pt"] + [f"{out.stem}.teacher-{i}.pt" for i in range(1, teachers)]
+    names = ([f"{out.stem}.teacher.pt"] + [f"{out.stem}.teacher-{i}.pt" for i in range(1, teachers)]) if teachers else []
     return tuple(out.with_name(n) for n in names), out.with_name(f"{out.stem}.recipe.json")
 
 
@@ -158,14 +163,22 @@ class FadrmClient:
 
     def download(self, job_id: str, out: str | Path, format: str = "parquet") -> Path:
         """The job's dataset file; a partial `out` left by a cut download is resumed."""
+        return self._fetch(f"/v1/distillations/{job_id}/dataset", out, {"format": format})
+
+    def download_soft_labels(self, job_id: str, out: str | Path) -> Path:
+        """The soft labels the job's evaluation stored (a job submitted with `evaluate: true` and
+        `evaluation.soft_labels: stored`), one file for `fadrm train-student --soft-labels`."""
+        return self._fetch(f"/v1/distillations/{job_id}/soft-labels", out, {})
+
+    def _fetch(self, url: str, out: str | Path, params: dict[str, str]) -> Path:
+        """A file of the service to `out`, by way of `out.part`, which a cut download resumes."""
         out = Path(out)
         partial = out.with_name(out.name + ".part")
         for attempt in range(5):
             have = partial.stat().st_size if partial.exists() else 0
             headers = {"Range": f"bytes={have}-"} if have else {}
             try:
-                with self.http.stream("GET", f"/v1/distillations/{job_id}/dataset", params={"format": format},
-                                      headers=headers) as response:
+                with self.http.stream("GET", url, params=params, headers=headers) as response:
                     if response.status_code == 416:  # nothing left to fetch
                         break
                     if (wait := _rate_wait(response)) is not None:
@@ -173,7 +186,7 @@ class FadrmClient:
                         continue
                     if response.status_code >= 400:
                         response.read()
-                        raise ServiceError(response.status_code, response.json().get("detail"))
+                        raise ServiceError(response.status_code, _detail(response))
                     mode = "ab" if response.status_code == 206 else "wb"
                     with open(partial, mode) as f:
                         for chunk in response.iter_bytes():
@@ -228,27 +241,32 @@ class FadrmClient:
 
     @overload
     def distill(self, *, out: str | Path, timeout: float = ..., with_teacher: Literal[False] = ...,
-                **request: Any) -> Path: ...
+                soft_labels: Literal[False] = ..., **request: Any) -> Path: ...
 
     @overload
-    def distill(self, *, out: str | Path, timeout: float = ..., with_teacher: Literal[True],
+    def distill(self, *, out: str | Path, timeout: float = ..., with_teacher: bool = ..., soft_labels: bool = ...,
                 **request: Any) -> Downloaded: ...
 
     def distill(self, *, out: str | Path, timeout: float = 3600.0, with_teacher: bool = False,
-                **request: Any) -> Path | Downloaded:
+                soft_labels: bool = False, **request: Any) -> Path | Downloaded:
         """Submit, wait, download: the path of the Parquet file (`submit` takes the request's fields).
-        `with_teacher`: the teacher checkpoint(s) and the student recipe too, beside it (`Downloaded`);
-        when one cannot be had (a service that keeps its teachers private: ServiceError with its
-        line) nothing of this call is left behind."""
+        `with_teacher`: the teacher checkpoint(s) and the student recipe too, beside it;
+        `soft_labels`: the soft labels the job's evaluation stored and the recipe (submit with
+        `evaluate=True, evaluation={"soft_labels": "stored", ...}`): a `Downloaded`. When one
+        cannot be had (a service that keeps its teachers private, a job that stored no soft
+        labels: ServiceError with the service's line) nothing of this call is left behind."""
         job = self.submit(**request)
         self.wait(job["id"], timeout=timeout)
-        if not with_teacher:
+        if not (with_teacher or soft_labels):
             return self.download(job["id"], out)
-        teachers, recipe = product_paths(out, len(job["teachers"]))
+        teachers, recipe = product_paths(out, len(job["teachers"]) if with_teacher else 0)
+        labels = Path(out).with_name(f"{Path(out).stem}.soft-labels.parquet") if soft_labels else None
         written: list[Path] = []
         try:
             for index, path in enumerate(teachers):
                 written.append(self.download_teacher(job["id"], path, index))
+            if labels is not None:
+                written.append(self.download_soft_labels(job["id"], labels))
             body = self._call("GET", f"/v1/distillations/{job['id']}/recipe").content
             from fadrm_ray.settings import EvalConfig
 
@@ -260,7 +278,7 @@ class FadrmClient:
             for path in written:
                 path.unlink(missing_ok=True)
             raise
-        return Downloaded(data=data, teachers=teachers, recipe=recipe)
+        return Downloaded(data=data, teachers=teachers, recipe=recipe, soft_labels=labels)
 
 
 def _detail(response: httpx.Response) -> Any:

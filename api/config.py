@@ -22,6 +22,14 @@ prefix, FADRM_MAX_<NAME>; in the file they are a `limits:` mapping or flat keys 
 | FADRM_RAY_CPUS | CPUs of the local Ray head (default: this machine's) |
 | FADRM_DEVICE | cpu, or cuda (one GPU per distill actor) |
 | FADRM_PRIVATE_TEACHERS | true: GET .../teacher answers 403 (the operator keeps teacher checkpoints private) |
+| FADRM_REQUEST_TIMEOUT | seconds a request may take to arrive whole (past it: 408, connection closed) |
+| FADRM_MAX_CONNECTIONS | connections open at once (past it: 503 and closed at once) |
+| FADRM_ANON_RATE_LIMIT / _BURST | requests per second / at once of one address without a valid token |
+| FADRM_LOG_FILE, _LOG_MAX_BYTES, _LOG_BACKUPS | the service's log file (else stderr/stdout), rotated by size |
+| FADRM_DRIVER_LOG_MAX_BYTES | the size at which a job's driver.log is rotated (one old file kept) |
+| FADRM_JOB_RETENTION | how long finished job records and their files are kept (seconds, or 30m, 12h, 7d) |
+| FADRM_MAX_JOB_RECORDS | job records kept at most (the oldest finished ones go first) |
+| FADRM_DRIVER_HEARTBEAT_TIMEOUT | seconds without a heartbeat after which a running job's driver is failed |
 """
 from __future__ import annotations
 
@@ -112,6 +120,35 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     # A job's teacher checkpoint is served to its clients (GET .../teacher) unless the operator keeps it.
     private_teachers: bool = False
+    # Connections (api.http.guarded_protocol): a request must arrive whole within request_timeout
+    # seconds; at most max_connections are open at once.
+    request_timeout: float = Field(10.0, gt=0)
+    max_connections: int = Field(256, ge=1)
+    # Requests without a valid token, per client address (401 and 403 included); 0: no limit.
+    anon_rate_limit: float = Field(5.0, ge=0)
+    anon_rate_burst: int = Field(20, ge=1)
+    # Logs: without log_file, uvicorn's streams (stderr, stdout); each file rotated by size.
+    log_file: Path | None = None
+    log_max_bytes: int = Field(10 * 2**20, ge=4096)
+    log_backups: int = Field(3, ge=0)
+    driver_log_max_bytes: int = Field(16 * 2**20, ge=4096)
+    # Job records: finished ones older than job_retention seconds go, files and all, and never
+    # more than max_job_records are kept.
+    job_retention: float = Field(7 * 86400.0, gt=0)
+    max_job_records: int = Field(10_000, ge=1)
+    driver_heartbeat_timeout: float = Field(120.0, gt=0)
+
+    @field_validator("job_retention", mode="before")
+    @classmethod
+    def _duration(cls, value):
+        """Seconds, or a number with a unit: 90s, 30m, 12h, 7d."""
+        if isinstance(value, str) and value.strip()[-1:].lower() in _UNITS:
+            text = value.strip()
+            try:
+                return float(text[:-1]) * _UNITS[text[-1].lower()]
+            except ValueError:
+                raise ValueError(f"not a duration (seconds, or 30m, 12h, 7d): {value!r}") from None
+        return value
 
     @field_validator("api_token")
     @classmethod
@@ -165,6 +202,7 @@ class ServiceSettings(BaseSettings):
         return settings
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _HEX = frozenset("0123456789abcdefABCDEF")
 _BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_")
 

@@ -3,8 +3,8 @@
 Ray wraps what a task raised in RayTaskError (its text: the coloured `ray::Actor.method()`
 name, the worker's pid, IP and actor id, then the remote traceback), and the coordinator wraps
 that again. A client needs the exception at the bottom of that chain, not the wrappers, and
-must not see the cluster's addresses, pids or ids; the whole trace stays in the job's
-driver.log for the operator.
+must not see the cluster's addresses, pids or ids, nor the server's paths (a path is cut to its
+last part); the whole trace stays in the job's driver.log for the operator.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ _ADDRESS = re.compile(r"\[?(::ffff:)?\b\d{1,3}(\.\d{1,3}){3}\b\]?(:\d+)?")
 _LONG_HEX = re.compile(r"\b[0-9a-fA-F]{24,}\b")  # actor, node, task and worker ids
 _OBJECT_AT = re.compile(r"\s*(object )?at 0x[0-9a-fA-F]+")
 _EMPTY_PARENS = re.compile(r"\(\s*[,;\s]*\)")
+# An absolute path of two parts or more (/srv/store/run-1/manifest.json), not a URL's.
+_PATH = re.compile(r"(?<![\w:/.~-])(/[\w.+~-]+){2,}/?")
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -37,7 +39,7 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 def scrub(text: str) -> str:
-    """One line without colour codes, addresses, pids or Ray ids."""
+    """One line without colour codes, addresses, pids, Ray ids or server paths."""
     text = _ANSI.sub("", text)
     text = _RAY_NAME.sub("", text)
     text = _REPR.sub("", text)
@@ -45,6 +47,7 @@ def scrub(text: str) -> str:
     text = _ADDRESS.sub("<address>", text)
     text = _LONG_HEX.sub("<id>", text)
     text = _OBJECT_AT.sub("", text)
+    text = _PATH.sub(lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
     text = _EMPTY_PARENS.sub("", text)
     return " ".join(text.split()).strip(" ;,:")
 

@@ -15,10 +15,16 @@ anyone without a token. Metrics export is off (RAY_enable_metrics_collection=0);
 and the minimal dashboard's metrics endpoints, which cannot be turned off, follow the node's
 loopback address. Drivers get the same variables, or they would look for the node elsewhere.
 
+The service also watches its local head (`Executor.keep_ray`, every RAY_WATCH_S seconds from a
+thread of its own): a head that died is started again at once, not when the next job starts,
+so `/readyz` is 200 again without a job. A job whose driver failed because the head it ran on
+went away says so in one line.
+
 `Executor.tick` is the scheduler, called about twice a second by the service: it settles the
 jobs whose driver ended (from the outcome file the driver writes, checked against the store:
 a run is complete only when its manifest says so), ends jobs running longer than the limit
-(`limits.job_seconds`, FADRM_MAX_JOB_SECONDS: failed, with that reason), starts queued jobs
+(`limits.job_seconds`, FADRM_MAX_JOB_SECONDS: failed, with that reason) and those whose driver's
+heartbeat stopped (`driver_heartbeat_timeout`: a driver stopped with SIGSTOP, or hung), starts queued jobs
 while fewer than FADRM_MAX_RUNNING run, and finishes off stopped drivers that did not stop in
 time. A job the service stops (cancel, time limit) has its end written first (`JobFiles.stop`),
 so the driver's outcome says what the API says. Once the driver of a job that did not succeed
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -36,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -51,11 +59,15 @@ from api.files import private_append, private_write
 from api.jobs import JobDB, JobRecord
 from api.leftovers import remove_added, remove_job_temporaries
 from api.requests import images_in_store, run_dir
-from api.runner import DriverInput
+from api.runner import HEARTBEAT_S, DriverInput
+
+log = logging.getLogger("fadrm.api")
 
 CANCEL_GRACE_S = 10.0
 START_TIMEOUT_S = 180.0
 CANCELLED = "cancelled by request"
+HEAD_LOST = ("the service's Ray head stopped while the job ran (the service starts a new one); "
+             "submit the request again")
 # Ray's single-machine mode (the node's address stays loopback) and no metrics export port.
 LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
 _REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +96,7 @@ class LocalRay:
         self.record = state_dir / "ray-head.json"
         self.token = state_dir / "ray-auth-token"
         self.cpus = cpus or os.cpu_count() or 1
+        self._starting = threading.Lock()  # one start at a time: the watch and a job's start
 
     def env(self) -> dict[str, str]:
         """What the head and every driver joining it run with (module docstring)."""
@@ -102,8 +115,21 @@ class LocalRay:
             return head
         return None
 
+    def current_address(self) -> str | None:
+        """The address of the head that is up now, without starting one."""
+        head = self.running()
+        if head is None:
+            return None
+        with contextlib.suppress(OSError):
+            return (Path(head["temp_dir"]) / "ray_current_cluster").read_text().strip() or None
+        return None
+
     def address(self, timeout: float = START_TIMEOUT_S) -> str:
         """The head's address, starting the head first when none is up."""
+        with self._starting:
+            return self._address(timeout)
+
+    def _address(self, timeout: float) -> str:
         head = self.running()
         if head is None:
             gone = self._read()
@@ -179,6 +205,17 @@ class Executor:
     def ray_address(self) -> str:
         return self.settings.ray_address or self.local.address()
 
+    def keep_ray(self) -> bool:
+        """Start the local head again when it is gone (the watch); True when one was started."""
+        if self.local is None or self.local.running() is not None:
+            return False
+        if self.local.record.exists():
+            log.warning("the local Ray head is gone; starting a new one")
+        for job in self.db.in_state("running"):  # their drivers' head is gone: they cannot go on
+            self._end(job, "failed", HEAD_LOST)
+        self.local.address()
+        return True
+
     def ray_reachable(self) -> bool:
         if self.local is not None:
             head = self.local.running()
@@ -192,9 +229,14 @@ class Executor:
                 self.children.remove(proc)
         limit = self.settings.limits.job_seconds
         for job in self.db.in_state("running"):
-            if not self._settle(job) and job.started_at is not None and time.time() - job.started_at > limit:
+            if self._settle(job) or job.started_at is None:
+                continue
+            if time.time() - job.started_at > limit:
                 self._end(job, "failed", f"ran longer than the service's job limit of {limit:g} s "
                                          "(FADRM_MAX_JOB_SECONDS)")
+            elif (silent := self._silent_for(job)) is not None:
+                self._end(job, "failed", f"the job's driver stopped answering (no heartbeat for {silent:.0f} s: "
+                                         "stopped or hung); submit the request again")
         for job_id, (pid, start, kill_at) in list(self.ending.items()):
             if alive(pid, start):
                 if time.time() > kill_at:
@@ -207,6 +249,27 @@ class Executor:
             for job in queued[:max(0, free)]:
                 self._start(job)
 
+    def _silent_for(self, job: JobRecord) -> float | None:
+        """Seconds since the heartbeat of a running job's driver, when that is past the timeout."""
+        timeout = self.settings.driver_heartbeat_timeout
+        if job.pid is None or time.time() - job.started_at <= timeout:
+            return None
+        try:
+            silent = time.time() - self.db.files(job.id).heartbeat.stat().st_mtime
+        except OSError:  # no beat yet: the driver is still starting (its imports, Ray's connection)
+            silent, timeout = time.time() - job.started_at, max(timeout, START_TIMEOUT_S)
+        return silent if silent > timeout else None
+
+    def _head_lost(self, job: JobRecord) -> bool:
+        """Whether the local head the job's driver joined is gone (another is up, or none)."""
+        if self.local is None:
+            return False
+        try:
+            ran_on = DriverInput.model_validate_json(self.db.files(job.id).plan.read_text()).execution.address
+        except (OSError, ValueError):
+            return False
+        return ran_on != self.local.current_address()
+
     def _settle(self, job: JobRecord) -> bool:
         """Finish a running job whose driver has ended; True when it did."""
         files = self.db.files(job.id)
@@ -218,12 +281,15 @@ class Executor:
                 return False
             outcome = read_json_object(files.outcome)  # it may have written it just before it ended
             if outcome is None:
-                return self._finish(job, "failed", f"the job's driver ended without an outcome; see {files.log.name}")
+                return self._finish(job, "failed", HEAD_LOST if self._head_lost(job) else
+                                    f"the job's driver ended without an outcome; see {files.log.name}")
         state, error = outcome.get("state"), outcome.get("error")
         if state == "succeeded" and not images_in_store(self.settings, job.plan):
             state, error = "failed", "the driver ended, but the store's run is not complete"
         if state not in ("succeeded", "failed", "cancelled"):
             state, error = "failed", f"the job's driver wrote an outcome the service does not know: {state!r}"
+        if state == "failed" and self._head_lost(job):
+            error = HEAD_LOST
         return self._finish(job, state, None if error is None else clean_line(str(error)))
 
     def _finish(self, job: JobRecord, state: str, error: str | None) -> bool:
@@ -249,6 +315,7 @@ class Executor:
             private_write(files.stop, json.dumps({"state": job.state, "error": job.error}))
         if job.pid is not None and alive(job.pid, job.pid_start):
             _signal_group(job.pid, signal.SIGTERM)
+            _signal_group(job.pid, signal.SIGCONT)  # a stopped driver wakes to handle it
         self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
 
     def _tidy(self, job_id: str) -> bool:
@@ -285,7 +352,10 @@ class Executor:
                                       cpus_per_worker=self.settings.cpus_per_worker,
                                       gpus_per_worker=1.0 if self.settings.device == "cuda" else 0.0,
                                       device=self.settings.device, threads=self.settings.threads, progress=False)
-            private_write(files.plan, DriverInput(plan=job.plan, execution=execution).model_dump_json())
+            private_write(files.plan, DriverInput(plan=job.plan, execution=execution,
+                                                  log_max_bytes=self.settings.driver_log_max_bytes,
+                                                  heartbeat_s=min(HEARTBEAT_S, self.settings.driver_heartbeat_timeout / 4)
+                                                  ).model_dump_json())
             env = {**_clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
             if self.local is not None:

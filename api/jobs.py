@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_fingerprint ON jobs (fingerprint, state);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at);
 """
+FINISHED = ("succeeded", "failed", "cancelled")
 _COLUMNS = ("seq", "id", "fingerprint", "idempotency_key", "state", "reused", "plan", "created_at", "started_at",
             "finished_at", "pid", "pid_start", "error")
 
@@ -102,12 +104,22 @@ class JobFiles:
         return self.root / "driver.log"
 
     @property
+    def heartbeat(self) -> Path:
+        """Touched by the driver every few seconds while it runs (api.runner.HEARTBEAT_S)."""
+        return self.root / "heartbeat"
+
+    @property
     def evaluation(self) -> Path:
         return self.root / "evaluation.json"
 
     @property
     def dataset(self) -> Path:
         return self.root / "dataset.parquet"
+
+    @property
+    def soft_labels(self) -> Path:
+        """The stored soft labels of the job's evaluation, packed (built on the first request)."""
+        return self.root / "soft-labels.parquet"
 
     @property
     def imagefolder(self) -> Path:
@@ -186,8 +198,37 @@ class JobDB:
         marks = ", ".join("?" * len(states))
         return self._query(f"WHERE state IN ({marks}) ORDER BY seq", states)
 
-    def count(self, state: str) -> int:
+    def count(self, state: str | None = None) -> int:
+        if state is None:
+            return self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
         return self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
+
+    def expired(self, finished_before: float, keep: int, spare: set[str] = frozenset()) -> list[str]:
+        """Ids of the finished jobs to remove: those that finished before `finished_before`, then
+        the oldest finished ones while more than `keep` records would stay. Jobs in `spare` (not
+        tidied yet) stay; queued and running jobs always do."""
+        marks = ", ".join("?" * len(FINISHED))
+        old = [row[0] for row in self._conn.execute(
+            f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at < ? ORDER BY seq",
+            (*FINISHED, finished_before))]
+        old = [job_id for job_id in old if job_id not in spare]
+        over = self.count() - len(old) - keep
+        if over > 0:
+            newer = [row[0] for row in self._conn.execute(
+                f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at >= ? ORDER BY seq LIMIT ?",
+                (*FINISHED, finished_before, over + len(spare)))]
+            old += [job_id for job_id in newer if job_id not in spare][:over]
+        return old
+
+    def delete(self, job_ids: list[str]) -> int:
+        """Remove the records of these jobs while they are finished; how many went."""
+        gone, marks = 0, ", ".join("?" * len(FINISHED))
+        for start in range(0, len(job_ids), 500):
+            chunk = job_ids[start:start + 500]
+            gone += self._conn.execute(
+                f"DELETE FROM jobs WHERE id IN ({', '.join('?' * len(chunk))}) AND state IN ({marks})",
+                (*chunk, *FINISHED)).rowcount
+        return gone
 
     def page(self, state: str | None, limit: int, before: int | None) -> list[JobRecord]:
         where, args = [], []

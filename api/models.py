@@ -94,6 +94,7 @@ class DatasetLabels(BaseModel):
     kd_temperature: float
     teachers: list[TeacherFile]
     recipe: str
+    soft_labels: str | None = None   # where the evaluation stored its students' soft labels, packed
 
 
 class JobAsked(BaseModel):

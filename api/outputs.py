@@ -3,11 +3,12 @@ progress from the run's ledger, the dataset file, the ImageFolder zip, the previ
 the student recipe and the teacher checkpoint.
 
 The dataset file is one Parquet table of the requested classes at the requested IPC, in the
-store's own part layout (`fadrm_ray.store.records.part_schema`: an `image` struct of PNG bytes and
-path, `label` the dataset's class index, `ipc_index`, the losses), with the class names as a
+store's own part layout (`fadrm_ray.store.export.parquet_bytes`, as `fadrm export --format
+parquet` writes it: an `image` struct of PNG bytes and path, `label` the dataset's class index,
+`ipc_index`, the losses), with the class names as a
 `ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`, whose `labels`
 (`api.models.DatasetLabels`) says that the reported top-1 trains students with the teachers' soft
-labels and where the teachers and the recipe are. Each file is written once per job, atomically
+labels and where the teachers, the stored soft labels and the recipe are. Each file is written once per job, atomically
 and with mode 0600, beside the job record, and served from there; a write that fails leaves no
 partial file behind.
 
@@ -30,15 +31,12 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fadrm_ray.distill import Unit
 from fadrm_ray.events import LedgerEvent, read_events
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import export_imagefolder, open_run
-from fadrm_ray.store.records import part_schema
 
 from api.files import make_private, private_write
 from api.models import DatasetLabels, TeacherFile
@@ -123,45 +121,51 @@ def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
 
 
 # --------------------------------------------------------------------------- files
-def write_dataset(run_dir: Path, plan: "JobPlan", out: Path, job_id: str) -> Path:
+def write_dataset(run_dir: Path, plan: "JobPlan", out: Path, job_id: str, evaluation_file: Path) -> Path:
     """The requested classes at the requested IPC as one Parquet file (module docstring)."""
-    classes, ipc = plan.classes, plan.ipc
-    reader = open_run(run_dir, ipc=ipc)
-    images = reader.encoded(classes)
-    losses = {(r["label"], r["ipc_index"]): (r["ce_loss"], r["bn_loss"]) for r in reader.records(classes)}
-    names = reader.class_names
-    about = {"run_id": plan.run_id, "dataset": plan.dataset, "teachers": plan.teachers, "ipc": ipc,
-             "classes": classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed,
-             "labels": dataset_labels(plan, job_id).model_dump(mode="json")}
-    table = pa.Table.from_pydict(
-        {
-            "image": [{"bytes": png, "path": f"{names[label]}/ipc{index:05d}.png"} for label, index, png in images],
-            "label": [label for label, _, _ in images],
-            "ipc_index": [index for _, index, _ in images],
-            "ce_loss": [losses[(label, index)][0] for label, index, _ in images],
-            "bn_loss": [losses[(label, index)][1] for label, index, _ in images],
-        },
-        schema=part_schema(names, about),
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="none")  # PNG bytes are compressed already
-    return private_write(out, sink.getvalue().to_pybytes())
+    from fadrm_ray.store.export import parquet_bytes
+
+    about = {"run_id": plan.run_id, "dataset": plan.dataset, "teachers": plan.teachers, "ipc": plan.ipc,
+             "classes": plan.classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed,
+             "labels": dataset_labels(plan, job_id, evaluation_file).model_dump(mode="json")}
+    return private_write(out, parquet_bytes(open_run(run_dir, ipc=plan.ipc), plan.classes, about))
 
 
-def dataset_labels(plan: "JobPlan", job_id: str) -> DatasetLabels:
+def stored_labels(plan: "JobPlan", evaluation_file: Path) -> bool:
+    """Whether the job's evaluation stored its students' soft labels (then `write_soft_labels` packs them)."""
+    return evaluation_file.is_file() and plan.evaluation is not None and plan.evaluation.soft_labels == "stored"
+
+
+def write_soft_labels(run_dir: Path, plan: "JobPlan", out: Path, evaluation_file: Path) -> Path:
+    """The stored soft labels of the job's evaluation, one part per student seed, packed in one
+    file (`fadrm_ray.soft_label_store`): what `fadrm train-student --soft-labels` reads."""
+    from fadrm_ray.scores import Evaluation
+    from fadrm_ray.soft_label_store import folders_of, pack_soft_labels
+
+    evaluation = Evaluation.model_validate_json(evaluation_file.read_text())
+    reader = open_run(run_dir, ipc=plan.ipc)
+    images, _, _ = reader.read(plan.classes)
+    folders = folders_of(RunLayout(run_dir).soft_labels, images, evaluation.config, evaluation.teachers)
+    return private_write(out, pack_soft_labels(folders))
+
+
+def dataset_labels(plan: "JobPlan", job_id: str, evaluation_file: Path) -> DatasetLabels:
     """What the dataset file says about its labels: the soft labels of the reported top-1, and
-    where its teachers and recipe are."""
+    where its teachers, its stored soft labels (where the evaluation stored them) and its recipe are."""
     base = f"/v1/distillations/{job_id}"
     temperature = (plan.evaluation or EvalConfig()).temperature  # the recipe's (resolving keeps it)
     several = len(plan.teachers) > 1
     whose = "the teachers' soft labels" if several else "the teacher's soft labels"
     teacher = f"GET {base}/teacher{'?index=i' if several else ''}"
+    stored = stored_labels(plan, evaluation_file)
     note = (f"the reported top-1 trains students with {whose} (KD at T={temperature:g}) on these images; "
-            f"{teacher} (unless the operator keeps teachers private) and GET {base}/recipe give them; "
-            "the file's hard labels alone reach less")
+            f"{teacher} (unless the operator keeps teachers private)"
+            + (f", GET {base}/soft-labels (those the report's students learnt from, stored)" if stored else "")
+            + f" and GET {base}/recipe give them; the file's hard labels alone reach less")
     teachers = [TeacherFile(name=name, sha256=ref.sha256, url=f"{base}/teacher?index={i}")
                 for i, (name, ref) in enumerate(zip(plan.teachers, plan.job.teachers))]
-    return DatasetLabels(note=note, kd_temperature=temperature, teachers=teachers, recipe=f"{base}/recipe")
+    return DatasetLabels(note=note, kd_temperature=temperature, teachers=teachers, recipe=f"{base}/recipe",
+                         soft_labels=f"{base}/soft-labels" if stored else None)
 
 
 def job_recipe(plan: "JobPlan", evaluation_file: Path) -> EvalConfig:

@@ -135,8 +135,12 @@ def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, i
         epochs, seeds = resolved.epochs, len(resolved.seed_list)
         if resolved.soft_labels == "stored":
             per_logit = 2 if resolved.soft_label_dtype == "float16" else 4
-            # Each stored epoch holds every view's logits and its crop plan (a few dozen bytes).
-            label_bytes = images * epochs * seeds * (job.num_classes * per_logit + 64)
+            storage = resolved.label_storage()
+            kept = storage.kept(job.num_classes)
+            # Each stored view holds its logits (top-k: values, their classes, one value for the
+            # rest) and its crop plan (a few dozen bytes); only the epochs kept are stored.
+            per_view = (job.num_classes * per_logit if kept is None else kept * (per_logit + 4) + per_logit) + 64
+            label_bytes = images * min(epochs, storage.epochs or epochs) * seeds * per_view
     check_totals(images, job.config.iterations, images if evaluation is not None else None, epochs, seeds,
                  label_bytes, limits)
 

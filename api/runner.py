@@ -12,6 +12,12 @@ time limit) before it sends SIGTERM, and the outcome says the same, whichever ex
 signal raised here (Ray's own SIGTERM handler replaces this one once the driver joins Ray).
 Before an evaluation that stores soft labels, the driver records the run's soft-label folder
 (`api.leftovers`), so the service can remove what a job that did not succeed added there.
+
+While it runs, the driver touches its heartbeat file (`JobFiles.heartbeat`) every HEARTBEAT_S
+seconds (less when the service's timeout is short), from a thread of its own: the service fails a running job whose heartbeat is older than
+its FADRM_DRIVER_HEARTBEAT_TIMEOUT (a driver that was stopped, SIGSTOP, or hangs). Its output
+(its own, and what Ray forwards from the job's actors) goes through a pipe to `driver.log`, which
+is rotated once it holds `log_max_bytes` (one older file, `driver.log.1`, kept).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,10 +35,13 @@ from fadrm_ray.fileio import read_json_object
 from fadrm_ray.job import ExecutionSpec
 
 from api.errors import job_error
-from api.files import private_write
+from api.files import PRIVATE, private_write
 from api.jobs import JobFiles
 from api.leftovers import write_snapshot
 from api.requests import JobPlan
+
+HEARTBEAT_S = 5.0
+DRIVER_LOG_MAX_BYTES = 16 * 2**20
 
 
 class Cancelled(BaseException):
@@ -49,6 +59,51 @@ class DriverInput(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     plan: JobPlan
     execution: ExecutionSpec
+    log_max_bytes: int = DRIVER_LOG_MAX_BYTES
+    heartbeat_s: float = HEARTBEAT_S
+
+
+def beat(path: Path, every: float = HEARTBEAT_S) -> threading.Thread:
+    """Touch `path` now and every `every` seconds for as long as this process runs."""
+    def touch():
+        while True:
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE))
+                os.utime(path)
+            except OSError:
+                pass
+            time.sleep(every)
+
+    thread = threading.Thread(target=touch, name="fadrm-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+def bounded_output(path: Path, max_bytes: int) -> threading.Thread:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) through a pipe to `path`,
+    moved to `path.1` (the one before it dropped) once it holds `max_bytes`."""
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(write_end, 1)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump():
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
+        size = os.fstat(out).st_size
+        while chunk := os.read(read_end, 65536):
+            if size + len(chunk) > max_bytes and size > 0:
+                os.close(out)
+                os.replace(path, path.with_name(path.name + ".1"))
+                out, size = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE), 0
+            os.write(out, chunk[-max_bytes:])
+            size += min(len(chunk), max_bytes)
+        os.close(out)
+
+    thread = threading.Thread(target=pump, name="fadrm-log", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(files: JobFiles) -> dict:
@@ -66,8 +121,13 @@ def run(files: JobFiles) -> dict:
 
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
+            from fadrm_ray.ranking import hard_label_ranking
+
             evaluation = evaluate_run(result.run_dir, plan.evaluation, ipc=plan.ipc, num_threads=spec.threads,
                                       progress=False)
+            # What the images reach with their hard labels alone, beside the soft-label top-1.
+            ranking = hard_label_ranking(result.run_dir, evaluation, num_threads=spec.threads, ipc=plan.ipc)
+            evaluation = evaluation.model_copy(update={"ranking": ranking})
             private_write(files.evaluation, evaluation.model_dump_json())
             files.soft_labels_before.unlink(missing_ok=True)  # the labels are the finished evaluation's
     return outcome
@@ -77,13 +137,25 @@ def main(argv: list[str]) -> int:
     files = JobFiles(Path(argv[0]))
     signal.signal(signal.SIGTERM, _on_sigterm)
     started = time.time()
+    pump = None
     try:
+        given = DriverInput.model_validate_json(files.plan.read_text())
+        beat(files.heartbeat, given.heartbeat_s)
+        pump = bounded_output(files.log, given.log_max_bytes)
         outcome = run(files)
     except BaseException as exc:
         outcome = _ended(files, exc)
     outcome.update(pid=os.getpid(), seconds=time.time() - started)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the outcome is written whatever comes now
     private_write(files.outcome, json.dumps(outcome))
+    if pump is not None:  # the last lines reach the log before the process ends
+        sys.stdout.flush()
+        sys.stderr.flush()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)  # the pipe's last write ends: the pump reads to its end
+        os.dup2(null, 2)
+        os.close(null)
+        pump.join(timeout=5)
     return 0 if outcome["state"] == "succeeded" else 1
 
 

@@ -1,6 +1,6 @@
 """Hostile requests with a valid token: the table of probes, and how fast the service refuses them.
 
-    python -m bench.api_probes [--out DIR] [--json]
+    python -m bench.api_probes [--out DIR] [--json] [--round-two-only] [--seconds 15]
 
 Each probe is one request a client could send to make the server build or run something
 without bound (a count of 10**7, a non-finite number, a path for the model factory); the
@@ -8,6 +8,25 @@ service must refuse it with a 422 naming the field, before any job exists, and s
 responsive. `tests/test_api_limits.py` asserts exactly that for every probe here; this command
 starts `fadrm serve` on a fresh store (as bench.api_load does) and prints, per probe, the
 status, the time the refusal took, and the time of a `/healthz` right after it.
+
+Round two (`round_two`, on a service of its own with the default rate limit, request timeout and
+connection cap, a 20 s retention and a cap of 100 records) measures what a client can make the
+service spend or keep, each against the figures that stalled or filled it before:
+
+- `errors_flood`: one token sends its allowed rate (20 a second) of 64 KB bodies of 6,500 unknown
+  keys for `--seconds`; the size and time of one 422, and `/healthz` latency meanwhile;
+- `non_finite`: 1e400, -1e400, NaN, Infinity and a 4,000-digit integer in each typed field;
+  how many answers were 5xx (none should be);
+- `two_lengths`, `utf16`: a request naming Transfer-Encoding and Content-Length; a UTF-16 body;
+- `slow_sockets`: 50 connections sending a request one byte a second, 50 sending nothing, 50
+  stopping mid-body; how long until the service closed each;
+- `connection_cap`: 300 idle connections at once; how many were refused, and `/healthz` then;
+- `anonymous_flood`: 4 threads for `--seconds` sending 15 KB paths without a token; the
+  statuses, how many were past the per-address limit, and how many bytes of log each request left;
+- `records`: POST then DELETE, over and over, for `--seconds`; the records kept then, and after
+  the retention;
+- `ray_head`: the service's Ray head killed (SIGKILL); seconds until `/readyz` is 200 again,
+  with no job sent.
 """
 from __future__ import annotations
 
@@ -79,16 +98,298 @@ def post_raw(http: httpx.Client, body: dict) -> httpx.Response:
     return http.post("/v1/distillations", content=json.dumps(body), headers={"Content-Type": "application/json"})
 
 
+def _serve(root: Path, port: int, **settings) -> tuple[subprocess.Popen, dict]:
+    """`fadrm serve` on 127.0.0.1:`port` with these FADRM_* settings, its log in root/serve.log."""
+    import os
+
+    from bench.api_load import REPO, TOKEN
+
+    env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(root / "store"),
+           "FADRM_TEACHERS": str(root / "teachers"), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           **{f"FADRM_{k.upper()}": str(v) for k, v in settings.items()}}
+    log = open(root / "serve.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", "--port", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    return proc, env
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else float("nan")
+
+
+def _raw_exchange(port: int, data: bytes, timeout: float = 15.0) -> tuple[bytes, bool]:
+    """Send `data` on a new connection: what came back, and whether the server closed it."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except TimeoutError:
+            return got, False
+    return got, True
+
+
+def _healthz_while(port: int, stop) -> list[float]:
+    """`/healthz` latencies (s), one request every 0.1 s until `stop` is set."""
+    times = []
+    with httpx.Client(timeout=30) as http:
+        while not stop.is_set():
+            started = time.perf_counter()
+            http.get(f"http://127.0.0.1:{port}/healthz")
+            times.append(time.perf_counter() - started)
+            time.sleep(0.1)
+    return times
+
+
+def build_422(text: str, repeat: int = 20) -> dict:
+    """In this process: the time to validate `text` as a request and build the service's 422 for
+    it (api.refusals), against FastAPI's own 422 of the same errors (every error's input echoed)."""
+    from fastapi.encoders import jsonable_encoder
+    from pydantic import ValidationError
+
+    from api.app import REQUEST_FIELDS, REQUEST_LISTS
+    from api.models import DistillationRequest
+    from api.refusals import MAX_ERRORS, problems, shape_errors
+
+    def errors() -> list[dict]:
+        try:
+            DistillationRequest.model_validate_json(text)
+        except ValidationError as exc:
+            return exc.errors()
+        return []
+
+    started = time.perf_counter()
+    for _ in range(repeat):  # as the service does: parse, the shape check, then pydantic
+        found, total = shape_errors(json.loads(text), REQUEST_FIELDS, REQUEST_LISTS)
+        if not total:
+            found = errors()
+            total = len(found)
+        ours = json.dumps(problems(found[:MAX_ERRORS], total), allow_nan=False).encode()
+    ours_ms = 1000 * (time.perf_counter() - started) / repeat
+    started = time.perf_counter()
+    theirs = json.dumps({"detail": jsonable_encoder(errors())}, allow_nan=True).encode()
+    theirs_ms = 1000 * (time.perf_counter() - started)
+    return {"errors": total, "build_ms": round(ours_ms, 2), "answer_bytes": len(ours),
+            "fastapi_default_ms": round(theirs_ms, 1), "fastapi_default_bytes": len(theirs)}
+
+
+def round_two(root: Path, seconds: float) -> dict:
+    """The probes of round two (module docstring), on a service of their own under `root`."""
+    import os
+    import socket
+    import threading
+
+    from bench.api_load import TOKEN, _free_port, _wait_ready
+
+    port = _free_port()
+    proc, env = _serve(root, port, job_retention="20s", max_job_records=100)
+    url = f"http://127.0.0.1:{port}"
+    out: dict = {}
+    base = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
+            "overrides": {"iterations": 8, "precision": "fp32"}}
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+            _wait_ready(http)
+            post_raw(http, probe_body(base, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
+
+            # One token at its allowed rate of the largest bodies with errors.
+            unknown = json.dumps({**base, **{f"k{i}": 0 for i in range(6500)}}, separators=(",", ":"))
+            started = time.perf_counter()
+            one = http.post("/v1/distillations", content=unknown, headers={"Content-Type": "application/json"})
+            single_ms = 1000 * (time.perf_counter() - started)
+            stop = threading.Event()
+            health: list[float] = []
+            watcher = threading.Thread(target=lambda: health.extend(_healthz_while(port, stop)))
+            watcher.start()
+            statuses, sent_bytes, t0 = [], 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                tick = time.perf_counter()
+                r = http.post("/v1/distillations", content=unknown, headers={"Content-Type": "application/json"})
+                statuses.append(r.status_code)
+                sent_bytes += len(r.content)
+                time.sleep(max(0.0, 0.05 - (time.perf_counter() - tick)))
+            stop.set()
+            watcher.join()
+            out["errors_flood"] = {"body_bytes": len(unknown), "status": one.status_code,
+                                   "answer_bytes": len(one.content), "one_422_ms": round(single_ms, 1),
+                                   "requests": len(statuses), "statuses": sorted(set(statuses)),
+                                   "answer_bytes_total": sent_bytes,
+                                   "healthz_median_ms": round(1000 * _median(health), 1),
+                                   "healthz_max_ms": round(1000 * max(health), 1),
+                                   "in_process": build_422(unknown)}
+
+            # Non-finite and huge numbers in every typed field.
+            codes = []
+            for field in ("ipc", "seed", "evaluate", "classes", "teacher", "preset"):
+                for word in ("1e400", "-1e400", "NaN", "Infinity", "1" + "0" * 4000):
+                    body = {**base, field: ["@@"] if field == "classes" else "@@"}
+                    codes.append(post_raw_text(http, json.dumps(body).replace('"@@"', word)).status_code)
+            out["non_finite"] = {"probes": len(codes), "statuses": sorted(set(codes)),
+                                 "5xx": sum(c >= 500 for c in codes)}
+
+            # Two lengths; UTF-16.
+            body = json.dumps(base).encode()
+            head = (f"POST /v1/distillations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                    f"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            got, closed = _raw_exchange(port, head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+            out["two_lengths"] = {"status": got[9:12].decode(), "closed": closed}
+            utf16 = post_raw_text(http, json.dumps(base).encode("utf-16"))
+            out["utf16"] = {"status": utf16.status_code, "detail": utf16.json().get("detail")}
+
+        # Connections that never finish a request.
+        closed_after: list[float] = []
+
+        def slow(kind: str) -> None:
+            started = time.monotonic()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+                    if kind == "byte":
+                        for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\n":
+                            s.sendall(bytes([b]))
+                            time.sleep(1)
+                    elif kind == "body":
+                        s.sendall(b"POST /v1/distillations HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n{")
+                    while s.recv(4096):
+                        pass
+            except OSError:
+                pass
+            closed_after.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=slow, args=(kind,)) for kind in ("byte", "none", "body") for _ in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out["slow_sockets"] = {"sockets": len(threads), "closed": len(closed_after),
+                               "closed_after_s_max": round(max(closed_after), 1),
+                               "closed_after_s_median": round(_median(closed_after), 1)}
+
+        # Many idle connections at once.
+        held, refused = [], 0
+        try:
+            for _ in range(300):
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            started = time.perf_counter()
+            health_code = httpx.get(f"{url}/healthz", timeout=30).status_code
+            health_ms = 1000 * (time.perf_counter() - started)
+            for s in held:
+                s.settimeout(0.2)
+                try:
+                    refused += s.recv(64).startswith(b"HTTP/1.1 503")
+                except OSError:
+                    pass
+        finally:
+            for s in held:
+                s.close()
+        out["connection_cap"] = {"opened": len(held), "refused_503": refused, "healthz_status": health_code,
+                                 "healthz_ms": round(health_ms, 1)}
+
+        # Requests without a token, with long paths.
+        log = root / "serve.log"
+        before = log.stat().st_size
+        anon_codes: list[int] = []
+        limited: list[bool] = []
+
+        def anonymous() -> None:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    r = client.get("/v1/distillations/" + "a" * 15_000)
+                    anon_codes.append(r.status_code)
+                    limited.append("retry-after" in r.headers)
+
+        threads = [threading.Thread(target=anonymous) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        time.sleep(1)
+        grown = log.stat().st_size - before
+        out["anonymous_flood"] = {"requests": len(anon_codes),
+                                  "statuses": {str(c): anon_codes.count(c) for c in sorted(set(anon_codes))},
+                                  "past_the_limit": sum(limited),
+                                  "log_bytes": grown, "log_bytes_per_request": round(grown / max(1, len(anon_codes)), 1)}
+
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+            # POST then DELETE, over and over, at 8 pairs a second (16 requests, under the
+            # token's 20 a second), waiting out any 429.
+            def sent(call) -> httpx.Response:
+                while (r := call()).status_code == 429:
+                    time.sleep(float(r.headers.get("retry-after", 1)))
+                return r
+
+            time.sleep(3)  # the token's bucket full again after the floods above
+            made, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                tick = time.perf_counter()
+                job = sent(lambda: http.post("/v1/distillations", json={**base, "seed": 1000 + made})).json()
+                made += sent(lambda: http.delete(f"/v1/distillations/{job['id']}")).status_code == 200
+                time.sleep(max(0.0, 0.125 - (time.perf_counter() - tick)))
+            db = root / "store" / ".fadrm-api" / "jobs.sqlite"
+
+            def records() -> dict:
+                import sqlite3
+
+                with sqlite3.connect(db) as conn:
+                    return dict(conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+
+            kept = records()
+            started = time.perf_counter()
+            http.get("/v1/distillations", params={"limit": 100})
+            list_ms = 1000 * (time.perf_counter() - started)
+            time.sleep(25)
+            out["records"] = {"posted_and_deleted": made, "records_kept": kept, "list_100_ms": round(list_ms, 1),
+                              "records_after_retention": records(),
+                              "job_folders_after_retention": len(list((root / "store" / ".fadrm-api" / "jobs")
+                                                                      .glob("job-*")))}
+
+            # The Ray head killed.
+            head = json.loads((root / "store" / ".fadrm-api" / "ray-head.json").read_text())
+            os.killpg(head["pid"], signal.SIGKILL)
+            killed = time.monotonic()
+            while http.get("/readyz").status_code == 200 and time.monotonic() - killed < 10:
+                time.sleep(0.1)
+            while http.get("/readyz").status_code != 200 and time.monotonic() - killed < 300:
+                time.sleep(0.2)
+            out["ray_head"] = {"readyz_200_again_after_s": round(time.monotonic() - killed, 1),
+                               "jobs_sent": 0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=env, capture_output=True,
+                       timeout=120)
+    return out
+
+
+def post_raw_text(http: httpx.Client, text: str | bytes) -> httpx.Response:
+    return http.post("/v1/distillations", content=text, headers={"Content-Type": "application/json"})
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.api_load import TOKEN, _free_port, _start, _teacher, _wait_ready
 
     parser = argparse.ArgumentParser(prog="python -m bench.api_probes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="folder for the store and teacher (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--round-two-only", action="store_true", help="only the probes of round two")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of each flood of round two")
     args = parser.parse_args(argv)
     root = Path(args.out or tempfile.mkdtemp(prefix="fadrm-api-probes-"))
     (root / "teachers").mkdir(parents=True, exist_ok=True)
     (root / "teachers" / "bench.pt").write_bytes(_teacher(root / "teacher").read_bytes())
+    two_root = root / "round-two"
+    (two_root / "teachers").mkdir(parents=True, exist_ok=True)
+    (two_root / "teachers" / "bench.pt").write_bytes((root / "teachers" / "bench.pt").read_bytes())
+    if args.round_two_only:
+        print(json.dumps(round_two(two_root, args.seconds), indent=None if args.json else 1))
+        return 0
     port = _free_port()
     proc, env = _start(root, port)
     base = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
@@ -113,13 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(120)
         subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=env, capture_output=True,
                        timeout=120)
+    second = round_two(two_root, args.seconds)
     if args.json:
-        print(json.dumps({"probes": rows, "jobs_made": jobs}))
+        print(json.dumps({"probes": rows, "jobs_made": jobs, "round_two": second}))
     else:
         print("| probe | status | refused in (ms) | /healthz right after (ms) |\n|---|---|---|---|")
         for r in rows:
             print(f"| {r['probe']} | {r['status']} | {r['ms']} | {r['healthz_ms']} |")
         print(f"jobs made: {jobs}")
+        print(json.dumps(second, indent=1))
     return 0
 
 

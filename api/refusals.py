@@ -1,0 +1,135 @@
+"""Refusals that cost the service little: the 422 of a body that fails validation, and the 400 of
+a body that is not UTF-8.
+
+The cost is in building the errors as much as in sending them: `body_shape` refuses the shapes
+whose errors grow with the body (unknown keys, list items of the wrong type) before pydantic
+builds one error object for each, and `validation_refused` answers any other RequestValidationError.
+
+FastAPI's own 422 echoes every error with the whole value it was about (`input`) and its
+context, so a 64 KiB body of thousands of unknown keys became a 600 KB answer, and a value the
+JSON encoder refuses (1e400 read as inf, NaN) turned the 422 into a 500. The answer here holds at
+most `MAX_ERRORS` errors (and how many there were), each with its location, message and type,
+every string cut to a few dozen characters, and of the value only a short excerpt: its text for
+a number or a string, its kind for anything else.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+MAX_ERRORS = 10
+MAX_LOC = 6  # parts of one error's location
+MAX_TEXT = 64  # characters of one location part or one value excerpt
+MAX_MSG = 300  # characters of one message
+
+
+def cut(text: str, limit: int = MAX_TEXT) -> str:
+    """`text` at most `limit` characters, marked when it was cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def excerpt(value) -> str | int | float | bool | None:
+    """A value of a request as an error may quote it: short, and always valid JSON."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 10**15 else f"<an integer of {value.bit_length()} bits>"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # inf and nan as text: JSON has no word for them
+    if isinstance(value, str):
+        return cut(value)
+    if isinstance(value, dict):
+        return f"<an object of {len(value)} keys>"
+    if isinstance(value, (list, tuple)):
+        return f"<a list of {len(value)} items>"
+    return f"<{type(value).__name__}>"
+
+
+def _loc_part(part) -> str | int:
+    return part if isinstance(part, int) and not isinstance(part, bool) else cut(str(part))
+
+
+def problems(errors: list[dict], total: int | None = None) -> dict:
+    """The body of a 422: at most MAX_ERRORS bounded errors, and how many there were."""
+    total = len(errors) if total is None else total
+    shown = []
+    for err in errors[:MAX_ERRORS]:
+        loc = [_loc_part(p) for p in tuple(err.get("loc", ()))[:MAX_LOC]]
+        item = {"loc": loc, "msg": cut(str(err.get("msg", "")), MAX_MSG), "type": cut(str(err.get("type", "")))}
+        if "input" in err and err.get("type") != "json_invalid":
+            item["input"] = excerpt(err["input"])
+        shown.append(item)
+    body = {"detail": shown, "error_count": total}
+    if total > len(shown):
+        body["note"] = f"{total} errors; the first {len(shown)} are shown"
+    return body
+
+
+class ManyErrors(RequestValidationError):
+    """A body refused before pydantic validates it (`body_shape`): the first errors, and how many."""
+
+    def __init__(self, errors: list[dict], total: int):
+        super().__init__(errors)
+        self.total = total
+
+
+async def validation_refused(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """The service's handler of RequestValidationError (see the module docstring)."""
+    errors = exc.errors()
+    return JSONResponse(problems(list(errors[:MAX_ERRORS]), getattr(exc, "total", len(errors))), status_code=422)
+
+
+def shape_errors(body, fields: frozenset[str], listed: dict[str, tuple]) -> tuple[list[dict], int]:
+    """The first MAX_ERRORS errors of the shapes `body_shape` refuses, and how many there are."""
+    errors, total = [], 0
+    if not isinstance(body, dict):
+        return errors, total
+    for key in body:
+        if key not in fields:
+            total += 1
+            if len(errors) < MAX_ERRORS:
+                errors.append({"type": "extra_forbidden", "loc": ("body", key),
+                               "msg": "Extra inputs are not permitted", "input": body[key]})
+    for name, types in listed.items():
+        items = body.get(name)
+        if not isinstance(items, list):
+            continue
+        for i, item in enumerate(items):
+            if isinstance(item, bool) or not isinstance(item, types):
+                total += 1
+                if len(errors) < MAX_ERRORS:
+                    errors.append({"type": "type_error", "loc": ("body", name, i), "input": item,
+                                   "msg": f"must be one of: {', '.join(t.__name__ for t in types)}"})
+    return errors, total
+
+
+def body_shape(fields: frozenset[str], listed: dict[str, tuple]):
+    """A dependency that refuses, before pydantic validates the body, the two shapes whose errors
+    grow with the body: unknown keys (one error each) and list items of the wrong type (one error
+    per item and per alternative type). pydantic would build every one of those errors as Python
+    objects (tens of milliseconds for a 64 KiB body) before a handler could drop them; here the
+    first MAX_ERRORS are built and the rest counted. `listed` maps a list field to the types
+    its items may have (strictly: a bool is not an int)."""
+
+    async def check(request: Request) -> None:
+        try:
+            body = await request.json()  # parsed once already, for the body's validation
+        except ValueError:
+            return  # not JSON: FastAPI's own answer
+        errors, total = shape_errors(body, fields, listed)
+        if total:
+            raise ManyErrors(errors, total)
+
+    return check
+
+
+async def utf8_body(request: Request) -> None:
+    """A dependency of endpoints that take a JSON body: one that is JSON in UTF-16 or UTF-32 (which
+    Python's parser reads too) is refused with a 400, as invalid UTF-8 is."""
+    body = await request.body()
+    if body and json.detect_encoding(body[:4]) not in ("utf-8", "utf-8-sig"):
+        raise HTTPException(400, "the request body must be JSON text in UTF-8")
