@@ -73,3 +73,27 @@ def test_files_that_do_not_fit_are_refused_in_one_line(downloaded, tmp_path, cap
     assert main(["train-student", "--data", str(files.data), "--teacher", str(files.teachers[0]),
                  "--test", "mnist-sample", "--quiet"]) == 2
     assert "images must be (N, 1, 28, 28)" in capsys.readouterr().err
+
+
+def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported_top1(api_service, tmp_path,
+                                                                                      one_thread):
+    """A job whose evaluation stores top-k soft labels of a few epochs: the client fetches them with
+    the images and the recipe (no teacher), and the student trained from those files is the
+    reported one."""
+    from fadrm_ray.student import train_from_files
+
+    body = request(classes=[1, 8], ipc=2, seed=52)
+    evaluation = {"epochs": 4, "seeds": 1, "soft_labels": "stored", "soft_label_topk": 3, "soft_label_epochs": 2}
+    with FadrmClient(api_service.url, TOKEN) as client:
+        files = client.distill(out=tmp_path / "set.parquet", timeout=300, soft_labels=True, evaluate=True,
+                               evaluation=evaluation, **body)
+        job = client.jobs()[0]
+        with api_service.client() as http:
+            reported = http.get(f"/v1/distillations/{job['id']}/report").json()["evaluation"]
+    assert files.teachers == () and files.soft_labels == tmp_path / "set.soft-labels.parquet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["set.parquet", "set.recipe.json", "set.soft-labels.parquet"]
+    result = train_from_files(files.data, [], files.recipe, test="digits", soft_labels=files.soft_labels,
+                              progress=False)
+    assert result.top1_per_seed == reported["top1_per_seed"] and result.classes == [1, 8]
+    # The service's report says what the images reach with their hard labels alone.
+    assert len(reported["ranking"]["hard_top1_per_seed"]) == 1
