@@ -252,7 +252,10 @@ def _cost(cell: dict) -> float:
     pixels = _dataset(cell["dataset"], cell["image_size"]).image_size ** 2
     preset, overrides = cell["variants"].get(cell["method"], (cell["method"], {}))
     teachers = 3 if preset in SEVERAL_TEACHERS else 1
-    recover = overrides.get("iterations", budget_of(preset, cell["t"])) * cell["ipc"] * teachers * pixels
+    iterations = overrides.get("iterations")
+    if not isinstance(iterations, int):  # unset, or "auto": the budget stands in for the recipe's
+        iterations = budget_of(preset, cell["t"])
+    recover = iterations * cell["ipc"] * teachers * pixels
     return recover + 2e4 * pixels * len(cell["evaluation"].seed_list) * (2 if cell["control"] else 1)
 
 
