@@ -71,6 +71,7 @@ class SoftLabelMeta(BaseModel):
     topk: int | None = None            # logits kept per view; None: all
     temperature: float | None = None   # the KD temperature of the top-k values
     teacher_bn: Literal["running", "batch"] = "running"  # how the teachers' BatchNorm layers labelled
+    epochs_kept: int | None = None     # LabelStorage.epochs: None, a folder training epochs add to
 
 
 class PackPart(BaseModel):
@@ -199,7 +200,8 @@ def precompute_soft_labels(source: OnlineSoftLabels, epochs: int, directory: str
                          epochs=max(keep, _stored_epochs(out)), images_sha256=images_digest(images),
                          num_classes=num_classes, topk=storage.kept(num_classes),
                          temperature=storage.temperature if storage.kept(num_classes) else None,
-                         teacher_bn="batch" if source.labeler.batch_statistics else "running")
+                         teacher_bn="batch" if source.labeler.batch_statistics else "running",
+                         epochs_kept=storage.epochs)
     atomic_write_text(out / "meta.json", meta.model_dump_json(indent=2))
     return out
 
@@ -250,7 +252,7 @@ def folders_of(directory: str | Path, images_uint8: torch.Tensor, cfg: EvalConfi
                 and meta.dtype == storage.dtype and meta.topk == kept and meta.teacher_bn == cfg.teacher_bn
                 and (kept is None or meta.temperature == storage.temperature)
                 and tuple(meta.spec.crop_scale) == tuple(cfg.crop_scale) and meta.spec.cutmix_prob == cfg.cutmix_prob
-                and _stored_epochs(meta_path.parent) >= wanted):
+                and meta.epochs_kept == storage.epochs and _stored_epochs(meta_path.parent) >= wanted):
             found.setdefault(meta.seed, meta_path.parent)
     missing = [seed for seed in cfg.seed_list if seed not in found]
     if missing:

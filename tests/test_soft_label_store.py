@@ -96,6 +96,12 @@ def test_a_student_trains_on_top_k_labels_of_a_few_epochs(digits, labeler, tmp_p
         folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0, 1]}), labeler.ids)
     with pytest.raises(SoftLabelError):
         folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0], "soft_label_topk": 3}), labeler.ids)
+    # Beside labels of every epoch with the same k, each setting finds its own folder.
+    every = cfg.model_copy(update={"soft_label_epochs": None, "seeds": [0]})
+    train_student(images, digits, labeler, every, 0, soft_label_dir=tmp_path)
+    (longer,) = [p for p in tmp_path.iterdir() if p.is_dir() and p != folder]
+    assert folders_of(tmp_path, images, every, labeler.ids) == [longer]
+    assert folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0]}), labeler.ids) == [folder]
     assert score.epochs == 40 and score.final_top1 > 25.0  # chance is 10 %
     # The storage settings are part of the recipe: cached evaluations made before them stay named alike.
     assert "soft_label_topk" not in EvalConfig().key_values() and "soft_label_topk" in cfg.key_values()
