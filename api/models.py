@@ -44,6 +44,10 @@ class DistillationRequest(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, max_length=64,
                                       description="DistillConfig settings (GET /v1/presets lists them)")
     evaluate: bool = Field(False, strict=True, description="train students on the images and report their top-1")
+    baselines: bool = Field(False, strict=True, description=(
+        "with evaluate: also train students, with the same seeds, soft labels and recipe, on random real images "
+        "and on the set's starting patches; the report gives the set's gain over each, seed by seed, and a "
+        "warning when the set is clearly below random real images"))
     evaluation: dict[str, Any] = Field(default_factory=dict, max_length=32,
                                        description="EvalConfig settings of the evaluation")
 
@@ -109,6 +113,7 @@ class JobAsked(BaseModel):
     preset: str
     seed: int
     evaluate: bool
+    baselines: bool = False
 
 
 class Job(JobAsked):
@@ -178,6 +183,8 @@ class EvaluationReported(BaseModel):
     gains: dict[str, float] = {}
     paired_gains: dict[str, dict[str, Any]] = {}
     ranking: Ranking | None = Field(None, description="DD-Ranking's scores, where they were measured")
+    warnings: list[str] = Field([], description="one line each: the set clearly below random real images, and "
+                                                "what to try")
 
     @classmethod
     def of(cls, evaluation: Evaluation) -> "EvaluationReported":

@@ -62,6 +62,8 @@ class JobPlan(JobAsked):
         """Same images and same evaluation -> same job."""
         key = {"run_id": self.run_id, "ipc": self.ipc, "classes": self.classes, "evaluate": self.evaluate,
                "evaluation": None if self.evaluation is None else self.evaluation.model_dump(mode="json")}
+        if self.baselines:  # absent when false: the jobs recorded before baselines keep their fingerprints
+            key["baselines"] = True
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
@@ -106,6 +108,9 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
     check_overrides(body.overrides, limits)
     if body.evaluation and not body.evaluate:
         raise RequestInvalid("evaluation", "evaluation settings are given but evaluate is false")
+    if body.baselines and not body.evaluate:
+        raise RequestInvalid("baselines", "baselines are students trained beside the evaluation's: set evaluate "
+                                          "to true")
     check_evaluation(body.evaluation, limits)
     if body.preset == "fadrm+" and len(teachers) < 2:
         raise RequestInvalid("teachers", "preset fadrm+ needs at least two teachers (teachers: [a, b])")
@@ -119,14 +124,17 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
         evaluation = EvalConfig.model_validate(dict(body.evaluation)) if body.evaluate else None
     except ConfigError as exc:
         raise RequestInvalid(("evaluation", *(exc.loc or ("__root__",))), f"evaluation: {exc}") from None
-    _check_totals(job, evaluation, images, body.ipc, limits)
+    _check_totals(job, evaluation, images, body.ipc, limits, sets=3 if body.baselines else 1)
     return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers], classes=classes,
                    class_names=[str(dataset.class_names[c]) for c in classes], ipc=body.ipc, preset=body.preset,
-                   seed=body.seed, evaluate=body.evaluate, evaluation=evaluation)
+                   seed=body.seed, evaluate=body.evaluate, baselines=body.baselines, evaluation=evaluation)
 
 
-def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits) -> None:
-    """The resolved job's recover work, and its evaluation's work and stored soft labels."""
+def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits,
+                  sets: int = 1) -> None:
+    """The resolved job's recover work, and its evaluation's work and stored soft labels for
+    `sets` sets of `images` images (the job's, and with baselines random real images and the
+    starting patches)."""
     from fadrm_ray.evaluate import resolve_protocol
 
     epochs, seeds, label_bytes = None, 1, 0
@@ -140,8 +148,8 @@ def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, i
             # Each stored view holds its logits (top-k: values, their classes, one value for the
             # rest) and its crop plan (a few dozen bytes); only the epochs kept are stored.
             per_view = (job.num_classes * per_logit if kept is None else kept * (per_logit + 4) + per_logit) + 64
-            label_bytes = images * min(epochs, storage.epochs or epochs) * seeds * per_view
-    check_totals(images, job.config.iterations, images if evaluation is not None else None, epochs, seeds,
+            label_bytes = sets * images * min(epochs, storage.epochs or epochs) * seeds * per_view
+    check_totals(images, job.config.iterations, sets * images if evaluation is not None else None, epochs, seeds,
                  label_bytes, limits)
 
 

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.config import DistillConfig, make_config, recipe_to_try
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.distill import distill_local
 from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
@@ -80,6 +80,16 @@ def gain_text(paired: PairedGain, seeds: bool = True) -> str:
     return text
 
 
+def below_random(paired: PairedGain | None, recipe: str, image_size: int, channels: int) -> str | None:
+    """One line when a set is clearly below random real images of its size (`paired`: its
+    paired gain over them, below zero by more than two standard errors), naming what to try
+    (`config.recipe_to_try` for its `recipe` on such images); None otherwise or with one seed."""
+    if paired is None or paired.stderr is None or paired.mean >= -2 * paired.stderr:
+        return None
+    return (f"this set is clearly below random real images of the same size ({gain_text(paired)}); "
+            f"{recipe_to_try(recipe, image_size, channels)}")
+
+
 def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
                             dataset: ImageDataset | str | None = None, num_threads: int | None = None,
                             device: str = "cpu", progress: bool = True, incomplete: bool = False,
@@ -125,5 +135,7 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
         scores = rank_evaluation(run_dir, result, evaluations.get("random_real"), dataset, teachers=teachers, ars=ars,
                                  device=device, num_threads=num_threads, progress=progress, incomplete=incomplete,
                                  ipc=ipc)
+    warning = below_random(paired.get("random_real"), str(reader.config.get("recipe", "")), dataset.image_size,
+                           dataset.channels)
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
-                                     "ranking": scores})
+                                     "ranking": scores, "warnings": [warning] if warning else []})

@@ -295,6 +295,7 @@ def cmd_evaluate(args) -> None:
         if hard is not None:
             lines.append(f"  the images with their hard labels only: {hard} (the top-1 above needs the teacher's "
                          f"soft labels: `fadrm export --with-teacher` or `--soft-labels` ships them)")
+    lines.extend(f"  warning: {line}" for line in result.warnings)
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
     result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
     _emit(args, result, "\n".join(lines))

@@ -223,6 +223,11 @@ def write_evaluation_plot(evaluation: Evaluation, path: str | Path) -> Path | No
     ax.legend(fontsize=8)
     if baselines:
         _baseline_bars(axes[0][1], evaluation, baselines)
+    if evaluation.warnings:  # the set is clearly below random real images: said above the charts
+        import textwrap
+
+        text = "\n".join(textwrap.fill(line, 130) for line in evaluation.warnings)
+        fig.suptitle(text, fontsize=8, color="tab:red", ha="left", x=0.01)
     return save_figure(fig, path)
 
 

@@ -120,6 +120,8 @@ class Evaluation(_Score):
     gains: dict[str, float] = {}
     paired_gains: dict[str, PairedGain] = {}
     ranking: Ranking | None = None  # DD-Ranking's scores, beside the baselines
+    # One line each on what the baselines say against the set (`baselines.below_random`).
+    warnings: list[str] = []
 
     @property
     def students(self) -> list[StudentScore]:

@@ -186,5 +186,25 @@ def test_evaluate_reports_the_students_accuracy(api_service):
     assert 0 <= evaluation["top1_mean"] <= 100 and len(evaluation["top1_per_seed"]) == 1
 
 
+def test_baselines_give_the_gain_over_random_real_images_and_warn_when_clearly_below(api_service):
+    """Gaussian noise no iteration moved (preset sre2l, T = 0) teaches far less than random real
+    images of the same classes: with baselines the report gives the gain seed by seed and one
+    warning line naming what to try."""
+    body = {**request(classes=[0, 1, 2, 3], ipc=2, seed=45, iterations=0), "preset": "sre2l", "evaluate": True,
+            "baselines": True, "evaluation": {"epochs": 40, "seeds": 3}}
+    with api_service.client() as http:
+        refused = http.post("/v1/distillations", json={**body, "evaluate": False, "evaluation": {}})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "baselines"
+        job = http.post("/v1/distillations", json=body).json()
+        assert job["baselines"] is True
+        assert wait_state(http, job["id"])["state"] == "succeeded"
+        evaluation = http.get(f"/v1/distillations/{job['id']}/report").json()["evaluation"]
+    assert set(evaluation["baselines"]) == {"random_real"}  # noise has no starting patches
+    gain = evaluation["paired_gains"]["random_real"]
+    assert gain["seeds"] == 3 and gain["mean"] < -2 * gain["stderr"], gain
+    [line] = evaluation["warnings"]
+    assert line.startswith("this set is clearly below random real images of the same size (") and "try recipe" in line
+
+
 def _fields(body: dict) -> dict:
     return {k: v for k, v in body.items()}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +151,42 @@ def test_the_demo_reads_its_chart_from_the_paired_gain_over_random_real_images()
     assert "digits" in level and level.endswith(CLEAR_GAIN)
     assert CLEAR_GAIN in line(-0.56, 0.2) and CLEAR_GAIN in line(1.0, None)  # one seed: no error, no claim
     assert "could not be evaluated" in reading(SimpleNamespace(paired_gains={}, dataset="digits"))
+
+
+def test_below_random_speaks_only_when_the_set_is_clearly_below():
+    from fadrm_ray.baselines import below_random
+    from fadrm_ray.scores import PairedGain
+
+    clear = PairedGain(mean=-6.0, stderr=1.0, higher=0, seeds=3)
+    line = below_random(clear, "cifar", 32, 3)
+    assert line == ("this set is clearly below random real images of the same size (-6.00 ± 1.00 s.e., higher on "
+                    "0 of 3 seeds); try recipe small-grey (`--set recipe=small-grey`, or overrides.recipe), or "
+                    "`fadrm tune` over lr, iterations, crop_scale_min and patch_selection")
+    assert "try recipe cifar" in below_random(clear, "small-grey", 28, 1)
+    assert below_random(clear, "imagenet", 224, 3).endswith("; try `fadrm tune` over lr, iterations, "
+                                                            "crop_scale_min and patch_selection")
+    assert below_random(PairedGain(mean=-1.5, stderr=1.0, higher=1, seeds=3), "cifar", 32, 3) is None  # level
+    assert below_random(PairedGain(mean=-9.0, stderr=None, higher=0, seeds=1), "cifar", 32, 3) is None  # one seed
+    assert below_random(PairedGain(mean=4.0, stderr=0.5, higher=3, seeds=3), "cifar", 32, 3) is None
+    assert below_random(None, "cifar", 32, 3) is None
+
+
+def test_a_set_clearly_below_random_real_images_is_warned_about(store, digits, capsys):
+    """Gaussian noise no iteration moved (preset sre2l, T = 0) teaches far less than random real images:
+    the evaluation says so in one line, which the report keeps and `fadrm evaluate` prints."""
+    from fadrm_ray.cli import main
+
+    run_dir, teacher = store
+    noise = make_config("sre2l", overrides={"ipc": 2, "iterations": 0, "classes": [0, 1, 2, 3]})
+    run = distill_local(noise, digits, [teacher], Path(run_dir).parent, progress=False)
+    result = evaluate_with_baselines(run.run_dir, EvalConfig(epochs=40, seeds=3), progress=False, ranking=False)
+    gain = result.paired_gains["random_real"]
+    assert gain.mean < -2 * gain.stderr, gain
+    [line] = result.warnings
+    assert line.startswith("this set is clearly below random real images") and "try recipe" in line
+    assert write_report(run.run_dir, evaluation=result)["evaluation_plot"].endswith(".png")
+    assert json.loads(open_run(run.run_dir).layout.report_files()["evaluation"].read_text())["warnings"] == [line]
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run.run_dir), "--no-ranking", "--epochs", "40", "--seeds", "3",
+                 "--threads", "1", "--quiet"]) == 0
+    assert f"  warning: {line}" in capsys.readouterr().out.splitlines()

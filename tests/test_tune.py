@@ -96,6 +96,11 @@ def test_a_four_trial_sweep_completes_and_writes_its_results(alpha_sweep):
     assert len(table) == 1 + 4
     assert (out / "top1_vs_alpha.png").stat().st_size > 0
     assert summary["best"]["top1"] == max(r["top1"] for r in rows)
+    # Each trial beside random real images of its classes and IPC (one seed: never "clearly" below).
+    assert summary["random_real"].startswith("random real images: ")
+    assert all(r["vs_random"].endswith("higher on 1 of 1 seed") or r["vs_random"].endswith("higher on 0 of 1 seed")
+               for r in rows)
+    assert not any(r["below_random"] for r in rows) and "vs random real" in table[0]
 
 
 @pytest.mark.ray
@@ -155,7 +160,9 @@ def test_asha_stops_a_clearly_bad_trial(digits_teacher, tmp_path, capsys):
             "--param", "precision=fp32", "--seeds", "1", "--epochs", "40", "--max-concurrent", "1",
             "--out", str(out), "--json"]
     assert main(args) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    summary = json.loads(capsys.readouterr().out)
+    rows = summary["rows"]
+    assert summary["random_real"].startswith("not compared: the trials sweep the seed or the classes")
     bad = [r for r in rows if r["init"] == "noise"]
     assert len(bad) == 2 and all(r["state"] == "stopped" and r["student_pct"] < 100 for r in bad)
     assert any(r["state"] == "done" for r in rows if r["init"] == "real")
@@ -163,6 +170,24 @@ def test_asha_stops_a_clearly_bad_trial(digits_teacher, tmp_path, capsys):
     from fadrm_ray.store import open_run
     for row in bad:
         assert open_run(out / "store" / row["run_id"]).complete
+
+
+@pytest.mark.ray
+def test_a_trial_clearly_below_random_real_images_is_marked(digits_teacher, tmp_path, capsys):
+    """Gaussian noise no iteration moved (init=noise, T = 0) teaches far less than random real
+    images of the same classes and IPC: the sweep marks that trial in its rows and results.md."""
+    out = tmp_path / "below"
+    args = ["tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--ipc", "2",
+            "--param", "init=noise", "--param", "alpha=1", "--param", "iterations=0", "--seeds", "3", "--epochs", "40",
+            "--scheduler", "fifo", "--out", str(out), "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    [row] = summary["rows"]
+    assert row["state"] == "done" and row["below_random"] is True, row
+    assert row["vs_random"].startswith("-") and row["vs_random"].endswith("higher on 0 of 3 seeds")
+    assert "1 finished trial clearly below them" in summary["random_real"]
+    [line] = [x for x in (out / "results.md").read_text().splitlines() if x.startswith(f"| {row['trial']} ")]
+    assert f"{row['vs_random']} **below**" in line
 
 
 @pytest.mark.ray

@@ -30,7 +30,7 @@ from tune.trainable import TIME_ATTR
 
 COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "trial_seconds", "state",
            "node_id",
-           "host", "run_id", "units_run", "patches_scored", "error")
+           "host", "run_id", "units_run", "patches_scored", "error", "vs_random", "below_random")
 STATES = ("done", "stopped", "error", "interrupted", "pending")
 # The colour scale of the heat map spans at least this many points of top-1, so that a spread
 # smaller than the students' seed-to-seed noise does not fill the whole scale.
@@ -200,7 +200,7 @@ def _write_md(path: Path, rows: list[dict], swept: dict, p, interrupted: bool) -
         lines += [f"**Interrupted**: {counts['done']} of {len(rows)} trials finished, {counts['stopped']} stopped by "
                   f"the scheduler, {counts['error']} errored, {counts['interrupted']} interrupted, {counts['pending']} "
                   f"not started; the same command resumes the sweep. No best.yaml is written from a partial sweep.", ""]
-    head = ["trial", *swept, "top-1 (%)", "distill s", "student s", "state", "node"]
+    head = ["trial", *swept, "top-1 (%)", "vs random real", "distill s", "student s", "state", "node"]
     lines += [f"Sweep of {', '.join(swept) or 'nothing'} on {p.request.dataset}, preset {p.request.preset}, "
               f"IPC {p.base.ipc or 'default'}; student {p.eval_cfg.student}, seeds {p.eval_cfg.seed_list}, "
               f"protocol {p.eval_cfg.protocol}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -208,12 +208,15 @@ def _write_md(path: Path, rows: list[dict], swept: dict, p, interrupted: bool) -
         node = f"{r['host'] or ''} {str(r['node_id'] or '')[:8]}".strip()
         lines.append("| " + " | ".join([r["trial"] or "-", *(_show(r[k]) if r[k] is not None or r["state"] != "pending"
                                                                else "-" for k in swept), _top1_text(r, seeds),
+                                        (r["vs_random"] or "") + (" **below**" if r["below_random"] else ""),
                                         _cell(r["distill_seconds"]), _cell(r["student_seconds"]), r["state"],
                                         node]) + " |")
     lines += ["", "top-1: the mean" + (" ± std over the student seeds" if seeds > 1 else " of one student seed")
               + " for a finished trial; (the last intermediate top-1 at N% of the students' schedule) for the others. "
               "States: done (ran to the end), stopped (the scheduler ended it at a rung), error, interrupted "
-              "(running when the sweep was interrupted), pending (not started)."]
+              "(running when the sweep was interrupted), pending (not started). vs random real: the trial's top-1 "
+              "minus that of random real images of the same classes and IPC, seed by seed (mean ± s.e.); **below**: "
+              "below them by more than two standard errors, a set worse than picking images at random."]
     best = best_row(rows)
     if best is not None:
         label = "Best so far" if interrupted else "Best"

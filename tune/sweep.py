@@ -279,6 +279,48 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     return out, cost
 
 
+def random_reference(p: Prepared, blobs: list[bytes]):
+    """A Ray task (`tune.trainable.random_real_top1`, with a trial's resources) that trains the
+    students of random real images the trials are compared with; None where the trials differ
+    in what those images are (a swept seed or class list)."""
+    import ray
+
+    from tune.trainable import random_real_top1
+
+    if {"seed", "classes"} & set(p.swept):
+        return None
+    req = p.request
+    task = ray.remote(random_real_top1).options(num_cpus=req.cpus_per_trial, num_gpus=req.gpus_per_trial)
+    return task.remote(trial_settings(p), p.dataset, blobs)
+
+
+def mark_below_random(rows: list[dict], reference) -> str:
+    """Each finished row's gain over random real images, seed by seed (`vs_random`, a
+    `baselines.gain_text`), and `below_random` where it is clearly below them (more than two
+    standard errors); returns one line on what was compared."""
+    import ray
+
+    from fadrm_ray.baselines import gain_text, paired_gain
+
+    if reference is None:
+        return "not compared: the trials sweep the seed or the classes, so random real images differ between them"
+    try:
+        random_top1 = ray.get(reference)
+    except Exception as exc:  # noqa: BLE001 - the sweep's results stand without the comparison
+        return f"not compared: the random real images' students failed ({type(exc).__name__}: {exc})"
+    below = 0
+    for row in rows:
+        if row["state"] != "done" or not row["top1_per_seed"] or len(row["top1_per_seed"]) != len(random_top1):
+            continue
+        gain = paired_gain(row["top1_per_seed"], random_top1)
+        row["vs_random"] = gain_text(gain)
+        row["below_random"] = gain.stderr is not None and gain.mean < -2 * gain.stderr
+        below += row["below_random"]
+    return (f"random real images: {sum(random_top1) / len(random_top1):.2f} top-1 over seeds "
+            f"{', '.join(f'{v:.2f}' for v in random_top1)}; {below} finished trial{'s' if below != 1 else ''} "
+            f"clearly below them (paired, more than two standard errors)")
+
+
 def _tuner(p: Prepared, trainable, restore: bool, progress):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -363,17 +405,19 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
         resources = {"cpu": req.cpus_per_trial, "gpu": req.gpus_per_trial}
     trainable = tune.with_resources(trainable, resources)
     restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
+    reference = random_reference(p, blobs)  # started beside the trials, read after them
     progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()
     with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
         grid = _tuner(p, trainable, restore, progress).fit()
     rows = collect_rows(grid, p, progress.statuses)
+    random_note = mark_below_random(rows, reference)
     states = {s: sum(r["state"] == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
     interrupted = bool(states["interrupted"] or states["pending"])
     files, best = write_results(p, rows, interrupted)
     summary = {"out": str(p.out), "experiment": str(p.out / EXPERIMENT), "store": str(p.store), "resumed": restore,
                "interrupted": interrupted, "trials": len(rows), "trials_total": p.total, "states": states,
                "configs_checked": p.checked, "swept": {k: q.describe() for k, q in p.swept.items()},
-               "patches": patch_cost, "wall_seconds": round(time.perf_counter() - started, 2),
+               "patches": patch_cost, "random_real": random_note, "wall_seconds": round(time.perf_counter() - started, 2),
                "best": None if interrupted else best, "best_so_far": best if interrupted else None,
                "files": files, "rows": rows}
     if interrupted:

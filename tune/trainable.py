@@ -76,6 +76,27 @@ def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: l
     return selections, time.perf_counter() - started
 
 
+def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) -> list[float]:
+    """The students' top-1, seed by seed, on random real images of the sweep's classes, IPC and
+    seed (preset random-real, distilled into the sweep's store) under the sweep's evaluation:
+    what every trial is compared with (a Ray task of the sweep's driver, once per sweep; the
+    evaluation is cached in its run, so a resumed sweep reads it back)."""
+    import torch
+
+    from fadrm_ray.config import make_config
+    from fadrm_ray.distill import distill_local
+    from fadrm_ray.evaluate import evaluate_run
+    from tune.space import trial_config
+
+    torch.set_num_threads(sweep.threads)
+    paths = teacher_files(sweep, teacher_blobs)
+    base = trial_config(sweep.base, {})
+    cfg = make_config("random-real", overrides={"ipc": base.ipc, "classes": base.classes, "seed": base.seed})
+    run = distill_local(cfg, dataset, paths, sweep.store, device=sweep.device, progress=False)
+    return evaluate_run(run.run_dir, sweep.eval, teachers=paths, dataset=dataset, num_threads=sweep.threads,
+                        device=sweep.device, progress=False, ipc=cfg.ipc).top1_per_seed
+
+
 def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
     """Teacher paths this node can read: the sweep's own paths where they exist here (shared
     storage), else a local copy of the bytes the object store brought."""
