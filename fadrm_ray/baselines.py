@@ -84,7 +84,7 @@ def below_random(paired: PairedGain | None, recipe: str, image_size: int, channe
     """One line when a set is clearly below random real images of its size (`paired`: its
     paired gain over them, below zero by more than two standard errors), naming what to try
     (`config.recipe_to_try` for its `recipe` on such images); None otherwise or with one seed."""
-    if paired is None or paired.stderr is None or paired.mean >= -2 * paired.stderr:
+    if paired is None or not paired.clearly_below:
         return None
     return (f"this set is clearly below random real images of the same size ({gain_text(paired)}); "
             f"{recipe_to_try(recipe, image_size, channels)}")

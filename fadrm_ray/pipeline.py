@@ -36,7 +36,7 @@ def reading(evaluation) -> str:
     gain = evaluation.paired_gains.get("random_real")
     if gain is None:
         return "random real images could not be evaluated, so the chart has nothing to compare the set with"
-    if gain.stderr is not None and gain.mean > 2 * gain.stderr:
+    if gain.clearly_above:
         return f"the distilled set is above random real images of the same size: {gain_text(gain)}"
     return (f"the distilled set is not clearly above random real images ({gain_text(gain)}): on {evaluation.dataset} "
             f"real images already teach a student most of what the teacher knows, so there is little to gain; "

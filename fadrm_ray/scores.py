@@ -42,6 +42,16 @@ class PairedGain(_Score):
     higher: int                 # seeds on which the run came out above
     seeds: int
 
+    @property
+    def clearly_above(self) -> bool:
+        """Above zero by more than two standard errors (never with one seed)."""
+        return self.stderr is not None and self.mean > 2 * self.stderr
+
+    @property
+    def clearly_below(self) -> bool:
+        """Below zero by more than two standard errors (never with one seed)."""
+        return self.stderr is not None and self.mean < -2 * self.stderr
+
 
 class BaselineScore(_Score):
     """A baseline's evaluation in brief, or why it could not be built."""

@@ -254,6 +254,8 @@ def test_colour_32_px_data_gets_the_released_cifar_recipe_and_says_why():
     assert cfg.recipe == "cifar" and cfg.flip is True
     why = recipe_reason(cfg.recipe, 32, 3)
     assert why.startswith("cifar, auto's choice for 3-channel 32-px images") and "released" in why
+    # The evidence it stands on, named: the paper's (ResNet-18 on CIFAR) and the colour benchmark's.
+    assert "the paper's evidence with ResNet-18 teachers on CIFAR" in why and "clipart10" in why
     # The paper's preset is the same recipe with flips asked for whatever the data says.
     paper = make_config("fadrm-paper").resolve(32, 10, hflip=False, channels=3)
     assert _values(paper, RELEASED_CIFAR) == RELEASED_CIFAR and paper.flip is True

@@ -294,16 +294,20 @@ def random_reference(p: Prepared, blobs: list[bytes]):
     return task.remote(trial_settings(p), p.dataset, blobs)
 
 
-def mark_below_random(rows: list[dict], reference) -> str:
+def mark_below_random(rows: list[dict], reference, interrupted: bool) -> str:
     """Each finished row's gain over random real images, seed by seed (`vs_random`, a
     `baselines.gain_text`), and `below_random` where it is clearly below them (more than two
-    standard errors); returns one line on what was compared."""
+    standard errors); returns one line on what was compared. An interrupted sweep does not wait
+    for those students: the same command, resuming, compares."""
     import ray
 
     from fadrm_ray.baselines import gain_text, paired_gain
 
     if reference is None:
         return "not compared: the trials sweep the seed or the classes, so random real images differ between them"
+    if interrupted:
+        ray.cancel(reference, force=True)
+        return "not compared: the sweep was interrupted (resuming it compares)"
     try:
         random_top1 = ray.get(reference)
     except Exception as exc:  # noqa: BLE001 - the sweep's results stand without the comparison
@@ -314,7 +318,7 @@ def mark_below_random(rows: list[dict], reference) -> str:
             continue
         gain = paired_gain(row["top1_per_seed"], random_top1)
         row["vs_random"] = gain_text(gain)
-        row["below_random"] = gain.stderr is not None and gain.mean < -2 * gain.stderr
+        row["below_random"] = gain.clearly_below
         below += row["below_random"]
     return (f"random real images: {sum(random_top1) / len(random_top1):.2f} top-1 over seeds "
             f"{', '.join(f'{v:.2f}' for v in random_top1)}; {below} finished trial{'s' if below != 1 else ''} "
@@ -410,9 +414,9 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
     with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
         grid = _tuner(p, trainable, restore, progress).fit()
     rows = collect_rows(grid, p, progress.statuses)
-    random_note = mark_below_random(rows, reference)
     states = {s: sum(r["state"] == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
     interrupted = bool(states["interrupted"] or states["pending"])
+    random_note = mark_below_random(rows, reference, interrupted)
     files, best = write_results(p, rows, interrupted)
     summary = {"out": str(p.out), "experiment": str(p.out / EXPERIMENT), "store": str(p.store), "resumed": restore,
                "interrupted": interrupted, "trials": len(rows), "trials_total": p.total, "states": states,
