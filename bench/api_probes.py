@@ -120,7 +120,7 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2] if values else float("nan")
 
 
-def _raw_exchange(port: int, data: bytes, timeout: float = 15.0) -> tuple[bytes, bool]:
+def raw_exchange(port: int, data: bytes, timeout: float = 15.0) -> tuple[bytes, bool]:
     """Send `data` on a new connection: what came back, and whether the server closed it."""
     import socket
 
@@ -238,7 +238,7 @@ def round_two(root: Path, seconds: float) -> dict:
             head = (f"POST /v1/distillations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
                     f"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
                     f"Content-Length: {len(body)}\r\n\r\n").encode()
-            got, closed = _raw_exchange(port, head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+            got, closed = raw_exchange(port, head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
             out["two_lengths"] = {"status": got[9:12].decode(), "closed": closed}
             utf16 = post_raw_text(http, json.dumps(base).encode("utf-16"))
             out["utf16"] = {"status": utf16.status_code, "detail": utf16.json().get("detail")}

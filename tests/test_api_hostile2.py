@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from bench.api_probes import raw_exchange
 from tests.api_helpers import REPO, TOKEN, request, running_service, wait_state
 from tests.ray_helpers import wait_for
 
@@ -50,15 +51,7 @@ def _access_log(server) -> list[str]:
 def _raw(server, data: bytes, timeout: float = 10.0) -> tuple[bytes, bool]:
     """Send `data` on a new connection: what came back, and whether the server closed the
     connection within `timeout`."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as s:
-        s.sendall(data)
-        got = b""
-        try:
-            while chunk := s.recv(65536):
-                got += chunk
-        except TimeoutError:
-            return got, False
-    return got, True
+    return raw_exchange(server.port, data, timeout)
 
 
 def _compact(body: dict) -> str:

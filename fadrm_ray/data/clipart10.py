@@ -29,18 +29,20 @@ files are read and decoded on the shared decode threads (parallel.py).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import re
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..fileio import atomic_write_bytes
 from .base import DatasetError, ImageDataset, Split, channel_stats
+from .common import package_path
 from .listing import CACHE_ENV
 from .parallel import parallel_map
 
@@ -82,14 +84,7 @@ _SIZE_WORDS = {"small", "medium", "large", "big", "tiny", "thumb", "thumbnail", 
 
 def _package_dir() -> Path | None:
     """The png/ folder the Debian package's file list names, if the package is installed."""
-    try:
-        lines = DPKG_LIST.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.rstrip("/").endswith("/openclipart/png"):
-            return Path(line.rstrip("/"))
-    return None
+    return package_path(DPKG_LIST, "/openclipart/png")
 
 
 def _complete(folder: Path) -> bool:
@@ -321,19 +316,11 @@ def _load_cached(path: Path) -> dict[str, np.ndarray] | None:
 
 def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write the cache file atomically; an unwritable cache is no error (the set is built again)."""
-    tmp = None
-    try:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".clipart-", suffix=".npz")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_clipart10(root: str | os.PathLike | None = None, image_size: int | None = None) -> ImageDataset:

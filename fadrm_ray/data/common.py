@@ -1,7 +1,9 @@
-"""Helpers shared by the dataset sources: splitting, resizing, decoding, header sniffing."""
+"""Helpers shared by the dataset sources: splitting, resizing, decoding, header sniffing, and
+where a Debian package put its files."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -128,3 +130,13 @@ def hash_parts(parts: Sequence[bytes | str]) -> str:
         h.update(p.encode() if isinstance(p, str) else p)
         h.update(b"\0")
     return h.hexdigest()
+
+
+def package_path(dpkg_list: Path, ends_with: str) -> Path | None:
+    """The first path that a Debian package's file list (`/var/lib/dpkg/info/PACKAGE.list`)
+    names ending with `ends_with`, or None when the package is not installed."""
+    try:
+        lines = dpkg_list.read_text().splitlines()
+    except OSError:
+        return None
+    return next((Path(line.rstrip("/")) for line in lines if line.rstrip("/").endswith(ends_with)), None)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .base import DatasetError, ImageDataset, Split
+from .common import package_path
 
 CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                "Ankle boot"]
@@ -52,14 +53,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 def _package_dir() -> Path | None:
     """The folder the Debian package's file list names for the training images, if it is installed."""
-    try:
-        lines = DPKG_LIST.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.endswith("/" + FILES["train"][0]):
-            return Path(line).parent
-    return None
+    images = package_path(DPKG_LIST, "/" + FILES["train"][0])
+    return None if images is None else images.parent
 
 
 def find_files(root: str | os.PathLike | None = None) -> Path:

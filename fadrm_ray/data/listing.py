@@ -20,10 +20,10 @@ import gzip
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fileio import atomic_write_bytes
 from .parallel import parallel_map
 
 CACHE_ENV = "FADRM_CACHE"
@@ -134,19 +134,10 @@ def load_listing(root: Path) -> FolderListing | None:
 def save_listing(root: Path, listing: FolderListing) -> bool:
     """Write the listing to the cache (atomically); False when the cache cannot be written."""
     target = cache_file(root)
-    tmp = None
+    payload = gzip.compress(json.dumps(listing.to_dict(root), separators=(",", ":")).encode(), compresslevel=6)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        payload = gzip.compress(json.dumps(listing.to_dict(root), separators=(",", ":")).encode(), compresslevel=6)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".listing-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, target)
+        atomic_write_bytes(target, payload)
         return True
     except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         return False
