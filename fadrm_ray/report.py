@@ -247,16 +247,18 @@ def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScor
             top1_per_seed=list(hard)), None))
     rows += [(BASELINES.get(k, k), v, k) for k, v in baselines.items()]
     colors = ["tab:blue", "tab:cyan", "tab:gray", "tab:olive"] if hard else ["tab:blue", "tab:gray", "tab:olive"]
+    tops = [max([ev.top1_mean + (ev.top1_std or 0), *ev.top1_per_seed]) for _, ev, _ in rows]
     for i, (label, ev, key) in enumerate(rows):
         ax.bar(i, ev.top1_mean, yerr=ev.top1_std or 0, color=colors[i % len(colors)], capsize=3, alpha=0.8)
         ax.plot([i] * len(ev.top1_per_seed), ev.top1_per_seed, "k.", ms=4)
         if key in labels:  # above the error bar and the seeds' dots, so that neither hides it
             gain, text = labels[key]
-            top = max([ev.top1_mean + (ev.top1_std or 0), *ev.top1_per_seed])
-            ax.annotate(text, (i, top), xytext=(0, 5), textcoords="offset points",
+            ax.annotate(text, (i, tops[i]), xytext=(0, 5), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
     lows = [ev.top1_mean - (ev.top1_std or 0) for _, ev, _ in rows]
-    ax.set_ylim(max(0.0, min(lows) - 10), min(100.0, max(ev.top1_mean for _, ev, _ in rows) + 8))
+    low = max(0.0, min(lows) - 10)
+    # Room above the highest error bar or seed for its gain's label (about a tenth of the span).
+    ax.set_ylim(low, min(105.0, max(tops) + max(4.0, 0.12 * (max(tops) - low))))
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=8, rotation=15)
     ax.set_title("final top-1 against the baselines\n(this run minus the baseline, seed by seed: mean ± s.e.)",
