@@ -39,6 +39,8 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 # Subcommands that train or distill: their process starts with runtime.heavy_process_env.
 HEAVY_COMMANDS = ("squeeze", "import-teacher", "distill", "evaluate", "demo", "verify", "train-student")
+# What --dataset takes, for every command that reads one (fadrm tune's too).
+DATASET_HELP = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
 
 
 class Command(Protocol):
@@ -475,7 +477,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
 
     parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_help = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+    data_help = DATASET_HELP
     ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")

@@ -309,3 +309,20 @@ def test_an_unexpected_failure_after_the_checks_shows_its_traceback(digits_teach
     assert len(said) == 1 and said[0].startswith("fadrm tune: error: the sweep failed after its checks: "
                                                  "FileExistsError") and str(out / "patches") in said[0]
     assert err.index("Traceback") < err.index(said[0])  # the traceback, then what to do
+
+
+def test_every_choice_flag_accepts_what_the_request_accepts():
+    """An optional Literal field (`protocol`) offers its values, not the type: `--protocol
+    published` parses, as every other choice of the sweep's request does."""
+    import argparse
+
+    from tune.cli import TuneCommand
+
+    parser = argparse.ArgumentParser()
+    TuneCommand().add_arguments(parser)
+    base = ["--dataset", "clipart10", "--teacher", "t.pt", "--out", "o"]
+    for flag, values in {"--protocol": ["short", "published"], "--search": ["grid", "random", "optuna"],
+                         "--scheduler": ["asha", "fifo"], "--metric": ["top1"]}.items():
+        for value in values:
+            assert getattr(parser.parse_args([*base, flag, value]), flag[2:]) == value
+    assert "clipart10" in parser.format_help() and "fashion-mnist" in parser.format_help()

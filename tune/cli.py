@@ -11,16 +11,19 @@ import argparse
 import json
 import sys
 import traceback
-from typing import get_args
+from typing import Literal, get_args, get_origin
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
 
 def _choices(field: str) -> list[str]:
-    """The values SweepRequest accepts for a Literal field: the one list the flag offers."""
+    """The values SweepRequest accepts for a Literal field (or an optional one): the one list
+    the flag offers."""
     from tune.sweep import SweepRequest
 
-    return [v for v in get_args(SweepRequest.model_fields[field].annotation) if v is not None]
+    annotation = SweepRequest.model_fields[field].annotation
+    literal = next((a for a in (annotation, *get_args(annotation)) if get_origin(a) is Literal), annotation)
+    return list(get_args(literal))
 
 
 class TuneCommand:
@@ -29,9 +32,10 @@ class TuneCommand:
     heavy = True
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from fadrm_ray.cli import DATASET_HELP
         from fadrm_ray.config import PRESETS
 
-        p.add_argument("--dataset", required=True, help="digits, mnist-sample, cifar10, cifar100, imagefolder:PATH, ...")
+        p.add_argument("--dataset", required=True, help=DATASET_HELP)
         p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
         p.add_argument("--preset", default="fadrm", choices=list(PRESETS))
         p.add_argument("--ipc", type=int, default=None, help="images per class")
