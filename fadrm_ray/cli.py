@@ -477,11 +477,10 @@ def build_parser(ray_distill: "RayDistill | None" = None,
 
     parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_help = DATASET_HELP
     ipc_help = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 
     p = sub.add_parser("squeeze", parents=[common], help="train a teacher on a dataset")
-    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--dataset", required=True, help=DATASET_HELP)
     p.add_argument("--model", default=None,
                    help="convnet-bn (the default), resnet18-cifar, or a timm/torchvision name")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default 15)")
@@ -500,7 +499,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--weights", required=True,
                    help="a weights file (.pth, .bin, .safetensors), a torchvision weights name such as IMAGENET1K_V1 "
                         "(torch hub's cache), or `pretrained` for timm's Hugging Face cache")
-    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--dataset", required=True, help=DATASET_HELP)
     p.add_argument("--out", required=True, help="the teacher checkpoint to write (a new file, e.g. r18.pt)")
     p.add_argument("--eval-images", type=int, default=None,
                    help="measure top-1 on this many test images spread over the classes (default: all of them)")
@@ -524,7 +523,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--soft-labels", default=None,
                    help="stored soft labels instead of a teacher (`fadrm export --soft-labels`, GET .../soft-labels)")
     p.add_argument("--recipe", default=None, help="the student recipe, an EvalConfig as JSON (default: the defaults)")
-    p.add_argument("--test", default=None, help=f"score on this dataset's test images of the file's classes: {data_help}")
+    p.add_argument("--test", default=None, help=f"score on this dataset's test images of the file's classes: {DATASET_HELP}")
     p.add_argument("--seed", type=int, default=None, help="train one student with this seed (default: the recipe's seeds)")
     p.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -532,7 +531,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.set_defaults(func=cmd_train_student)
 
     p = sub.add_parser("distill", parents=[common, execution], help="distill a dataset into a store run")
-    p.add_argument("--dataset", required=True, help=data_help)
+    p.add_argument("--dataset", required=True, help=DATASET_HELP)
     p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
     p.add_argument("--preset", default="fadrm", choices=list(PRESETS))
     p.add_argument("--ipc", type=int, default=None, help="images per class")

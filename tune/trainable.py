@@ -83,15 +83,14 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     evaluation is cached in its run, so a resumed sweep reads it back)."""
     import torch
 
-    from fadrm_ray.config import make_config
+    from fadrm_ray.baselines import baseline_configs
     from fadrm_ray.distill import distill_local
     from fadrm_ray.evaluate import evaluate_run
     from tune.space import trial_config
 
     torch.set_num_threads(sweep.threads)
     paths = teacher_files(sweep, teacher_blobs)
-    base = trial_config(sweep.base, {})
-    cfg = make_config("random-real", overrides={"ipc": base.ipc, "classes": base.classes, "seed": base.seed})
+    cfg = baseline_configs(trial_config(sweep.base, {}).to_dict())["random_real"]  # what fadrm evaluate compares with
     run = distill_local(cfg, dataset, paths, sweep.store, device=sweep.device, progress=False)
     return evaluate_run(run.run_dir, sweep.eval, teachers=paths, dataset=dataset, num_threads=sweep.threads,
                         device=sweep.device, progress=False, ipc=cfg.ipc).top1_per_seed
