@@ -94,7 +94,7 @@ subprocess.run(fadrm + ["squeeze", "--dataset", "digits", "--epochs", "1", "--ou
 flags = ["--gpus-per-worker", gpw] if gpw else ["--workers", "1", "--device", "cpu"]
 out = subprocess.run(fadrm + ["distill", "--dataset", "digits", "--teacher", str(work / "teacher" / "teacher.pt"),
                               "--ipc", "2", "--set", "iterations=16", "--out", str(work / "store"), "--json", "--quiet",
-                              *flags], check=True, capture_output=True, text=True).stdout
+                              *flags], check=True, stdout=subprocess.PIPE, text=True).stdout  # stderr shown
 result = json.loads(out.strip().splitlines()[-1])
 run_dir = Path(result["run_dir"])
 ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]

@@ -92,24 +92,31 @@ def group_bytes(cfg: DistillConfig, teachers: Sequence, classes: int, channels: 
                 device: torch.device) -> int:
     """Peak CUDA memory one group adds to a recover step, measured once per process and setting by a
     probe forward/backward of each teacher (the largest counts: FADRM+ runs one at a time)."""
-    from fadrm_ray.recover import mixed_precision, teacher_loss
-
     key = (tuple(id(t) for t in teachers), classes, channels, resolution, cfg.precision, cfg.channels_last, str(device))
     if key in _MEASURED:
         return _MEASURED[key]
-    autocast, _ = mixed_precision(cfg.precision, device)
-    labels = torch.zeros(classes, dtype=torch.long, device=device)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     worst = 0
     for teacher in teachers:
         torch.cuda.reset_peak_memory_stats(device)
-        x = torch.randn(classes, channels, resolution, resolution, device=device, requires_grad=True)
-        with autocast():
-            ce, bn = teacher_loss(teacher, cfg)(x, labels, 1)
-        (ce + cfg.r_bn * bn).sum().backward()
+        probe_step(cfg, teacher, classes, channels, resolution, device)
         torch.cuda.synchronize(device)
         worst = max(worst, torch.cuda.max_memory_allocated(device) - base)
-        del x, ce, bn
     _MEASURED[key] = max(1, int(worst))
     return _MEASURED[key]
+
+
+def probe_step(cfg: DistillConfig, teacher, classes: int, channels: int, resolution: int,
+               device: torch.device) -> torch.Tensor:
+    """One recover step's forward/backward of one group of random images through `teacher`, with the
+    step's own loss (`recover.step_loss`); returns the images' gradient. Runs on any device."""
+    from fadrm_ray.recover import mixed_precision, step_loss, teacher_loss
+
+    autocast, _ = mixed_precision(cfg.precision, device)
+    labels = torch.zeros(classes, dtype=torch.long, device=device)
+    x = torch.randn(classes, channels, resolution, resolution, device=device, requires_grad=True)
+    with autocast():
+        ce, _, stat = step_loss(teacher_loss(teacher, cfg), x, labels, 1, cfg)
+    (ce + stat).sum().backward()
+    return x.grad

@@ -64,3 +64,22 @@ def test_speed_fields_take_a_count_or_auto(field, value):
 
     with pytest.raises(ConfigError, match=f'{field} must be an integer >= 1 or "auto"'):
         DistillConfig(**{field: value})
+
+
+def test_the_cuda_memory_probe_runs_the_recover_steps_own_loss():
+    """`group_bytes` measures CUDA memory around `probe_step`; the step itself runs on the CPU too,
+    so a change to the recover loss cannot break the CUDA path unseen."""
+    import torch
+
+    from fadrm_ray.models import create_model
+    from fadrm_ray.packing import probe_step
+    from fadrm_ray.recover import FrozenTeacher
+
+    torch.manual_seed(0)
+    model = create_model("convnet-bn", num_classes=10, in_chans=3, image_size=16, width=8).eval()
+    teacher = FrozenTeacher(model)
+    try:
+        grad = probe_step(resolved(), teacher, classes=10, channels=3, resolution=16, device=torch.device("cpu"))
+    finally:
+        teacher.remove_hooks()
+    assert grad.shape == (10, 3, 16, 16) and torch.isfinite(grad).all() and grad.abs().sum() > 0
