@@ -25,9 +25,11 @@ from actors.lifeline import Lifeline, interrupt_mark
 from actors.worker import DistillWorker, RunContext, latest_checkpoints
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
+from fadrm_ray.run.execute import DistillResult, run_job
+from fadrm_ray.run.stages import load_selections, needed_classes
+from fadrm_ray.run.units import Unit
 from fadrm_ray.events import LedgerEvent, append_event
-from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
+from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts, prepare_job
 from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
 from fadrm_ray.store import RunStore
 

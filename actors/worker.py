@@ -26,10 +26,12 @@ import ray
 import torch
 
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.distill import (Unit, frozen_teachers, provenance, run_unit_stage, save_selection, unit_records,
-                               unit_states, unit_stats)
+from fadrm_ray.run.execute import provenance
+from fadrm_ray.run.stages import (frozen_teachers, run_unit_stage, save_selection, unit_records, unit_states,
+                                  unit_stats)
+from fadrm_ray.run.units import Unit
 from fadrm_ray.fileio import atomic_write_bytes
-from fadrm_ray.job import DistillJob, JobParts, teacher_blobs
+from fadrm_ray.run.job import DistillJob, JobParts, teacher_blobs
 from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState

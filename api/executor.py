@@ -49,7 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fadrm_ray.fileio import read_json_object
-from fadrm_ray.job import ExecutionSpec
+from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.runtime import heavy_process_env, proc_stat
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 
-from fadrm_ray.distill import Unit
+from fadrm_ray.run.units import Unit
 from fadrm_ray.events import LedgerEvent, read_events
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.settings import EvalConfig

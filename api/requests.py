@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ConfigDict
 
 from fadrm_ray.config import ConfigError, make_config
-from fadrm_ray.job import DistillJob, build_job
+from fadrm_ray.run.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import StoreError, open_run

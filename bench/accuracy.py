@@ -64,7 +64,7 @@ import torch
 from fadrm_ray.baselines import baseline_configs, gain_text, paired_gain
 from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
 from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.settings import EvalConfig, SqueezeConfig

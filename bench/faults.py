@@ -234,7 +234,7 @@ class Bench:
     def killed_worker(self) -> dict:
         from actors.coordinator import distill_on_ray
         from fadrm_ray.config import make_config
-        from fadrm_ray.job import ExecutionSpec
+        from fadrm_ray.run.job import ExecutionSpec
 
         reference = self.long_run()
         store = self.work / "killed-worker"

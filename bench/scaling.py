@@ -125,10 +125,10 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
     import torch
 
     from actors.coordinator import distill_on_ray
-    from fadrm_ray.job import ExecutionSpec
+    from fadrm_ray.run.job import ExecutionSpec
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.distill import distill_local
+    from fadrm_ray.run.execute import distill_local
 
     teacher = teacher_for(name, out)
     overrides = {"ipc": ipc, "iterations": iterations}

@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.accuracy import STUDENT_STEPS, _dataset, method_config, run_grid
 from fadrm_ray.baselines import baseline_configs
 from fadrm_ray.config import SMALL_IMAGE, auto_values
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 

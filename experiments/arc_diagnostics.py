@@ -28,7 +28,9 @@ from torch import nn
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.distill import distill_local, load_teachers, plan_units, unit_states
+from fadrm_ray.run.execute import distill_local
+from fadrm_ray.run.stages import load_teachers, unit_states
+from fadrm_ray.run.units import plan_units
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage

@@ -33,7 +33,7 @@ from bench.accuracy import STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
 from fadrm_ray.config import SMALL_IMAGE, auto_values, make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_images
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from fadrm_ray.config import DistillConfig, make_config, recipe_to_try
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
 from fadrm_ray.ranking import rank_evaluation
 from fadrm_ray.runtime import torch_threads

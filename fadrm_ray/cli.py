@@ -29,8 +29,8 @@ from fadrm_ray.runtime import ensure_process_env, torch_threads
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
-    from fadrm_ray.distill import DistillResult
-    from fadrm_ray.job import ExecutionSpec
+    from fadrm_ray.run.execute import DistillResult
+    from fadrm_ray.run.job import ExecutionSpec
 
     # ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec) -> DistillResult
     RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
@@ -71,7 +71,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def execution_spec(args) -> "ExecutionSpec":
-    from fadrm_ray.job import ExecutionSpec
+    from fadrm_ray.run.job import ExecutionSpec
 
     return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
@@ -165,7 +165,7 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     cfg = build_config(args)
     spec = execution_spec(args)
     if spec.local:
-        from fadrm_ray.distill import distill_local
+        from fadrm_ray.run.execute import distill_local
         if spec.threads:
             import torch
             torch.set_num_threads(spec.threads)

@@ -1,7 +1,7 @@
 """DistillConfig: every knob of a distillation run (docs/method.md sections 2-7), and its presets.
 
-A config is validated once, when it is built (settings.py has the shared rules), so a bad value
-fails before any work starts, with a message that names the field and the allowed range. Presets
+A config is validated when it is built (settings.py has the shared rules), so a bad value fails
+before any work starts, with a message that names the field and the allowed range. Presets
 are named sets of overrides of the defaults (docs/method.md section 7). `make_config` builds a
 config in one pass from its layers: preset, YAML file, `key=value` overrides, then command-line
 flags. What depends on the dataset (the recipe of the "auto" recover settings, stage budgets and

@@ -55,7 +55,7 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     cfg = make_config("fadrm", overrides={"ipc": ipc, "iterations": iterations or DEMO_ITERATIONS.get(dataset_name, 1000)})
     store_root = out / "store"
     if distill_fn is None:
-        from fadrm_ray.distill import distill_local
+        from fadrm_ray.run.execute import distill_local
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))

@@ -19,9 +19,10 @@ from typing import Sequence
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.distill import LocalExecutor, default_device, run_job
+from fadrm_ray.run.execute import LocalExecutor, run_job
+from fadrm_ray.run.stages import default_device
 from fadrm_ray.evaluate import GIVE_DATASET, GIVE_TEACHERS, run_dataset, run_teachers
-from fadrm_ray.job import prepare_job
+from fadrm_ray.run.job import prepare_job
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError
 from fadrm_ray.store.lock import RunLock

@@ -1,11 +1,9 @@
-"""How and where work runs, as opposed to what it computes (settings.py): the execution spec of
-a run, the torch thread count of a phase, and the process-wide OpenMP and glibc allocator
-settings that make CPU work fast.
-
-`ExecutionSpec` (defined beside the job in job.py, importable from here) gathers the runtime choices of `fadrm distill` and `fadrm demo` (in this process
-or on Ray, workers and their resources, device, threads, data location, progress bars). It is
-built once from the command line and handed to whichever function runs the distillation, so
-the Ray layer never sees the argument parser.
+"""How work runs in a process, as opposed to what it computes (settings.py): the torch thread
+count of a phase, and the process-wide OpenMP and glibc allocator settings that make CPU work
+fast. Where a run's work runs (in this process or on Ray, workers, device) is the
+`ExecutionSpec` beside the job (`fadrm_ray.run.job`). This module imports nothing heavy at the
+top (no torch, no pydantic), so a process that imports it first keeps glibc's malloc untouched
+until `tune_allocator` runs.
 
 glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
 asks for them again every step, which can nearly double the time of a CPU run (docs/architecture.md,
@@ -35,17 +33,6 @@ import platform
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-
-
-def __getattr__(name: str):
-    # ExecutionSpec lives beside the job (job.py); importing it here lazily keeps this module free
-    # of pydantic, so a process that imports it first (the probe of tests/test_runtime.py, the CLI
-    # before it re-executes) has glibc's malloc untouched until tune_allocator runs.
-    if name == "ExecutionSpec":
-        from fadrm_ray.job import ExecutionSpec
-
-        return ExecutionSpec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- threads

@@ -1,11 +1,12 @@
 """The settings schema: one pydantic model per phase, and what they share.
 
 `DistillConfig` (config.py) holds the knobs of a distillation, `EvalConfig` those of student
-evaluation and `SqueezeConfig` those of teacher training. Each is validated once, when it is
-built, so a bad value fails before any work starts; each is saved whole beside what it produced
+evaluation and `SqueezeConfig` those of teacher training. Each is validated when it is built,
+so a bad value fails before any work starts (a `DistillConfig` once more when `resolve` fills in
+what depends on the dataset, since those values are new); each is saved whole beside what it produced
 (config.yaml of a run, `config` in report/evaluation.json, the teacher checkpoint's info).
 Runtime choices (device, threads, progress bars, output paths) are not settings: they are
-arguments of the functions that run a phase, or of `runtime.ExecutionSpec`.
+arguments of the functions that run a phase, or of `run.job.ExecutionSpec`.
 
 Errors reach users and the CLI as one `ConfigError` line that starts with the field's name and
 states what it accepts, e.g. `alpha must be in (0, 1], got 2`. The accepted values are read from

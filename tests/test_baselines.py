@@ -11,7 +11,7 @@ import torch
 from fadrm_ray import evaluate as evaluate_module
 from fadrm_ray.baselines import baseline_configs, evaluate_with_baselines, gain_text, paired_gain
 from fadrm_ray.config import make_config
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import default_epochs, evaluate_run, images_per_class, resolve_protocol
 from fadrm_ray.report import write_report
 from fadrm_ray.settings import EvalConfig

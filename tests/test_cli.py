@@ -12,8 +12,8 @@ import yaml
 
 from fadrm_ray.cli import main
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.distill import DistillResult
-from fadrm_ray.runtime import ExecutionSpec
+from fadrm_ray.run.execute import DistillResult
+from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 

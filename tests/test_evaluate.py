@@ -11,7 +11,7 @@ from torch import nn
 
 from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator

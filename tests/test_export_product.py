@@ -59,7 +59,7 @@ def test_nothing_is_replaced_and_a_refused_export_writes_nothing(small_run, tmp_
 
 def test_a_teacher_that_changed_since_the_run_is_refused(digits, digits_teacher, tmp_path, capsys, one_thread):
     from fadrm_ray.config import make_config
-    from fadrm_ray.distill import distill_local
+    from fadrm_ray.run.execute import distill_local
 
     teacher = tmp_path / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)

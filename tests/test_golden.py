@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from fadrm_ray.config import make_config, without_later_fields
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run

@@ -2,7 +2,7 @@
 import pytest
 
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.distill import Unit, plan_units
+from fadrm_ray.run.units import Unit, plan_units
 from fadrm_ray.packing import block_size, cpu_pack_limit, cuda_pack_limit, pack_limit, split_evenly
 
 

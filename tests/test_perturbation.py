@@ -9,7 +9,7 @@ import torch
 
 from experiments.perturbation import main, perturbed_sets
 from fadrm_ray.config import make_config
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,8 +15,8 @@ ray = pytest.importorskip("ray")
 
 from actors.coordinator import distill_on_ray  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
-from fadrm_ray.distill import distill_local  # noqa: E402
-from fadrm_ray.runtime import ExecutionSpec  # noqa: E402
+from fadrm_ray.run.execute import distill_local  # noqa: E402
+from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
 from tests.ray_helpers import events, only_run_dir, wait_for  # noqa: E402
 

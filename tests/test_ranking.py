@@ -13,7 +13,7 @@ from fadrm_ray import evaluate as evaluate_module
 from fadrm_ray import ranking
 from fadrm_ray.baselines import evaluate_with_baselines
 from fadrm_ray.config import make_config
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
 from fadrm_ray.report import write_report
 from fadrm_ray.scores import Evaluation

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torchvision.io import encode_png, write_file
 
-from fadrm_ray import distill
+from fadrm_ray.run import execute as distill
 from fadrm_ray.cli import build_parser
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
-from fadrm_ray.distill import make_run_id
-from fadrm_ray.job import build_job
+from fadrm_ray.run.job import make_run_id
+from fadrm_ray.run.job import build_job
 from fadrm_ray.models import load_teacher
 from fadrm_ray.store import open_run
 from tests import fault_inject

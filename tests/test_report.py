@@ -9,7 +9,7 @@ import torch
 
 from experiments.arc_diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.distill import distill_local
+from fadrm_ray.run.execute import distill_local
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
 from fadrm_ray.report import loss_curves, report_files, write_report

@@ -7,7 +7,9 @@ import torch
 
 from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
-from fadrm_ray.distill import Unit, distill_local, make_run_id
+from fadrm_ray.run.execute import distill_local
+from fadrm_ray.run.job import make_run_id
+from fadrm_ray.run.units import Unit
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError, export_tensors, open_run
 

@@ -61,8 +61,8 @@ def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: l
     import torch
 
     from fadrm_ray.config import DistillConfig
-    from fadrm_ray.distill import frozen_teachers
-    from fadrm_ray.job import JobParts
+    from fadrm_ray.run.stages import frozen_teachers
+    from fadrm_ray.run.job import JobParts
     from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
@@ -84,7 +84,7 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     import torch
 
     from fadrm_ray.baselines import baseline_configs
-    from fadrm_ray.distill import distill_local
+    from fadrm_ray.run.execute import distill_local
     from fadrm_ray.evaluate import evaluate_run
     from tune.space import trial_config
 
@@ -194,8 +194,10 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     teachers as a SoftLabeler for the evaluation."""
     import torch
 
-    from fadrm_ray.distill import LocalExecutor, needed_classes, plan_units, run_job, save_selection
-    from fadrm_ray.job import prepare_job
+    from fadrm_ray.run.execute import LocalExecutor, run_job
+    from fadrm_ray.run.stages import needed_classes, save_selection
+    from fadrm_ray.run.units import plan_units
+    from fadrm_ray.run.job import prepare_job
     from fadrm_ray.layout import RunLayout
     from fadrm_ray.relabel import SoftLabeler
 

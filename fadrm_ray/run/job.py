@@ -3,14 +3,15 @@
 A door (the `fadrm` command, `ray job submit`, a REST request, a Tune trial) turns what its user
 said into a job with `build_job`: the config resolved for the dataset and the device the run uses,
 the dataset by its spec and content hash, the teachers by path and sha256, the store root and the
-run id. The paths in it are absolute (a folder or Parquet dataset's too: `reopenable_spec`), so
-the run it makes can be read, evaluated and repaired from any directory; the run id depends on
-none of them. The job is frozen and crosses processes as JSON (`model_dump_json` /
-`model_validate_json`); nobody downstream resolves it again or derives the run id again.
+run id (`make_run_id`, here). The paths in it are absolute (a folder or Parquet dataset's too:
+`reopenable_spec`), so the run it makes can be read, evaluated and repaired from any directory;
+the run id depends on none of them. The job is frozen and crosses processes as JSON
+(`model_dump_json` / `model_validate_json`); nobody downstream resolves it again or derives the
+run id again.
 
 How the job runs (in this process or on Ray actors, how many workers, threads) is not part of
-it: that is the `ExecutionSpec` beside it (runtime.py), and `distill.run_job` runs any job
-through any executor.
+it: that is the `ExecutionSpec` beside it, and `run.execute.run_job` runs any job through any
+executor.
 
 `JobParts` is what building a job loaded in this process (the dataset, the teacher models), so an
 executor in the same process loads nothing twice; `JobParts.load` loads them for a job built
@@ -18,6 +19,8 @@ elsewhere, and refuses a dataset or teacher whose content is no longer what the 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +96,6 @@ class ExecutionSpec(BaseModel):
     progress: bool = True
 
 
-# Dataset kinds named by a path (`fadrm_ray.data.get_dataset`), and the ImageDataset.info source of each.
 _PATH_KINDS = {"imagefolder": "imagefolder", "folder": "imagefolder", "parquet": "parquet"}
 
 
@@ -108,12 +110,20 @@ def reopenable_spec(dataset_spec: str, dataset: "ImageDataset") -> str:
     return f"{source}:{path}"
 
 
+def make_run_id(cfg: DistillConfig, dataset_fingerprint: str, teacher_hashes: Sequence[str]) -> str:
+    """Same pixel-deciding settings (`DistillConfig.identity`), data and teachers -> same run id,
+    so a rerun resumes, and a rerun at another IPC or with other speed settings grows or reads
+    the same run."""
+    payload = json.dumps({"config": cfg.identity(), "dataset": dataset_fingerprint,
+                          "teachers": list(teacher_hashes)}, sort_keys=True)
+    return f"{cfg.preset.replace('+', 'plus')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+
+
 def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teachers: Sequence["TeacherInfo"],
               store: str | Path, device_type: str = "cpu", data_root: str | None = None) -> DistillJob:
     """The job of `cfg` (unresolved) on `dataset` with `teachers` (checked to fit the dataset):
     resolved once, its run id computed once. The dataset spec and the teachers' paths are
     recorded absolute (`reopenable_spec`; a teacher's path as this process sees it)."""
-    from fadrm_ray.distill import make_run_id
     from fadrm_ray.models import check_teacher_fits
 
     if not teachers:
@@ -184,8 +194,6 @@ def load_dataset(job: DistillJob) -> "ImageDataset":
 def teacher_blobs(job: DistillJob) -> tuple[bytes, ...]:
     """The bytes of the job's teachers (for processes that may not see these files), refused if
     a file is no longer what the job was built on."""
-    import hashlib
-
     blobs = tuple(Path(ref.path).read_bytes() for ref in job.teachers)
     for ref, blob in zip(job.teachers, blobs):
         if hashlib.sha256(blob).hexdigest() != ref.sha256:

@@ -1,0 +1,156 @@
+"""Running a job: `run_job` holds the run's lock, plans the units around those the run has, hands
+the rest to an executor and finishes the manifest. `LocalExecutor` runs them in this process
+(`fadrm distill --local`, a Tune trial); `actors.coordinator` runs them on Ray actors.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+from pydantic import BaseModel, Field
+
+from fadrm_ray import __version__
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.run.job import DistillJob, JobParts, prepare_job
+from fadrm_ray.run.stages import default_device, distill_unit, frozen_teachers, prepare_patches
+from fadrm_ray.run.units import Unit, checkpointed_units, plan_units, request_images, steps_of
+from fadrm_ray.runtime import tune_allocator
+from fadrm_ray.store import RunStore
+
+
+class DistillResult(BaseModel):
+    """What running a job did (`run_job`)."""
+
+    run_id: str
+    run_dir: Path
+    images: int                  # images of this request: every class at IPC indices [0, ipc)
+    units_run: list[str] = Field(default_factory=list)
+    units_skipped: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    ipc: int | None = None       # the IPC asked for; read the run at it with open_run(run_dir, ipc=ipc)
+    recipe: str | None = None    # where the config's "auto" values came from, and why (DistillJob.recipe)
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+def run_config(cfg: DistillConfig, layout: RunLayout) -> dict:
+    """What config.yaml records: this request's resolved config, with `ipc` the largest IPC the
+    run has been asked for (the images present are what the manifests list)."""
+    import yaml
+
+    saved = {}
+    if layout.config.is_file():
+        try:
+            saved = yaml.safe_load(layout.config.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            saved = {}
+    before = saved.get("ipc") if isinstance(saved, dict) else None
+    ipc = max(cfg.ipc, before) if isinstance(before, int) and not isinstance(before, bool) else cfg.ipc
+    return {**cfg.to_dict(), "ipc": ipc}
+
+
+def provenance(job: DistillJob, dataset: ImageDataset) -> dict:
+    """What every part file records about how it was made: the dataset with the spec that
+    reopens it and the teachers with their sha256, by the job's absolute paths
+    (`job.build_job`), so `fadrm evaluate` and `fadrm verify --repair` find them from any
+    directory."""
+    return {
+        "run_id": job.run_id,
+        "config": job.config.to_dict(),
+        "dataset": {**{k: v for k, v in dataset.describe().items() if k != "class_names"}, "spec": job.dataset_spec},
+        "class_map": {i: name for i, name in enumerate(dataset.class_names)},
+        "teachers": [{"path": t.path, "sha256": t.sha256, "model": t.model, "test_accuracy": t.test_accuracy}
+                     for t in job.teachers],
+        "seed": job.config.seed,
+        "code_version": __version__,
+    }
+
+
+class RunExecutor(Protocol):
+    """Runs the units of a job: `LocalExecutor` in this process, `actors.coordinator`'s on Ray
+    actors. `run_job` owns everything else (the lock, the plan, the manifest)."""
+
+    parallelism: int      # workers: units are cut so that each gets work (plan_units)
+    device_type: str      # what the job's config must be resolved for
+
+    def execute(self, job: DistillJob, store: RunStore, units: list[Unit], todo: list[Unit], result: DistillResult,
+                parts: JobParts | None) -> dict:
+        """Run `todo` (of the request's `units`), appending each finished unit to
+        `result.units_run`; returns what the run manifest records about the execution."""
+        ...
+
+
+def run_job(job: DistillJob, executor: RunExecutor, parts: JobParts | None = None) -> DistillResult:
+    """Run a job as the run's only writer: hold the run's lock (`RunStore.session`; a second
+    writer waits here, then finds the units done), plan the units around those the run has,
+    execute the rest, finish the manifest. `parts`: what building the job loaded in this process."""
+    if job.device_type != executor.device_type:
+        raise ValueError(f"the job was resolved for {job.device_type}, but this executor runs on "
+                         f"{executor.device_type}")
+    tune_allocator()
+    started = time.perf_counter()
+    cfg = job.config
+    store = RunStore(job.store, job.run_id)
+    with store.session(run_config(cfg, store.layout)):
+        # Planned after the lock: a writer we waited for may have added units, or done them all.
+        done = store.finished_units()
+        units = plan_units(cfg, job.num_classes, image_size=job.image_size, workers=executor.parallelism,
+                           finished=list(done), partial=checkpointed_units(store.layout),
+                           device_type=executor.device_type)
+        todo = [u for u in units if u.unit_id not in done]
+        result = DistillResult(run_id=job.run_id, run_dir=store.run_dir, images=request_images(cfg, job.num_classes),
+                               units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc,
+                               recipe=job.recipe)
+        stats = executor.execute(job, store, units, todo, result, parts)
+        result.seconds = time.perf_counter() - started
+        if result.units_run or not store.is_complete():
+            store.finalize({"seconds": result.seconds, "ipc": cfg.ipc, **stats})
+    return result
+
+
+class LocalExecutor:
+    """Every unit in this process, one after another (`fadrm distill --local`, a Tune trial)."""
+
+    parallelism = 1
+
+    def __init__(self, device: str | None = None, progress: bool = True):
+        self.device = device or default_device()
+        self.device_type = torch.device(self.device).type
+        self.progress = progress
+
+    def execute(self, job: DistillJob, store: RunStore, units: list[Unit], todo: list[Unit], result: DistillResult,
+                parts: JobParts | None) -> dict:
+        from tqdm.auto import tqdm
+
+        parts = (parts or JobParts.load(job, self.device)).on(self.device)
+        cfg, dataset = job.config, parts.dataset
+        teachers = frozen_teachers(parts, cfg)
+        prov = provenance(job, dataset)
+        # Every class's patches are scored once, before any unit, and kept in the run.
+        cache, scored_now, patch_seconds = prepare_patches(store, todo, cfg, dataset, teachers, self.device)
+        steps = steps_of(todo, cfg)
+        with tqdm(total=steps, desc=f"distill {store.run_id}", unit="batch-it",
+                  disable=not self.progress or steps == 0) as bar:
+            for unit in todo:
+                records, stats = distill_unit(unit, cfg, dataset, teachers, self.device, bar.update, cache)
+                store.write_unit(unit.unit_id, records, dataset.class_names, prov, stats)
+                result.units_run.append(unit.unit_id)
+        return {"executor": "local", "device": self.device, "threads": torch.get_num_threads(), "pid": os.getpid(),
+                "patch_seconds": patch_seconds, "patches_scored": len(scored_now)}
+
+
+def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
+                  out_root: str | Path, device: str | None = None, progress: bool = True,
+                  dataset_spec: str | None = None, data_root: str | None = None) -> DistillResult:
+    """Build the job of `cfg` and run it in this process (`fadrm distill --local`, the library's
+    own door)."""
+    executor = LocalExecutor(device, progress)
+    job, parts = prepare_job(cfg, dataset, dataset_spec or dataset.name, teacher_paths, out_root, executor.device,
+                             data_root=data_root)
+    return run_job(job, executor, parts)
