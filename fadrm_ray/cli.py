@@ -22,9 +22,11 @@ import functools
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
+from fadrm_ray.errors import InputError
 from fadrm_ray.runtime import ensure_process_env, torch_threads
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ class Command(Protocol):
     """A subcommand from a layer above the library (`fadrm tune`, `fadrm serve`).
 
     `add_arguments` fills its parser (the common `--json`/`--quiet` are already there);
-    `run(args)` does the work, raising ValueError/CLIError for bad input (one line, status 2).
+    `run(args)` does the work, raising `InputError`/`CLIError` for bad input (one line, status 2).
     """
 
     name: str
@@ -87,9 +89,10 @@ def _needs_ray(ray_distill: "RayDistill | None") -> "RayDistill":
 
 
 # Bad input, in one line. Every error class of the library for it (ConfigError, DatasetError,
-# EvaluationError, ModelError, StoreError) is a ValueError, so naming them needs no import of the
-# modules that define them (which load torch: a refused command stays fast).
-USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, FileNotFoundError, ValueError)
+# EvaluationError, ModelError, StoreError, ...) is an `InputError`, whose module imports nothing,
+# so a refused command stays fast. Any other exception, a plain ValueError too, is a fault of the
+# program: status 1, with its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, FileNotFoundError, InputError)
 
 
 def _parse_classes(text: str | None) -> list[int] | None:
@@ -659,6 +662,13 @@ def main(argv: list[str] | None = None, *, ray_distill: "RayDistill | None" = No
     except KeyboardInterrupt:
         print(f"fadrm {args.command}: interrupted; finished units are kept and a rerun resumes", file=sys.stderr)
         return 130
+    except Exception:
+        if os.environ.get("FADRM_DEBUG"):
+            raise
+        traceback.print_exc()
+        print(f"fadrm {args.command}: internal error: a fault of fadrm, not of the input; the traceback above "
+              f"shows where", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 

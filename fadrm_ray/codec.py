@@ -10,11 +10,13 @@ import io
 import numpy as np
 import torch
 
+from fadrm_ray.errors import InputError
+
 # Pillow modes that hold one grey channel (with alpha: two).
 _GREY_MODES = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "F": 1, "LA": 2, "La": 2}
 
 
-class CodecError(ValueError):
+class CodecError(InputError):
     """Bytes that are not a readable image."""
 
 

@@ -13,18 +13,19 @@ from typing import Sequence
 import torch
 
 from fadrm_ray.statistics import attach_class_targets, attach_conv_targets
+from fadrm_ray.errors import InputError
 
 
 def committee_weights(priors: Sequence[float | None], temperature: float) -> torch.Tensor:
     """softmax(prior / temperature) over the teachers, float32 (n,)."""
     if not priors:
-        raise ValueError("a committee needs at least one teacher")
+        raise InputError("a committee needs at least one teacher")
     bad = [i for i, p in enumerate(priors) if p is None or not math.isfinite(p)]
     if bad:
-        raise ValueError(f"committee voting needs each teacher's prior (its test accuracy in the checkpoint); "
+        raise InputError(f"committee voting needs each teacher's prior (its test accuracy in the checkpoint); "
                          f"teachers {bad} have none")
     if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"committee temperature must be finite and > 0, got {temperature}")
+        raise InputError(f"committee temperature must be finite and > 0, got {temperature}")
     scores = torch.tensor([float(p) for p in priors], dtype=torch.float64) / temperature
     return torch.softmax(scores, dim=0).float()
 

@@ -13,8 +13,10 @@ import os
 import uuid
 from pathlib import Path
 
+from fadrm_ray.errors import InputError
 
-class OutputError(ValueError):
+
+class OutputError(InputError):
     """An output location that cannot be written, or an output that would replace existing data."""
 
 

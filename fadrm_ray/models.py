@@ -24,6 +24,7 @@ from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.parallel import prefetch
+from fadrm_ray.errors import InputError
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, atomic_write_bytes, sha256_file
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
@@ -32,7 +33,7 @@ CHECKPOINT_FORMAT = "fadrm-teacher"
 CHECKPOINT_VERSION = 1
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """A model name, checkpoint or teacher/dataset pairing is not usable."""
 
 

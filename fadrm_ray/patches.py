@@ -33,6 +33,7 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.recover import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
+from fadrm_ray.errors import InputError
 
 Box = tuple[int, int, int]  # (top, left, side) of a square crop
 SCORED = ("easy", "medium", "grouped", "spread")  # the selections that rank the candidates by teacher CE
@@ -73,7 +74,7 @@ def _candidates(dataset: ImageDataset, label: int, cfg: DistillConfig) -> tuple[
     gen = seeded_generator("patches", cfg.seed, label)  # a function of (seed, class) only
     candidates = dataset.train.indices_of_class(label)
     if candidates.numel() == 0:
-        raise ValueError(f"class {label} ({dataset.class_names[label]}) has no training images")
+        raise InputError(f"class {label} ({dataset.class_names[label]}) has no training images")
     candidates = candidates[torch.randperm(candidates.numel(), generator=gen)]
     if cfg.patch_candidates:
         candidates = candidates[: cfg.patch_candidates]
@@ -115,7 +116,7 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     """Score `patch_crops` crops of every candidate of class `label` and rank the candidates by
     their best crop (a stable sort). `cfg` must be resolved (its precision is the scoring's)."""
     if not teachers:
-        raise ValueError(f"patch_selection {cfg.patch_selection!r} scores crops with the teacher; none was given")
+        raise InputError(f"patch_selection {cfg.patch_selection!r} scores crops with the teacher; none was given")
     cfg = cfg.sized(dataset.image_size, dataset.channels)
     candidates, gen = _candidates(dataset, label, cfg)
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size

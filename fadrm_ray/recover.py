@@ -33,6 +33,7 @@ from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
 from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats, bn_layers
 from fadrm_ray.committee import committee_weights
+from fadrm_ray.errors import InputError
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
 # a pixel that starts saturated is written back as 0 or 255.
@@ -62,7 +63,7 @@ class FrozenTeacher:
         self._labels: torch.Tensor | None = None  # the batch's labels, for the class-wise targets
         self.bn_layers = bn_layers(model)
         if not self.bn_layers:
-            raise ValueError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
+            raise InputError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
         self._groups = 0             # > 0 only inside __call__: other callers of the model pay nothing
         self._bn_loss: torch.Tensor | None = None
         self._memory_format = torch.contiguous_format
@@ -457,7 +458,7 @@ def mixed_precision(precision: str, device: torch.device):
         return nullcontext, None
     if precision == "fp16":
         if device.type != "cuda":
-            raise ValueError("precision fp16 needs a CUDA device; use bf16 (or fp32) on the CPU")
+            raise InputError("precision fp16 needs a CUDA device; use bf16 (or fp32) on the CPU")
         return (lambda: torch.autocast("cuda", dtype=torch.float16)), torch.amp.GradScaler("cuda")
     if precision == "bf16":
         return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)), None

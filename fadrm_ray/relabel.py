@@ -33,6 +33,7 @@ from fadrm_ray.augment import crop_box, cutmix_box
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.statistics import bn_layers
+from fadrm_ray.errors import InputError
 
 
 
@@ -48,11 +49,11 @@ class AugmentSpec:
     def __post_init__(self):
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
-            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+            raise InputError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
         if not 0.0 <= self.cutmix_prob <= 1.0:
-            raise ValueError(f"cutmix_prob must be in [0, 1], got {self.cutmix_prob}")
+            raise InputError(f"cutmix_prob must be in [0, 1], got {self.cutmix_prob}")
         if self.out_size < 1:
-            raise ValueError(f"out_size must be >= 1, got {self.out_size}")
+            raise InputError(f"out_size must be >= 1, got {self.out_size}")
 
     def to_dict(self) -> dict:
         return {"out_size": int(self.out_size), "crop_scale": [float(v) for v in self.crop_scale],
@@ -162,7 +163,7 @@ class SoftLabeler:
                  stds: Sequence[Sequence[float]], in_chans: Sequence[int], ids: Sequence[str] | None = None,
                  device: str | torch.device = "cpu"):
         if not models:
-            raise ValueError("at least one teacher is needed for soft labels")
+            raise InputError("at least one teacher is needed for soft labels")
         self.device = torch.device(device)
         self.models = [m.to(self.device).eval().requires_grad_(False) for m in models]
         self.means = [torch.tensor(list(m), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for m in means]
@@ -176,7 +177,7 @@ class SoftLabeler:
         from fadrm_ray.models import check_teacher_fits
 
         if not paths:
-            raise ValueError("at least one teacher checkpoint is needed for soft labels")
+            raise InputError("at least one teacher checkpoint is needed for soft labels")
         loaded = [load_teacher(path, device=device) for path in paths]
         if dataset is not None:
             for _, info in loaded:
@@ -262,7 +263,7 @@ class OnlineSoftLabels:
     def __init__(self, images_uint8: torch.Tensor, labeler: SoftLabeler, spec: AugmentSpec,
                  batch_size: int, seed: int):
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
         self.images_uint8, self.images01 = images_uint8, to_unit(images_uint8)
         self.labeler, self.spec, self.batch_size, self.seed = labeler, spec, int(batch_size), int(seed)
 

@@ -22,8 +22,10 @@ from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from fadrm_ray.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError):
     """A config value is out of range, of the wrong type, or unknown. `loc` is where, as pydantic
     gives it (the field first; empty for a check across fields), so a caller can point at the
     field (the REST service's 422) without reading the message."""
@@ -33,7 +35,7 @@ class ConfigError(ValueError):
         self.loc = tuple(loc)
 
 
-class EvaluationError(ValueError):
+class EvaluationError(InputError):
     """A run cannot be evaluated as asked (missing teacher, unknown dataset, bad option)."""
 
 

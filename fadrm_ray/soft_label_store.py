@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.settings import EvalConfig, EvaluationError, LabelStorage
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
+from fadrm_ray.errors import InputError
 
 SOFT_LABEL_MODES = ("online", "stored")
 STORE_FORMAT = "fadrm-soft-labels"
@@ -410,7 +411,7 @@ def soft_label_source(mode: str, online: OnlineSoftLabels, epochs: int, director
         return online
     if mode == "stored":
         if directory is None:
-            raise ValueError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
+            raise InputError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
         folder = precompute_soft_labels(online, epochs, directory, storage, progress=progress)
         return StoredSoftLabels(folder, online.images_uint8)
-    raise ValueError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")
+    raise InputError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")

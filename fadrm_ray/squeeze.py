@@ -27,6 +27,7 @@ from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_
                      model_in_chans, save_teacher)
 from .runtime import torch_threads, tune_allocator
 from .settings import ConfigError, SqueezeConfig
+from .errors import InputError
 
 
 @dataclass
@@ -108,7 +109,7 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
     tune_allocator()
     n = len(dataset.train)
     if n == 0:
-        raise ValueError(f"dataset {dataset.name} has an empty training split")
+        raise InputError(f"dataset {dataset.name} has an empty training split")
     model_kwargs = dict(cfg.model_kwargs)
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, cfg.model)

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.models import match_channels
+from fadrm_ray.errors import InputError
 
 if TYPE_CHECKING:
     from fadrm_ray.recover import FrozenTeacher
@@ -232,7 +233,7 @@ class ClassStatistics:
 
     def __init__(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], weight: float):
         if not 0 < weight <= 1:
-            raise ValueError(f"the class-wise share of the BN loss must be in (0, 1], got {weight}")
+            raise InputError(f"the class-wise share of the BN loss must be in (0, 1], got {weight}")
         self.targets = [(m.float(), v.float()) for m, v in targets]
         self.weight = float(weight)
 
@@ -267,7 +268,7 @@ def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: I
     """`real_class_bn_targets` of several models over one pass of the batches."""
     counts = torch.bincount(labels.long(), minlength=num_classes).double()
     if counts.numel() != num_classes or (counts == 0).any():
-        raise ValueError("class-wise BN targets need real images of every class")
+        raise InputError("class-wise BN targets need real images of every class")
     runs, all_sums = [], []
     for model, in_chans in models:
         layers = bn_layers(model)

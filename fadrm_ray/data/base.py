@@ -14,8 +14,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from fadrm_ray.errors import InputError
 
-class DatasetError(ValueError):
+
+class DatasetError(InputError):
     """A dataset could not be found, read or understood."""
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import ConfigError, DistillConfig
+from fadrm_ray.errors import InputError
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -127,7 +128,7 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
     from fadrm_ray.models import check_teacher_fits
 
     if not teachers:
-        raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
+        raise InputError("at least one teacher checkpoint is needed (--teacher PATH)")
     if cfg.preset == "fadrm+" and len(teachers) < 2:
         raise ConfigError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
     for info in teachers:
@@ -170,7 +171,7 @@ class JobParts:
         loaded = [load_teacher(ref.path, device=device) for ref in job.teachers]
         for ref, (_, info) in zip(job.teachers, loaded):
             if info.sha256 != ref.sha256:
-                raise ValueError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
+                raise InputError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
         return cls.of(dataset, loaded, device)
 
     def on(self, device: str) -> "JobParts":
@@ -186,7 +187,7 @@ def load_dataset(job: DistillJob) -> "ImageDataset":
 
     dataset = get_dataset(job.dataset_spec, root=job.data_root)
     if dataset.fingerprint() != job.dataset_fingerprint:
-        raise ValueError(f"dataset {job.dataset_spec!r} changed since the job was built "
+        raise InputError(f"dataset {job.dataset_spec!r} changed since the job was built "
                          f"(its content hash is not the job's)")
     return dataset
 
@@ -197,7 +198,7 @@ def teacher_blobs(job: DistillJob) -> tuple[bytes, ...]:
     blobs = tuple(Path(ref.path).read_bytes() for ref in job.teachers)
     for ref, blob in zip(job.teachers, blobs):
         if hashlib.sha256(blob).hexdigest() != ref.sha256:
-            raise ValueError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
+            raise InputError(f"teacher {ref.path} changed since the job was built (its sha256 is not the job's)")
     return blobs
 
 
@@ -211,7 +212,7 @@ def prepare_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, 
     from fadrm_ray.models import load_teacher
 
     if not teacher_paths:
-        raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
+        raise InputError("at least one teacher checkpoint is needed (--teacher PATH)")
     parts = JobParts.of(dataset, [load_teacher(path, device=device) for path in teacher_paths], device)
     job = build_job(cfg, dataset, dataset_spec, parts.infos, store, device_type or torch.device(device).type, data_root)
     return job, parts

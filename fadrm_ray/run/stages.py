@@ -25,6 +25,7 @@ from fadrm_ray.recover import FrozenTeacher, RecoverState, final_images, init_st
 from fadrm_ray.run.job import JobParts
 from fadrm_ray.run.units import Unit, chunks
 from fadrm_ray.store import ImageRecord, RunStore
+from fadrm_ray.errors import InputError
 
 
 def default_device() -> str:
@@ -45,7 +46,7 @@ def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: Disti
                   device: str = "cpu") -> tuple[list[FrozenTeacher], list[TeacherInfo]]:
     """Load, check against the dataset (class order, size, channels) and freeze each teacher."""
     if not paths:
-        raise ValueError("at least one teacher checkpoint is needed (--teacher PATH)")
+        raise InputError("at least one teacher checkpoint is needed (--teacher PATH)")
     models, infos = [], []
     for path in paths:
         model, info = load_teacher(path, device=device)

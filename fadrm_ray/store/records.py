@@ -24,11 +24,12 @@ import pyarrow.parquet as pq
 import torch
 
 from fadrm_ray import codec
+from fadrm_ray.errors import InputError
 
 COLUMNS = ("image", "label", "ipc_index", "ce_loss", "bn_loss")
 
 
-class StoreError(ValueError):
+class StoreError(InputError):
     """A run directory could not be written, read or understood."""
 
 

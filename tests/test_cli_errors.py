@@ -1,0 +1,62 @@
+"""The `fadrm` command tells bad input (one line, status 2) from a fault of the program (status 1,
+with its traceback): only `InputError` and the error classes derived from it are bad input."""
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from fadrm_ray.cli import EXIT_BAD_INPUT, EXIT_FAILED, main
+from fadrm_ray.data.base import DatasetError
+from fadrm_ray.errors import InputError
+from fadrm_ray.settings import ConfigError, EvaluationError
+
+
+@dataclass
+class Raising:
+    """A subcommand (as `fadrm tune` and `fadrm serve` plug in) whose work raises `error()`."""
+
+    error: Callable[[], BaseException]
+    name: str = "boom"
+    help: str = "raises"
+    heavy: bool = False
+
+    def add_arguments(self, parser) -> None:
+        pass
+
+    def run(self, args) -> None:
+        raise self.error()
+
+
+def run(capsys, monkeypatch, error):
+    monkeypatch.delenv("FADRM_DEBUG", raising=False)
+    code = main(["boom"], commands=[Raising(error)])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [InputError, ConfigError, DatasetError, EvaluationError])
+def test_bad_input_is_one_line_and_status_2(capsys, monkeypatch, error):
+    code, err = run(capsys, monkeypatch, lambda: error("alpha must be in (0, 1], got 2"))
+    assert code == EXIT_BAD_INPUT
+    assert err == "fadrm boom: error: alpha must be in (0, 1], got 2\n"
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyError, TypeError, AssertionError])
+def test_a_fault_of_the_program_is_not_reported_as_bad_input(capsys, monkeypatch, error):
+    """A plain ValueError from deep inside (the device mismatch of `run_job`, a shape check) is a
+    bug: status 1 and the traceback that finds it, not a line that blames the user."""
+    code, err = run(capsys, monkeypatch, lambda: error("the job was resolved for cpu, but this executor runs on cuda"))
+    assert code == EXIT_FAILED
+    assert "Traceback (most recent call last)" in err and "in run" in err
+    assert "fadrm boom: internal error" in err.strip().splitlines()[-1]
+
+
+def test_every_bad_input_class_of_the_library_is_an_input_error():
+    from fadrm_ray.codec import CodecError
+    from fadrm_ray.fileio import OutputError
+    from fadrm_ray.models import ModelError
+    from fadrm_ray.soft_label_store import SoftLabelError
+    from fadrm_ray.store.records import IntegrityError, StoreError
+
+    for cls in (ConfigError, EvaluationError, DatasetError, ModelError, StoreError, IntegrityError, CodecError,
+                OutputError, SoftLabelError):
+        assert issubclass(cls, InputError), cls
