@@ -40,7 +40,7 @@ import torch
 from fadrm_ray.cli import main as cli_main
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run
-from tests import fault_inject
+from bench import fault_inject
 
 COLUMNS = ["during", "info", "export folder", "export pt", "read()", "evaluate", "parquet:", "verify",
            "rerun distill", "verify --repair"]

@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.test_deploy import REPO, after_double_dash, readme_command
-from tests.test_deploy_rehearsal import Rehearsal, replace_flags
+from bench.deploy_rehearsal import REPO, Rehearsal, after_double_dash, readme_command, replace_flags
 
 COPY_IGNORES = (".git", "*.pt", ".hypothesis", "__pycache__", "*.egg-info", ".pytest_cache", "*.parquet")
 

@@ -3,8 +3,8 @@ the Kubernetes manifests against the fields of their kinds and against each othe
 against pyproject.toml, every module a manifest or the runtime env names, and the runtime env
 against Ray's parser. No cluster, no network, no Docker.
 
-The helpers at the top (README blocks, manifests, versions) are shared with the rehearsal,
-tests/test_deploy_rehearsal.py.
+The README's blocks are read by bench/deploy_rehearsal.py, which the rehearsal
+(tests/test_deploy_rehearsal.py) shares.
 """
 from __future__ import annotations
 
@@ -19,23 +19,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.deploy_rehearsal import DEPLOY, REPO, after_double_dash, readme_blocks, readme_command
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy"
 VM_CONFIGS = sorted((DEPLOY / "vm").glob("*.yaml"))
 K8S_FILES = sorted((DEPLOY / "k8s").glob("*.yaml"))
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
-# Modules that other issues are building at the same time: while their file is absent from this
-# checkout, a check that needs them is skipped with this reason (after the merge they run).
-PENDING = {
-    "tune": "tune/sweep.py and tune/cli.py (issue 12, the sweep) are not in this checkout yet",
-    "api": "api/cli.py (issue 13, the REST service) is not in this checkout yet",
-}
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -45,36 +39,6 @@ def load_docs(path: Path) -> list[dict]:
 
 def manifests() -> list[tuple[Path, dict]]:
     return [(path, doc) for path in K8S_FILES for doc in load_docs(path)]
-
-
-def readme_blocks() -> dict[str, str]:
-    """The fenced bash blocks of deploy/README.md marked `<!-- rehearsal: NAME -->`, by name."""
-    text = (DEPLOY / "README.md").read_text()
-    found = re.findall(r"<!-- rehearsal: ([\w-]+) -->\s*```bash\n(.*?)```", text, flags=re.S)
-    return {name: body for name, body in found}
-
-
-def shell_commands(block: str) -> list[list[str]]:
-    """The commands of a bash block as words (continuations joined, comments dropped); shell
-    variables are left as they are ($RAY_ADDRESS), quotes removed."""
-    joined = re.sub(r"\\\n", " ", block)
-    commands = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        if words:
-            commands.append(words)
-    return commands
-
-
-def readme_command(name: str, program: str) -> list[str]:
-    """The one command of README block `name` whose first word is `program`."""
-    matches = [c for c in shell_commands(readme_blocks()[name]) if c[0] == program]
-    assert len(matches) == 1, (name, program, matches)
-    return matches[0]
-
-
-def after_double_dash(words: list[str]) -> list[str]:
-    return words[words.index("--") + 1:]
 
 
 def module_args(words: list[str], module: str) -> list[str]:
@@ -102,14 +66,6 @@ def pyproject_requirement(name: str):
         if req.name == name:
             return req
     raise AssertionError(f"{name} not in pyproject.toml")
-
-
-def pending_reason(module: str) -> str | None:
-    """Why a module named by deploy/ cannot be checked yet, or None when it can (or must)."""
-    top = module.split(".")[0]
-    if top in PENDING and importlib.util.find_spec(module) is None:
-        return PENDING[top]
-    return None
 
 
 def command_args(module: str, argv: list[str]) -> argparse.Namespace:
@@ -303,9 +259,6 @@ def test_rayjob_distill_entrypoint_is_a_valid_distill_command():
 
 
 def test_rayjob_sweep_entrypoint_is_a_valid_sweep_command():
-    reason = pending_reason("tune.cli")
-    if reason:
-        pytest.skip(reason)
     args = command_args("tune.cli", module_args(shlex.split(rayjob("sweep")["spec"]["entrypoint"]), "tune.sweep"))
     assert args.out.startswith("/shared/")
 
@@ -368,9 +321,6 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
 
 
 def test_api_command_is_a_valid_serve_command():
-    reason = pending_reason("api.cli")
-    if reason:
-        pytest.skip(reason)
     container = load_docs(DEPLOY / "k8s" / "api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
     args = command_args("api.cli", api_serve_command(container)[2:])
     assert args.host == "0.0.0.0" and int(args.port) == 8000
@@ -452,9 +402,6 @@ def test_deploy_names_the_entry_points_it_should():
 
 @pytest.mark.parametrize("module,where", named_modules())
 def test_every_module_named_in_deploy_imports(module, where):
-    reason = pending_reason(module)
-    if reason:
-        pytest.skip(f"{module} (named in {where}): {reason}")
     assert importlib.util.find_spec(module) is not None, f"{module} (named in {where}) is not importable"
     importlib.import_module(module)
     if module.endswith(".cli"):  # a `fadrm SUBCOMMAND`: registered under that name
@@ -516,8 +463,5 @@ def test_readme_distill_command_is_a_valid_job_submission():
 def test_readme_sweep_command_is_a_valid_job_submission():
     words = readme_command("sweep", "ray")
     assert words[:3] == ["ray", "job", "submit"] and "deploy/runtime_env.yaml" in words
-    reason = pending_reason("tune.cli")
-    if reason:
-        pytest.skip(reason)
     args = command_args("tune.cli", module_args(after_double_dash(words), "tune.sweep"))
     assert args.out.startswith("/shared/")

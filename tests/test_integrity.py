@@ -11,7 +11,7 @@ from fadrm_ray.cli import main
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import RunStore, open_run
 from fadrm_ray.store import ImageRecord, StoreError
-from tests import fault_inject
+from bench import fault_inject
 
 
 def run_cli(capsys, *argv):

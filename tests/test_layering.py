@@ -106,3 +106,13 @@ def test_the_library_has_no_import_cycle():
     assert "fadrm_ray.recover" not in graph["fadrm_ray.statistics"]  # imported for type checking only
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check itself
     assert cycles(graph) == []
+
+
+def test_nothing_imports_the_tests():
+    """The tests sit on top: what they share with a benchmark lives in bench/ (fault_inject.py,
+    deploy_rehearsal.py), never the other way round."""
+    sources = sorted(p for top in (*BELOW_EXPERIMENTS, "bench", "experiments") for p in (ROOT / top).rglob("*.py"))
+    assert ROOT / "bench" / "submit_repeat.py" in sources
+    for path in sources:
+        for name in top_level_imports(path):
+            assert name.split(".")[0] != "tests", f"{path.relative_to(ROOT)} imports {name}"

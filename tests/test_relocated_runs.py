@@ -23,7 +23,7 @@ from fadrm_ray.run.job import make_run_id
 from fadrm_ray.run.job import build_job
 from fadrm_ray.models import load_teacher
 from fadrm_ray.store import open_run
-from tests import fault_inject
+from bench import fault_inject
 from tests.test_integrity import one_line, run_cli
 
 PER_CLASS = 12  # digits images per class folder: 80/20 split, one IPC of patches to pick from
