@@ -207,14 +207,6 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
     return cut(images, [boxes[i] for i in indices], size)
 
 
-def class_patches(dataset: ImageDataset, label: int, cfg: DistillConfig,
-                  teachers: Sequence[FrozenTeacher] = (), device: str | torch.device = "cpu") -> torch.Tensor:
-    """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, in order."""
-    cfg = cfg.sized(dataset.image_size, dataset.channels)
-    selection = score_class(dataset, label, cfg, teachers, device) if cfg.patch_selection in SCORED else None
-    return class_patch_images(dataset, label, range(cfg.ipc), cfg, selection)
-
-
 def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: Sequence[int],
                    cfg: DistillConfig, teachers: Sequence[FrozenTeacher] = (),
                    device: str | torch.device = "cpu", cache: dict | None = None) -> torch.Tensor:

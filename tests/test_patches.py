@@ -7,8 +7,7 @@ import torch.nn.functional as F
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.models import load_teacher
-from fadrm_ray.patches import (ClassSelection, _candidates, class_patches, cut, grouped_order, rank_position, score_class,
-                               select_patches)
+from fadrm_ray.patches import ClassSelection, _candidates, cut, grouped_order, rank_position, score_class, select_patches
 from fadrm_ray.recover import FrozenTeacher
 
 
@@ -16,6 +15,12 @@ from fadrm_ray.recover import FrozenTeacher
 def teacher(digits_teacher):
     model, _ = load_teacher(digits_teacher[0])
     return FrozenTeacher(model)
+
+
+def class_patches(dataset, label, cfg, teachers=(), device="cpu"):
+    """uint8 (cfg.ipc, C, D, D): the patches of IPC indices 0..ipc-1 of class `label`, as a unit
+    of that one class selects them."""
+    return select_patches(dataset, [label], range(cfg.ipc), cfg, teachers, device)[:, 0]
 
 
 def ce_of(patches, label, dataset, teacher):
