@@ -60,3 +60,14 @@ def test_every_bad_input_class_of_the_library_is_an_input_error():
     for cls in (ConfigError, EvaluationError, DatasetError, ModelError, StoreError, IntegrityError, CodecError,
                 OutputError, SoftLabelError):
         assert issubclass(cls, InputError), cls
+
+
+@pytest.mark.parametrize("flags, field", [(["--workers", "0"], "workers"), (["--cpus-per-worker", "0"], "cpus_per_worker"),
+                                          (["--threads", "0", "--local"], "threads")])
+def test_execution_flags_out_of_range_are_bad_input(digits_teacher, tmp_path, capsys, monkeypatch, flags, field):
+    monkeypatch.delenv("FADRM_DEBUG", raising=False)
+    code = main(["distill", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--out", str(tmp_path / "store"),
+                 "--quiet", *flags])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT and err.startswith(f"fadrm distill: error: {field} must be") and len(err.splitlines()) == 1
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())

@@ -24,12 +24,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Annotated, Sequence
 
+from annotated_types import Ge, Gt
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import ConfigError, DistillConfig
 from fadrm_ray.errors import InputError
+from fadrm_ray.settings import Settings
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -82,17 +84,17 @@ class DistillJob(BaseModel):
         return [t.path for t in self.teachers]
 
 
-class ExecutionSpec(BaseModel):
-    """How a job runs (never what it computes): crosses processes as JSON like the job."""
+class ExecutionSpec(Settings):
+    """How a job runs (never what it computes): crosses processes as JSON like the job. A value
+    out of range is refused when it is built, as one `ConfigError` line naming the field."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     local: bool = False                  # in this process, without Ray
     address: str | None = None           # Ray cluster to join; None = an embedded local Ray
-    workers: int | None = None           # distill actors; None = one per GPU, else per cpus_per_worker CPUs
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float | None = None  # GPU share per actor (fractions allowed); None = 1 when GPUs exist
+    workers: Annotated[int, Ge(1)] | None = None  # distill actors; None = one per GPU, else per cpus_per_worker CPUs
+    cpus_per_worker: Annotated[float, Gt(0)] = 1.0
+    gpus_per_worker: Annotated[float, Ge(0)] | None = None  # GPU share per actor (fractions); None = 1 when GPUs exist
     device: str | None = None            # cpu or cuda for --local; None = cuda when available
-    threads: int | None = None           # torch threads of this process (--local)
+    threads: Annotated[int, Ge(1)] | None = None  # torch threads of this process (--local)
     data_root: str | None = None         # where downloadable datasets live
     progress: bool = True
 
