@@ -188,13 +188,13 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
     return _cached_student(Path(references) / f"full-hard-{_digest(key)}.json", train)
 
 
-def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset, *,
-                        device: str = "cpu", progress: bool = False, incomplete: bool = False,
-                        ipc: int | None = None) -> list[StudentScore]:
-    """One hard-label student per seed of `evaluation` on the run's images read at `ipc` (as
+def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset,
+                        job: EvalJob) -> list[StudentScore]:
+    """One hard-label student per seed of `evaluation` on the run's images read at `job.ipc` (as
     `evaluate_run` reads them), with its settings (epochs included), each kept in the run's
-    evaluation folder."""
-    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
+    evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
+    device, progress = job.device, job.progress
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
     images, labels, _ = reader.read()
     classes = run_classes(reader.config, dataset.num_classes)
     cfg = evaluation.config
@@ -216,7 +216,7 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
     built): HLR, IOR and LRS, and ARS with `ars` (students of `job.teachers`, or of the runs' own
     teachers, without augmentation). What cannot be measured is named in `missing`, with why,
     instead of failing the evaluation."""
-    dataset, device, progress, ipc = parts.dataset, job.device, job.progress, job.ipc
+    dataset, device, progress = parts.dataset, job.device, job.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
     if random_real is None:
@@ -227,8 +227,7 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
         try:
             full_top1 = full_data_student(dataset, result.config, store / REFERENCES, classes=classes, device=device,
                                           progress=progress).final_top1
-            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, progress=progress,
-                                                              incomplete=job.incomplete, ipc=ipc)]
+            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
         if ars and random_real is not None:
@@ -255,7 +254,8 @@ def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDa
 
         dataset = run_dataset(open_run(run_dir, ipc=ipc))
     with torch_threads(num_threads):
-        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, ipc=ipc)]
+        job = EvalJob(device=device, progress=False, ipc=ipc)
+        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
     return ranking_scores(result.top1_per_seed, hard_top1=hard,
                           missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
 
