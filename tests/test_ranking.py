@@ -137,3 +137,16 @@ def test_without_the_ranking_nothing_is_scored(ranked):
     plain = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
                                     ranking=False)
     assert plain.ranking is None and plain.top1_per_seed == result.top1_per_seed
+
+
+def test_the_hard_label_ranking_reads_the_students_the_full_ranking_kept(ranked, monkeypatch):
+    """What the service reports beside an evaluation (`hard_label_ranking`) is the hard-label part
+    of the full ranking, read back from the students it kept."""
+    run_dir, result = ranked
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a kept student was trained again")
+
+    monkeypatch.setattr(ranking, "train_student", no_training)
+    hard = ranking.hard_label_ranking(run_dir, result)
+    assert hard.hard_top1_per_seed == result.ranking.hard_top1_per_seed
