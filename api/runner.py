@@ -122,9 +122,8 @@ def run(files: JobFiles) -> dict:
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
             from fadrm_ray.baselines import evaluate_with_baselines
-            from fadrm_ray.ranking import hard_label_ranking
-
             from fadrm_ray.eval_job import EvalJob
+            from fadrm_ray.ranking import hard_label_ranking
 
             eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc, threads=spec.threads, progress=False)
             if plan.baselines:  # random real images and the starting patches, beside it in the store
