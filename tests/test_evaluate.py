@@ -296,3 +296,13 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
     assert (augmented.augment, plain.augment, plain.cached) == (True, False, False)
     assert evaluate_run(run_dir, quiet(cfg, augment=False)).cached
     assert evaluate_run(run_dir, quiet(cfg)).top1_per_seed == augmented.top1_per_seed
+
+
+def test_an_eval_job_is_plain_data_that_crosses_json(tmp_path):
+    job = EvalJob(config=EvalConfig(epochs=3, seeds=[1, 2], soft_labels="stored"), teachers=[tmp_path / "t.pt"],
+                  teacher_copies=str(tmp_path / "copy.pt"), threads=2, ipc=4, augment=False)
+    assert job.teachers == (str(tmp_path / "t.pt"),) and job.teacher_copies == (str(tmp_path / "copy.pt"),)
+    assert EvalJob.model_validate_json(job.model_dump_json()) == job
+    assert job.with_config(EvalConfig()).config == EvalConfig() and job.config.seed_list == [1, 2]
+    with pytest.raises(ValueError):
+        EvalJob(config=EvalConfig(), num_threads=2)  # settings are named once, and only so
