@@ -37,6 +37,10 @@ FINAL = ("succeeded", "failed", "cancelled")
 # A 429 asking to wait at most this long is the request-rate limit: wait and send again. A longer
 # one (the job queue is full) goes to the caller, who knows whether waiting is worth it.
 RATE_WAIT_S = 5
+# The fields of a distillation request besides dataset, classes and ipc, with what `submit` sends
+# when one is not given (teacher, teachers and evaluation are left out while unset; overrides: {}).
+SUBMIT_FIELDS: dict[str, Any] = {"teacher": None, "teachers": None, "preset": "fadrm", "seed": 0, "overrides": None,
+                                 "evaluate": False, "evaluation": None}
 
 
 class ServiceError(RuntimeError):
@@ -103,18 +107,22 @@ class FadrmClient:
             raise ServiceError(response.status_code, detail)
         return response
 
-    def submit(self, *, dataset: str, classes: Sequence[int | str], ipc: int, teacher: str | None = None,
-               teachers: Sequence[str] | None = None, preset: str = "fadrm", seed: int = 0,
-               overrides: dict | None = None, evaluate: bool = False, evaluation: dict | None = None,
-               idempotency_key: str | None = None) -> dict:
-        body = {"dataset": dataset, "classes": list(classes), "ipc": ipc, "preset": preset, "seed": seed,
-                "overrides": overrides or {}, "evaluate": evaluate}
-        if teacher is not None:
-            body["teacher"] = teacher
-        if teachers is not None:
-            body["teachers"] = list(teachers)
-        if evaluation:
-            body["evaluation"] = evaluation
+    def submit(self, *, dataset: str, classes: Sequence[int | str], ipc: int, idempotency_key: str | None = None,
+               **fields: Any) -> dict:
+        """Submit a distillation; `fields` are the request's other fields (SUBMIT_FIELDS: teacher,
+        teachers, preset, seed, overrides, evaluate, evaluation; any other name is a TypeError)."""
+        unknown = sorted(set(fields) - set(SUBMIT_FIELDS))
+        if unknown:
+            raise TypeError(f"submit() got unexpected keyword argument(s) {', '.join(unknown)}")
+        given = {**SUBMIT_FIELDS, **fields}
+        body = {"dataset": dataset, "classes": list(classes), "ipc": ipc, "preset": given["preset"],
+                "seed": given["seed"], "overrides": given["overrides"] or {}, "evaluate": given["evaluate"]}
+        if given["teacher"] is not None:
+            body["teacher"] = given["teacher"]
+        if given["teachers"] is not None:
+            body["teachers"] = list(given["teachers"])
+        if given["evaluation"]:
+            body["evaluation"] = given["evaluation"]
         key = idempotency_key or uuid.uuid4().hex
         for attempt in range(6):  # the same key makes a retried submit return the same job
             try:

@@ -122,14 +122,14 @@ def run(files: JobFiles) -> dict:
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
             from fadrm_ray.baselines import evaluate_with_baselines
+            from fadrm_ray.eval_job import EvalJob
             from fadrm_ray.ranking import hard_label_ranking
 
+            eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc, threads=spec.threads, progress=False)
             if plan.baselines:  # random real images and the starting patches, beside it in the store
-                evaluation = evaluate_with_baselines(result.run_dir, plan.evaluation, ipc=plan.ipc,
-                                                     num_threads=spec.threads, progress=False, ranking=False)
+                evaluation = evaluate_with_baselines(result.run_dir, eval_job, ranking=False)
             else:
-                evaluation = evaluate_run(result.run_dir, plan.evaluation, ipc=plan.ipc, num_threads=spec.threads,
-                                          progress=False)
+                evaluation = evaluate_run(result.run_dir, eval_job)
             # What the images reach with their hard labels alone, beside the soft-label top-1.
             ranking = hard_label_ranking(result.run_dir, evaluation, num_threads=spec.threads, ipc=plan.ipc)
             evaluation = evaluation.model_copy(update={"ranking": ranking})

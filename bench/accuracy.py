@@ -58,13 +58,16 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.baselines import baseline_configs, gain_text, paired_gain
 from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
 from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
@@ -188,8 +191,8 @@ def _cell_job(cell: dict) -> list[dict]:
         # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         evaluation = cell["evaluation"].model_copy(update=METHOD_EVALUATION.get(cfg.preset, {}))
-        ev = evaluate_run(run.run_dir, evaluation, teachers=eval_teachers, dataset=dataset, progress=False,
-                          ipc=run.ipc)
+        job = EvalJob(config=evaluation, teachers=eval_teachers, progress=False, ipc=run.ipc)
+        ev = evaluate_run(run.run_dir, job, EvalParts(dataset=dataset))
         rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
                      "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),
@@ -202,22 +205,41 @@ def _cell_job(cell: dict) -> list[dict]:
     return rows
 
 
-def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str], mode: str, control: bool,
-             evaluation: EvalConfig, jobs: int = 1, threads: int = 1, recover_overrides: dict | None = None,
-             variants: dict | None = None, image_size: int | None = None, teacher: str | None = None,
-             teacher_model: str | None = None, teacher_epochs: int | None = None) -> dict:
-    """Teachers first, then every cell, `jobs` processes at a time (each with `threads` torch threads).
+class Grid(BaseModel):
+    """One accuracy grid: its datasets, IPCs and rows, the students' recipe, the teachers and the
+    processes that run it (`run_grid`)."""
 
-    `teacher` replaces t1 (a checkpoint trained on the same data); `teacher_model` trains t1 as
-    that model instead of TEACHERS' convnet-bn."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    datasets: list[str]
+    ipcs: list[int]
+    methods: list[str]
+    evaluation: EvalConfig
+    mode: Literal["quick", "full"] = "full"
+    control: bool = False                 # add the CONTROL row beside fadrm+
+    jobs: int = 1                         # processes at a time
+    threads: int = 1                      # torch threads of each
+    recover_overrides: dict[str, Any] = {}
+    variants: dict[str, Any] = {}         # {row name: (preset, overrides)}
+    image_size: int | None = None
+    teacher: str | None = None            # a checkpoint replacing t1 (trained on the same data)
+    teacher_model: str | None = None      # t1 trained as this model instead of TEACHERS' convnet-bn
+    teacher_epochs: int | None = None
+
+
+def run_grid(out: Path, grid: Grid) -> dict:
+    """Teachers first, then every cell, `grid.jobs` processes at a time (each with `grid.threads`
+    torch threads)."""
+    datasets, ipcs, methods, mode, evaluation = grid.datasets, grid.ipcs, grid.methods, grid.mode, grid.evaluation
+    image_size, teacher, teacher_model = grid.image_size, grid.teacher, grid.teacher_model
     store = out / "store"
-    variants = dict(variants or {})
+    variants = dict(grid.variants)
     several = any((variants.get(m, (m, {}))[0] in SEVERAL_TEACHERS) for m in methods)
     tnames = list(TEACHERS) if several else ["t1"]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that already runs torch threads
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_job, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(max_workers=grid.jobs, mp_context=ctx, initializer=_start_job,
+                             initargs=(grid.threads,)) as pool:
         teacher_jobs = [pool.submit(_teacher_job, out, d, image_size, t,
-                                    teacher_epochs or per_dataset(TEACHER_EPOCHS, mode, d),
+                                    grid.teacher_epochs or per_dataset(TEACHER_EPOCHS, mode, d),
                                     teacher_model if t == "t1" else None)
                         for d in datasets for t in tnames if not (teacher and t == "t1")]
         paths: dict = {d: ({"t1": Path(teacher)} if teacher else {}) for d in datasets}
@@ -238,8 +260,8 @@ def run_grid(out: Path, datasets: list[str], ipcs: list[int], methods: list[str]
                 for method in methods:
                     cells.append({"dataset": d, "image_size": image_size, "ipc": ipc, "method": method,
                                   "t": per_dataset(BUDGETS, mode, d), "teachers": paths[d], "store": store, "out": out,
-                                  "evaluation": cell_eval, "control": control and method == "fadrm+",
-                                  "recover_overrides": dict(recover_overrides or {}), "variants": variants})
+                                  "evaluation": cell_eval, "control": grid.control and method == "fadrm+",
+                                  "recover_overrides": dict(grid.recover_overrides), "variants": variants})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
         order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
         futures = {i: pool.submit(_cell_job, cells[i]) for i in order}
@@ -387,9 +409,11 @@ def main(argv=None) -> dict:
     schedule = f"{STUDENT_STEPS[mode]} student steps" if args.protocol == "short" else "the published student schedule"
     log(f"bench.accuracy ({mode}): datasets {datasets}, IPC {ipcs}, {args.seeds} seeds, {schedule}, "
         f"{jobs} job(s) x {args.threads} thread(s)" + (f", recover overrides {recover_overrides}" if recover_overrides else ""))
-    grid = run_grid(out, datasets, ipcs, methods, mode, args.control, evaluation, jobs=jobs, threads=args.threads,
-                    recover_overrides=recover_overrides, variants=variants, image_size=args.image_size,
-                    teacher=args.teacher, teacher_model=args.teacher_model, teacher_epochs=args.teacher_epochs)
+    grid = run_grid(out, Grid(datasets=datasets, ipcs=ipcs, methods=methods, mode=mode, control=args.control,
+                              evaluation=evaluation, jobs=jobs, threads=args.threads,
+                              recover_overrides=recover_overrides, variants=variants, image_size=args.image_size,
+                              teacher=args.teacher, teacher_model=args.teacher_model,
+                              teacher_epochs=args.teacher_epochs))
     table = markdown(grid["results"], methods)
     paired = paired_markdown(grid["results"], methods)
     table += f"\n\n{paired}" if paired else ""

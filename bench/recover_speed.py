@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-from bench.speed_imagenet import imagenet_timing
+from bench.speed_imagenet import ImagenetTiming, imagenet_timing
 from bench.speed_reference import image_losses
 from bench.speed_worker import Side
 
@@ -265,14 +265,16 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
     q["patches"] = image_losses(model, patches, labels, setup["mean"], setup["std"], batch)
     if args.evaluate:
         try:
+            from fadrm_ray.eval_job import EvalJob
             from fadrm_ray.evaluate import evaluate_images
             from fadrm_ray.settings import EvalConfig
         except ImportError:
             log("  (fadrm_ray.evaluate.evaluate_images is not available: losses only)")
         else:
             for side in ("reference", "engine"):
-                ev = evaluate_images(images[side], labels, name, [setup["teacher"]], EvalConfig(seeds=args.eval_seeds),
-                                     progress=False)
+                job = EvalJob(config=EvalConfig(seeds=args.eval_seeds), dataset=name, teachers=[setup["teacher"]],
+                              progress=False)
+                ev = evaluate_images(images[side], labels, job)
                 q[side]["student_top1_mean"] = ev.top1_mean
                 q[side]["student_top1_per_seed"] = ev.top1_per_seed
                 log(f"  student top-1 on the {side} images: {ev.top1_mean:.2f}% (seeds {ev.top1_per_seed})")
@@ -367,9 +369,11 @@ def main(argv=None) -> dict:
     if args.imagenet:
         torch.set_num_threads(args.threads)
         log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-        result = imagenet_timing(args.device, [int(v) for v in args.packs.split(",")], args.iterations or 200,
-                                 (args.precision or "auto").split(","), not args.no_channels_last, args.compile,
-                                 args.tiny, log, teacher=args.imagenet_teacher)
+        setup = ImagenetTiming(device=args.device, packs=[int(v) for v in args.packs.split(",")],
+                               iterations=args.iterations or 200, precisions=(args.precision or "auto").split(","),
+                               channels_last=not args.no_channels_last, compile=args.compile, tiny=args.tiny,
+                               teacher=args.imagenet_teacher)
+        result = imagenet_timing(setup, log)
         if args.json_out:
             Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_out).write_text(json.dumps(result, indent=2))

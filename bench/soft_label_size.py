@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel
 
 from fadrm_ray.baselines import gain_text, paired_gain
+from fadrm_ray.eval_job import EvalJob
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.scores import Evaluation
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     base = EvalConfig(protocol=args.protocol, seeds=args.seeds)
     results: list[Result] = []
     for row in parse_rows(args.rows):
-        evaluation = evaluate_run(args.run, row_config(base, row), num_threads=args.threads, progress=False)
+        evaluation = evaluate_run(args.run, EvalJob(config=row_config(base, row), threads=args.threads, progress=False))
         size = stored_bytes(args.run, evaluation) if row.stored else None
         results.append(Result(row=row, evaluation=evaluation, bytes_per_image=size))
         print(f"{row.name}: top-1 {evaluation.top1_mean:.2f} ± {evaluation.top1_std:.2f}"

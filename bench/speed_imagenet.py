@@ -6,25 +6,43 @@ from __future__ import annotations
 import time
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from bench.speed_worker import peak_rss_mb, sync
 
 
-def imagenet_timing(device: str, packs: list[int], iterations: int, precisions: list[str],
-                    channels_last: bool = True, compile: bool = False, tiny: bool = False, log=print,
-                    teacher: str | None = None) -> dict:
+class ImagenetTiming(BaseModel):
+    """What `imagenet_timing` times: on which device, which pack sizes and precisions, how many
+    iterations, with channels-last and torch.compile or not, the CPU-sized stand-in (`tiny`), and
+    a teacher checkpoint instead of the random ResNet-18."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    device: str
+    packs: list[int]
+    iterations: int = 200
+    precisions: list[str]
+    channels_last: bool = True
+    compile: bool = False
+    tiny: bool = False
+    teacher: str | None = None
+
+
+def imagenet_timing(setup: ImagenetTiming, log=print) -> dict:
     """Seconds per image of the engine at the ImageNet-1K setting of docs/method.md section 4.
 
     ResNet-18 (torchvision, random init: the cost of a step does not depend on the weights),
     224 px, MRO stages 200/224/200/224, k = 3, alpha 0.5, jitter 32, 100 classes per batch (one
     image per class) and `pack` batches per forward/backward. The published T = 2000 is timed
     on `iterations` (split over the same four stages) after a warm-up of two steps per stage,
-    and extrapolated linearly: time / iterations * 2000 / images. `tiny` is a CPU-sized
+    and extrapolated linearly: time / iterations * 2000 / images. `setup.tiny` is a CPU-sized
     stand-in (32 px, stages 28/32/28/32, 10 classes) to test this code without a GPU.
-    `teacher`: a teacher checkpoint (e.g. made by `fadrm import-teacher` from torchvision's
+    `setup.teacher`: a teacher checkpoint (e.g. made by `fadrm import-teacher` from torchvision's
     ResNet-18 weights) used instead of the random ResNet-18, with its own normalization.
     """
     import torchvision
+
+    device, packs, iterations, precisions = setup.device, setup.packs, setup.iterations, setup.precisions
+    channels_last, compile, tiny, teacher = setup.channels_last, setup.compile, setup.tiny, setup.teacher
 
     from fadrm_ray.config import make_config
     from fadrm_ray.recover import FrozenTeacher, init_state, recover

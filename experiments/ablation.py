@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.accuracy import STUDENT_STEPS, _dataset, method_config, run_grid
+from bench.accuracy import STUDENT_STEPS, Grid, _dataset, method_config, run_grid
 from fadrm_ray.baselines import baseline_configs
 from fadrm_ray.config import SMALL_IMAGE, auto_values
 from fadrm_ray.run.execute import distill_local
@@ -107,18 +107,19 @@ def main(argv=None) -> dict:
     evaluation = EvalConfig(seeds=args.seeds, protocol=args.protocol)
     jobs = args.jobs or os.cpu_count() or 1
     started = time.perf_counter()
-    grid = run_grid(out, [setting["dataset"]], [args.ipc], ["random-real"] + names, "full", False, evaluation,
-                    jobs=jobs, variants=variants,
-                    image_size=setting["image_size"], teacher=args.teacher, teacher_model=setting["teacher_model"],
-                    teacher_epochs=setting["teacher_epochs"])
+    grid = run_grid(out, Grid(datasets=[setting["dataset"]], ipcs=[args.ipc], methods=["random-real"] + names,
+                              evaluation=evaluation, jobs=jobs, variants=variants, image_size=setting["image_size"],
+                              teacher=args.teacher, teacher_model=setting["teacher_model"],
+                              teacher_epochs=setting["teacher_epochs"]))
     dataset = _dataset(setting["dataset"], setting["image_size"])
     teacher = Path(grid["teachers"][setting["dataset"]]["t1"]["path"])
     by_name = {r["method"]: r for r in grid["results"]}
-    patches_rows = run_grid(out, [setting["dataset"]], [args.ipc], [f"patches of {n}" for n in names], "full", False,
-                            evaluation, jobs=jobs,
-                            variants={f"patches of {n}": ("rded", {k: v for k, v in variants[n][1].items()
-                                                                   if k.startswith("patch_")}) for n in names},
-                            image_size=setting["image_size"], teacher=str(teacher))["results"]
+    patches_grid = Grid(datasets=[setting["dataset"]], ipcs=[args.ipc], methods=[f"patches of {n}" for n in names],
+                        evaluation=evaluation, jobs=jobs,
+                        variants={f"patches of {n}": ("rded", {k: v for k, v in variants[n][1].items()
+                                                               if k.startswith("patch_")}) for n in names},
+                        image_size=setting["image_size"], teacher=str(teacher))
+    patches_rows = run_grid(out, patches_grid)["results"]
     patches = {r["method"].removeprefix("patches of "): r for r in patches_rows}
     rows = []
     real = by_name["random-real"]

@@ -31,12 +31,12 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.run.execute import distill_local
 from fadrm_ray.run.stages import load_teachers, unit_states
 from fadrm_ray.run.units import plan_units
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage
 from fadrm_ray.report import pyplot, save_figure
 from fadrm_ray.runtime import torch_threads
-from fadrm_ray.settings import EvalConfig
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
 
@@ -46,16 +46,18 @@ def _dataset(dataset: ImageDataset | str) -> ImageDataset:
 
 
 # --------------------------------------------------------------------------- (a)
-def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path, evaluation: EvalConfig,
+def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path, job: EvalJob, *,
                           budgets: Sequence[int] = (100, 300, 1000, 3000), ipc: int = 10,
-                          out_dir: str | Path = "diagnostics", overrides: dict | None = None,
-                          num_threads: int | None = None, progress: bool = True) -> dict:
+                          out_dir: str | Path = "diagnostics", overrides: dict | None = None) -> dict:
     """Student top-1 against the total recover budget, with ARC and without.
 
     Every run goes through `distill_local` into `out_dir/store` (finished runs are reused) and
-    is evaluated under `evaluation`. Writes `out_dir/information_vanishing.{json,png}`.
+    is evaluated under `job.config` with the teacher (`job.threads` torch threads; `job.progress`
+    prints a line per run). Writes `out_dir/information_vanishing.{json,png}`.
     """
     dataset = _dataset(dataset)
+    evaluation, progress = job.config, job.progress
+    run_job = job.model_copy(update={"teachers": (str(teacher_path),), "progress": False})
     out = Path(out_dir)
     store_root = out / "store"
     # One unit holding every IPC batch, packed into one forward: the same math (recover.py's
@@ -64,13 +66,12 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
     variants = {"arc": ("fadrm", {}), "no_arc": ("sre2l++", {"precision": "auto"})}
     rows: dict[str, list[dict]] = {k: [] for k in variants}
     started = time.perf_counter()
-    with torch_threads(num_threads):
+    with torch_threads(job.threads):
         for budget in budgets:
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
                 run = distill_local(cfg, dataset, [teacher_path], store_root, progress=False)
-                ev = evaluate_run(run.run_dir, evaluation, dataset=dataset, teachers=[teacher_path], progress=False,
-                                  ipc=run.ipc)
+                ev = evaluate_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), EvalParts(dataset=dataset))
                 rows[key].append({"budget": int(budget), "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
                                   "top1_per_seed": ev.top1_per_seed, "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})

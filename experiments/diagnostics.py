@@ -24,6 +24,7 @@ from bench.accuracy import BUDGETS, STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
 from experiments.arc_diagnostics import arc_merge_effect, information_vanishing
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
+from fadrm_ray.eval_job import EvalJob
 from fadrm_ray.evaluate import epochs_for_steps
 from fadrm_ray.settings import EvalConfig
 
@@ -59,8 +60,8 @@ def main(argv=None) -> dict:
     dataset = get_dataset(args.dataset)
     teacher, teacher_top1 = bench_teacher(dataset, out, "t1", TEACHER_EPOCHS[mode][dataset.name], log)
     epochs = epochs_for_steps(dataset.num_classes * args.ipc, STUDENT_STEPS[mode])
-    vanishing = information_vanishing(dataset, teacher, EvalConfig(epochs=epochs, seeds=seeds), budgets=budgets,
-                                      ipc=args.ipc, out_dir=out, overrides=overrides, progress=True)
+    vanishing = information_vanishing(dataset, teacher, EvalJob(config=EvalConfig(epochs=epochs, seeds=seeds)),
+                                      budgets=budgets, ipc=args.ipc, out_dir=out, overrides=overrides)
     merges = arc_merge_effect(dataset, teacher, ipc=min(args.ipc, 4), iterations=BUDGETS[mode][dataset.name],
                               overrides=overrides, out_dir=out)
     report = {"dataset": dataset.name, "teacher_top1": teacher_top1, "student_epochs": epochs, "overrides": overrides,

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from fadrm_ray.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import evaluate_images, evaluate_run, run_dataset, run_teachers
 from fadrm_ray.settings import ConfigError, EvalConfig
 from fadrm_ray.store import open_run
@@ -81,15 +82,15 @@ def main(argv=None) -> dict:
     # The patches and the run are store runs: their students come from (and go to) the runs'
     # evaluation caches, shared with `fadrm evaluate` and bench.accuracy. The two controls are not.
     stored = {"patches": (patches_run.run_dir, patches_run.ipc), "recovered": (reader.run_dir, args.ipc)}
+    job, parts = EvalJob(config=cfg, teachers=teachers, threads=args.threads, progress=False), EvalParts(dataset=dataset)
     results = {}
     for name, images in sets.items():
         print(f"scoring {name} ...", file=sys.stderr, flush=True)
         if name in stored:
             run_dir, ipc = stored[name]
-            ev = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=args.threads,
-                              progress=False, ipc=ipc)
+            ev = evaluate_run(run_dir, job.model_copy(update={"ipc": ipc}), parts)
         else:
-            ev = evaluate_images(images, labels, dataset, teachers, cfg, num_threads=args.threads, progress=False)
+            ev = evaluate_images(images, labels, job, parts)
         results[name] = ev.top1_per_seed
     lines = ["| set | pixel change | top-1 | minus the patches, seed by seed |", "|---|---|---|---|"]
     for name, per_seed in results.items():

@@ -34,6 +34,7 @@ from fadrm_ray.config import SMALL_IMAGE, auto_values, make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import epochs_for_steps, evaluate_images
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
@@ -97,8 +98,8 @@ def main(argv=None) -> dict:
                 run = distill_local(cfg, ds, [teacher.path], out / "store", progress=False)
                 x, labels, _ = open_run(run.run_dir).read()
                 images[t] = (to_grey(x), labels)
-            scores = {t: evaluate_images(x, labels, grey, [judge], evaluation, progress=False)
-                      for t, (x, labels) in images.items()}
+            job = EvalJob(config=evaluation, teachers=[judge], progress=False)
+            scores = {t: evaluate_images(x, labels, job, EvalParts(dataset=grey)) for t, (x, labels) in images.items()}
             change = float((images[iterations][0].float() - images[0][0].float()).abs().mean() / 255)
             rows.append({"representation": rep_name, "variant": variant,
                          "patches": scores[0].top1_mean, "patches_std": scores[0].top1_std,

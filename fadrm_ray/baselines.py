@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from fadrm_ray.config import DistillConfig, make_config, recipe_to_try
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
 from fadrm_ray.ranking import rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.scores import BaselineScore, Evaluation, PairedGain
-from fadrm_ray.settings import EvalConfig, EvaluationError
+from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store import open_run
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
@@ -90,40 +92,38 @@ def below_random(paired: PairedGain | None, recipe: str, image_size: int, channe
             f"{recipe_to_try(recipe, image_size, channels)}")
 
 
-def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
-                            dataset: ImageDataset | str | None = None, num_threads: int | None = None,
-                            device: str = "cpu", progress: bool = True, incomplete: bool = False,
-                            ipc: int | None = None, ranking: bool = True, ars: bool = False,
-                            teacher_copies: Sequence[str | Path] | None = None) -> Evaluation:
-    """`evaluate_run` of the run, plus `baselines` (each baseline's top-1 under the same settings
-    and soft labels), `gains` (the run's top-1 minus each baseline's, in points) and
-    `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
+def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
+                            ranking: bool = True, ars: bool = False) -> Evaluation:
+    """`evaluate_run` of the run under `job`, plus `baselines` (each baseline's top-1 under the
+    same settings and soft labels), `gains` (the run's top-1 minus each baseline's, in points)
+    and `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
 
     The baselines are distilled with the run's own teachers (patch scores depend on them: where
-    the run records them, or among `teacher_copies` where they moved, checked by sha256); the
-    students of all three learn from `teachers` (default: the run's own). The data is
-    `dataset`, or the run's, checked by fingerprint (`run_dataset`). A baseline that cannot be
-    built (a teacher file gone) is reported with its error instead of a number. `ipc` reads the
-    run, and builds the baselines, at that IPC (as `evaluate_run` does).
+    the run records them, or among `job.teacher_copies` where they moved, checked by sha256); the
+    students of all three learn from `job.teachers` (default: the run's own). The data is
+    `parts.dataset` or `job.dataset`, or the run's, checked by fingerprint (`run_dataset`). A
+    baseline that cannot be built (a teacher file gone) is reported with its error instead of a
+    number. `job.ipc` reads the run, and builds the baselines, at that IPC (as `evaluate_run` does).
 
     `ranking` adds DD-Ranking's scores (`ranking.rank_evaluation`: HLR, IOR and LRS; ARS too with
     `ars`), which train hard-label students on the run and, once per dataset, on its full
     training split.
     """
-    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
-    dataset = run_dataset(reader, dataset)
-    if teachers is None and teacher_copies:  # the run's own, found where they are now
-        teachers = run_teachers(reader, teacher_copies)
-    result = evaluate_run(run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads,
-                          device=device, progress=progress, incomplete=incomplete, ipc=ipc)
+    parts = parts or EvalParts()
+    device, num_threads, ipc, teacher_copies = job.device, job.threads, job.ipc, job.teacher_copies
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
+    dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
+    parts = replace(parts, dataset=dataset)
+    if job.teachers is None and teacher_copies:  # the run's own, found where they are now
+        job = job.model_copy(update={"teachers": tuple(run_teachers(reader, teacher_copies))})
+    result = evaluate_run(run_dir, job, parts)
     baselines, gains, paired, evaluations = {}, {}, {}, {}
     for name, bcfg in baseline_configs(reader.config, ipc).items():
         try:
             run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads,
                                    teacher_copies=teacher_copies)
             ev = result if run.run_id == reader.run_id else evaluate_run(
-                run.run_dir, cfg, teachers=teachers, dataset=dataset, num_threads=num_threads, device=device,
-                progress=progress, ipc=run.ipc)
+                run.run_dir, job.model_copy(update={"ipc": run.ipc, "incomplete": False}), parts)
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = BaselineScore(error=str(exc))
             continue
@@ -132,9 +132,7 @@ def evaluate_with_baselines(run_dir: str | Path, cfg: EvalConfig, *, teachers: S
         paired[name] = paired_gain(result.top1_per_seed, ev.top1_per_seed)
     scores = None
     if ranking:
-        scores = rank_evaluation(run_dir, result, evaluations.get("random_real"), dataset, teachers=teachers, ars=ars,
-                                 device=device, num_threads=num_threads, progress=progress, incomplete=incomplete,
-                                 ipc=ipc)
+        scores = rank_evaluation(run_dir, result, evaluations.get("random_real"), job, parts, ars=ars)
     warning = below_random(paired.get("random_real"), str(reader.config.get("recipe", "")), dataset.image_size,
                            dataset.channels)
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,

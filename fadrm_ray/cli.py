@@ -218,12 +218,12 @@ def cmd_export(args) -> None:
     payload = {"run": args.run, "format": args.format, "out": args.out, "complete": complete}
     if args.with_teacher or args.soft_labels:  # what the report's top-1 needs, with the images
         from fadrm_ray.settings import LabelStorage
-        from fadrm_ray.store.product import export_with_product
+        from fadrm_ray.store.product import Shipped, export_with_product
 
         storage = LabelStorage(topk=args.topk, epochs=args.label_epochs) if args.soft_labels else None
         count, product, files = export_with_product(args.run, args.out, args.format, classes,
                                                     incomplete=args.incomplete, ipc=args.ipc,
-                                                    teachers=args.with_teacher, soft_labels=storage,
+                                                    shipped=Shipped(teachers=args.with_teacher, soft_labels=storage),
                                                     progress=not args.quiet)
         teachers = [str(p) for p in files[:len(product.teachers)]]
         payload.update(images=count, teachers=teachers, recipe=str(files[-1]), recipe_from=product.recipe_from)
@@ -253,6 +253,7 @@ def cmd_export(args) -> None:
 def cmd_evaluate(args) -> None:
     from fadrm_ray.baselines import BASELINES, evaluate_with_baselines, gain_text
     from fadrm_ray.config import parse_overrides
+    from fadrm_ray.eval_job import EvalJob
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
     from fadrm_ray.runtime import process_info
@@ -272,14 +273,12 @@ def cmd_evaluate(args) -> None:
     reader.verify()  # before a dataset is loaded or a teacher read
     # The run's own data and teachers: where it records them, or where --dataset/--teacher say
     # they are now (checked by fingerprint and sha256 either way).
-    found = {"dataset": args.dataset, "teacher_copies": args.teacher}
+    job = EvalJob(config=cfg, threads=args.threads, progress=not args.quiet, incomplete=args.incomplete,
+                  ipc=args.ipc, dataset=args.dataset, teacher_copies=args.teacher)
     if args.baselines:
-        result = evaluate_with_baselines(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
-                                         incomplete=args.incomplete, ipc=args.ipc, ranking=args.ranking, ars=args.ars,
-                                         **found)
+        result = evaluate_with_baselines(args.run, job, ranking=args.ranking, ars=args.ars)
     else:
-        result = evaluate_run(args.run, cfg, num_threads=args.threads, progress=not args.quiet,
-                              incomplete=args.incomplete, ipc=args.ipc, **found)
+        result = evaluate_run(args.run, job)
     report = write_report(args.run, evaluation=result, incomplete=args.incomplete)
     per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
     tested = "" if result.classes is None else f", tested on its {len(result.classes)} classes ({result.test_size} images)"
@@ -437,15 +436,18 @@ def cmd_train_student(args) -> None:
     import math
 
     from fadrm_ray.runtime import process_info
-    from fadrm_ray.student import train_from_files
+    from fadrm_ray.eval_job import EvalJob
+    from fadrm_ray.student import read_recipe, train_from_files
 
     _check_teachers(args.teacher or [])
     if args.soft_labels is not None and not Path(args.soft_labels).is_file():
         raise CLIError(f"soft-label file {args.soft_labels} does not exist")
-    result = train_from_files(args.data, args.teacher or [], args.recipe, args.test,
-                              seeds=None if args.seed is None else [args.seed], soft_labels=args.soft_labels,
-                              device=args.device or "cpu",
-                              num_threads=args.threads, progress=not args.quiet, data_root=args.data_root)
+    recipe = read_recipe(args.recipe)
+    if args.seed is not None:
+        recipe = recipe.model_copy(update={"seeds": [args.seed]})
+    job = EvalJob(config=recipe, teachers=args.teacher or [], dataset=args.test, device=args.device or "cpu",
+                  threads=args.threads, progress=not args.quiet)
+    result = train_from_files(args.data, job, soft_labels=args.soft_labels, data_root=args.data_root)
     tested = not math.isnan(result.top1_mean)
     payload = {"top1": result.top1_mean if tested else None, "top1_per_seed": result.top1_per_seed if tested else None,
                "seeds": result.seeds, "images": result.images, "classes": result.classes,

@@ -36,13 +36,14 @@ seen, which selects on the test set; it is reported too, as best_top1_*).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 import hashlib
 import json
 import math
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,7 @@ from torch import nn
 
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
 from fadrm_ray.soft_label_store import soft_label_source
@@ -147,35 +149,38 @@ class Targets(Protocol):
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor: ...
 
 
-def train_student(images_uint8: torch.Tensor, dataset: ImageDataset, labeler: SoftLabeler | None, cfg: EvalConfig,
-                  seed: int, *, device: str = "cpu", soft_label_dir: str | Path | None = None,
-                  progress: bool = False, return_model: bool = False, classes: Sequence[int] | None = None,
-                  on_eval: Callable[[int, int, int, float], None] | None = None, augment: bool = True,
-                  targets: Targets | None = None) -> StudentScore | tuple[StudentScore, nn.Module]:
-    """Train one student (one seed) on `images_uint8` with soft labels from `labeler`.
+def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: EvalParts, *,
+                  return_model: bool = False) -> StudentScore | tuple[StudentScore, nn.Module]:
+    """Train one student (one seed) on `images_uint8` under `job.config`, with soft labels from
+    `parts.labeler` on the loaded `parts.dataset`.
 
-    Labels of the images are not used: the targets are the teachers' logits. `cfg.seeds` is not
-    read here (`seed` is the one to train). The student is tested on the test images of
-    `classes` (None: every class). Returns its StudentScore (and the model, `return_model`).
-    `on_eval(seed, epoch, epochs, top1)` is called at every test evaluation (a sweep reports it
-    as the student's intermediate result). `augment=False` shows the images as they are (no
-    crop, flip or CutMix). `targets` replaces the soft labels and their views by its own batches
-    and loss (`labeler` is then not read).
+    Labels of the images are not used: the targets are the teachers' logits. `job.config.seeds`
+    is not read here (`seed` is the one to train). The student is tested on the test images of
+    `parts.classes` (None: every class). Returns its StudentScore (and the model, `return_model`).
+    `parts.on_eval(seed, epoch, epochs, top1)` is called at every test evaluation (a sweep reports
+    it as the student's intermediate result). `job.augment=False` shows the images as they are
+    (no crop, flip or CutMix). `parts.targets` replaces the soft labels and their views by its own
+    batches and loss (`parts.labeler` is then not read). Stored soft labels go to
+    `parts.soft_label_dir`.
     """
+    cfg, labeler, augment = job.config, parts.labeler, job.augment
+    dataset = parts.dataset if parts.dataset is not None else _as_dataset(job.dataset)
+    targets, on_eval, classes = parts.targets, parts.on_eval, parts.classes
+    progress = job.progress
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
     if cfg.epochs is None or cfg.cosine_stretch is None:
         n = images_uint8.shape[0]
         cfg = resolve_protocol(cfg, n, images_per_class(None, n, dataset.num_classes))
     epochs = cfg.epochs
-    device_t = torch.device(device)
+    device_t = torch.device(job.device)
     if targets is None:
         # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
         spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
                            hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
         labeler = labeler.with_batch_statistics(cfg.teacher_bn == "batch")
         online = OnlineSoftLabels(images_uint8, labeler, spec, cfg.batch_size, seed)
-        source = soft_label_source(cfg.soft_labels, online, epochs, soft_label_dir, cfg.label_storage())
+        source = soft_label_source(cfg.soft_labels, online, epochs, parts.soft_label_dir, cfg.label_storage())
 
         def loss_of(logits, step):
             return kd_loss(logits, step.logits.to(device_t), cfg.temperature)
@@ -249,46 +254,46 @@ def run_classes(config: dict, num_classes: int) -> list[int] | None:
     return sorted(int(c) for c in classes)
 
 
-def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, dataset: ImageDataset | str,
-                    teachers, cfg: EvalConfig, *, num_threads: int | None = None, device: str = "cpu",
-                    progress: bool = True, soft_label_dir: str | Path | None = None,
-                    classes: Sequence[int] | None = None,
-                    on_eval: Callable[[int, int, int, float], None] | None = None,
-                    known: dict[int, StudentScore] | None = None,
-                    on_seed: Callable[[StudentScore], None] | None = None, augment: bool = True,
-                    targets: Targets | None = None) -> Evaluation:
-    """Train a student per seed of `cfg` on uint8 (N, C, H, W) images; report top-1 on the real
-    test images of `classes` (None: the whole test split; `models.evaluate_top1`).
+def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job: EvalJob,
+                    parts: EvalParts | None = None) -> Evaluation:
+    """Train a student per seed of `job.config` on uint8 (N, C, H, W) images; report top-1 on the
+    real test images of `parts.classes` (None: the whole test split; `models.evaluate_top1`).
 
-    `teachers`: checkpoint path(s) or a SoftLabeler. `labels` are only counted (images per
-    class); the targets come from the teachers. The result carries `config`: `cfg` with the
-    epochs it ran made explicit. `on_eval` is passed to every student (`train_student`).
-    `known` maps seeds to students already trained on these images with these settings: they are
-    not trained again. `on_seed` sees each new student as soon as it is trained (`evaluate_run`
-    keeps it, so an interrupted evaluation resumes). `augment=False`: students that see the images
-    as they are (`train_student`). `targets` replaces the teachers' soft labels (`teachers` may
-    then be None).
+    The data is `parts.dataset`, else `job.dataset` (a spec). The teachers are `parts.labeler`,
+    else the checkpoints `job.teachers`. `labels` are only counted (images per class); the
+    targets come from the teachers. The result carries `config`: the recipe with the epochs it
+    ran made explicit. `parts.on_eval` is passed to every student (`train_student`).
+    `parts.known` maps seeds to students already trained on these images with these settings:
+    they are not trained again. `parts.on_seed` sees each new student as soon as it is trained
+    (`evaluate_run` keeps it, so an interrupted evaluation resumes). `job.augment=False`:
+    students that see the images as they are (`train_student`). `parts.targets` replaces the
+    teachers' soft labels (there may then be no teachers).
     """
+    parts = parts or EvalParts()
     tune_allocator()
-    dataset = _as_dataset(dataset)
+    given = parts.dataset if parts.dataset is not None else job.dataset
+    if given is None:
+        raise EvaluationError("no dataset to test the students on: give a loaded one or a spec")
+    dataset = _as_dataset(given)
     if images_uint8.dim() != 4 or tuple(images_uint8.shape[1:]) != (dataset.channels, dataset.image_size, dataset.image_size):
         raise EvaluationError(f"images must be (N, {dataset.channels}, {dataset.image_size}, {dataset.image_size}) for "
                               f"{dataset.name}, got {tuple(images_uint8.shape)}")
     # Record the epochs and stretch that ran, so the saved config repeats this evaluation.
     n = images_uint8.shape[0]
-    cfg = resolve_protocol(cfg, n, images_per_class(labels, n, dataset.num_classes))
+    cfg = resolve_protocol(job.config, n, images_per_class(labels, n, dataset.num_classes))
+    targets, classes, augment = parts.targets, parts.classes, job.augment
+    teachers = parts.labeler if parts.labeler is not None else job.teachers
     started = time.perf_counter()
-    known = {s: r for s, r in (known or {}).items() if s in cfg.seed_list}
+    known = {s: r for s, r in (parts.known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
-    with torch_threads(num_threads):
-        labeler = _as_labeler(teachers, dataset, device) if targets is None or teachers else None
+    with torch_threads(job.threads):
+        labeler = _as_labeler(teachers, dataset, job.device) if targets is None or teachers else None
+        student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
         for s in cfg.seed_list:
             if s not in per_seed:
-                per_seed[s] = train_student(images_uint8, dataset, labeler, cfg, s, device=device,
-                                            soft_label_dir=soft_label_dir, progress=progress, classes=classes,
-                                            on_eval=on_eval, augment=augment, targets=targets)
-                if on_seed is not None:
-                    on_seed(per_seed[s])
+                per_seed[s] = train_student(images_uint8, s, student_job, student_parts)
+                if parts.on_seed is not None:
+                    parts.on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
     per_class = None
     if labels is not None:
@@ -408,36 +413,36 @@ def _read(model, path: Path):
         return None
 
 
-def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str | Path] | None = None,
-                 dataset: ImageDataset | str | None = None, num_threads: int | None = None, device: str = "cpu",
-                 progress: bool = True, cache: bool = True, incomplete: bool = False,
-                 ipc: int | None = None, on_eval: Callable[[int, int, int, float], None] | None = None,
-                 augment: bool = True, teacher_copies: Sequence[str | Path] | None = None) -> Evaluation:
-    """Evaluate a store run: students trained on the run's images only, top-1 on the real test
-    images of the run's classes (all of them for a run of every class).
+def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None) -> Evaluation:
+    """Evaluate a store run: students trained on the run's images only, under `job.config`, top-1
+    on the real test images of the run's classes (all of them for a run of every class).
 
-    `ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation at
-    that IPC asked for); None takes every image the run holds.
+    `job.ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation
+    at that IPC asked for); None takes every image the run holds.
 
     Teachers default to the run's own (`run_teachers`: at the paths the run records, or among
-    `teacher_copies` where they moved; their sha256 is checked); `teachers` replaces them. The
-    dataset, `dataset` or by default the one the run records, is checked by fingerprint
-    (`run_dataset`: a different test split would make the number meaningless). Stored soft
-    labels go to the run's soft-label folder.
-    The result is cached in the run (module docstring); `cache=False` neither reads nor writes it.
-    The images are checked against the run's manifests as they are read, before any cached
-    result is looked up; a run that is not finished is evaluated only with `incomplete`.
-    `on_eval(seed, epoch, epochs, top1)` sees every test evaluation of the students trained
-    (none when the result comes from the cache). `augment=False`: students that see the images as
-    they are (`train_student`).
+    `job.teacher_copies` where they moved; their sha256 is checked); `job.teachers` (or a loaded
+    `parts.labeler`) replaces them. The dataset, `parts.dataset` or `job.dataset` or by default
+    the one the run records, is checked by fingerprint (`run_dataset`: a different test split
+    would make the number meaningless). Stored soft labels go to the run's soft-label folder.
+    The result is cached in the run (module docstring); `job.cache=False` neither reads nor
+    writes it. The images are checked against the run's manifests as they are read, before any
+    cached result is looked up; a run that is not finished is evaluated only with
+    `job.incomplete`. `parts.on_eval(seed, epoch, epochs, top1)` sees every test evaluation of
+    the students trained (none when the result comes from the cache). `job.augment=False`:
+    students that see the images as they are (`train_student`).
     """
-    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
-    dataset = run_dataset(reader, dataset)
-    teachers = run_teachers(reader, teacher_copies) if teachers is None else teachers
+    parts = parts or EvalParts()
+    device, cache, augment, ipc = job.device, job.cache, job.augment, job.ipc
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
+    dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
+    teachers = parts.labeler
+    if teachers is None:
+        teachers = run_teachers(reader, job.teacher_copies) if job.teachers is None else job.teachers
     images, labels, _ = reader.read()
     if labels.numel() == 0:
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
-    cfg = resolve_protocol(cfg, images.shape[0], images_per_class(labels, images.shape[0], dataset.num_classes))
+    cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0], dataset.num_classes))
     labeler = _as_labeler(teachers, dataset, device)
     classes = run_classes(reader.config, dataset.num_classes)
     # Everything that decides the result names its cached copy: a later identical call (a
@@ -470,9 +475,9 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, teachers: Sequence[str
         if cache:
             atomic_write_text(seed_files[student.seed], student.model_dump_json())
 
-    result = evaluate_images(images, labels, dataset, labeler, cfg, num_threads=num_threads, device=device,
-                             progress=progress, soft_label_dir=reader.layout.soft_labels, classes=classes,
-                             on_eval=on_eval, known=known, on_seed=keep, augment=augment)
+    result = evaluate_images(images, labels, job.with_config(cfg),
+                             replace(parts, dataset=dataset, labeler=labeler, soft_label_dir=reader.layout.soft_labels,
+                                     classes=classes, known=known, on_seed=keep))
     result = result.model_copy(update=dict(
         run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
         ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),

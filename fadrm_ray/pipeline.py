@@ -16,6 +16,7 @@ from typing import Callable
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.baselines import evaluate_with_baselines, gain_text
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.ranking import ranking_text
 from fadrm_ray.report import write_report
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
@@ -59,8 +60,8 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
         result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
     else:
         result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
-    evaluation = evaluate_with_baselines(result.run_dir, EvalConfig(seeds=seeds), teachers=[teacher],
-                                         dataset=dataset, progress=progress, ipc=result.ipc)
+    job = EvalJob(config=EvalConfig(seeds=seeds), teachers=[teacher], progress=progress, ipc=result.ipc)
+    evaluation = evaluate_with_baselines(result.run_dir, job, EvalParts(dataset=dataset))
     report = write_report(result.run_dir, evaluation=evaluation)
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import EVALUATION_CACHE_VERSION, epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.relabel import epoch_batches, epoch_generator
@@ -181,63 +182,60 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
 
     def train() -> StudentScore:
         images = split.load(torch.arange(len(split)))
-        return train_student(images, dataset, None, full, 0, device=device, progress=progress, classes=classes,
-                             targets=HardLabels(split.labels))
+        return train_student(images, 0, EvalJob(config=full, device=device, progress=progress),
+                             EvalParts(dataset=dataset, classes=classes, targets=HardLabels(split.labels)))
 
     return _cached_student(Path(references) / f"full-hard-{_digest(key)}.json", train)
 
 
-def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset, *,
-                        device: str = "cpu", progress: bool = False, incomplete: bool = False,
-                        ipc: int | None = None) -> list[StudentScore]:
-    """One hard-label student per seed of `evaluation` on the run's images read at `ipc` (as
+def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset,
+                        job: EvalJob) -> list[StudentScore]:
+    """One hard-label student per seed of `evaluation` on the run's images read at `job.ipc` (as
     `evaluate_run` reads them), with its settings (epochs included), each kept in the run's
-    evaluation folder."""
-    reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
+    evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
+    device, progress = job.device, job.progress
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
     images, labels, _ = reader.read()
     classes = run_classes(reader.config, dataset.num_classes)
     cfg = evaluation.config
     key = {"kind": "hard labels", "config": cfg.model_dump(mode="json", exclude={"seeds", "teacher_bn"}),
            "data": dataset.fingerprint(), "images": reader.content_hash(), "test_classes": classes,
            "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
-    targets = HardLabels(labels)
+    job = EvalJob(config=cfg, device=device, progress=progress)
+    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(labels))
     return [_cached_student(reader.layout.evaluation(_digest({**key, "seed": seed})),
-                            lambda seed=seed: train_student(images, dataset, None, cfg, seed, device=device,
-                                                            progress=progress, classes=classes, targets=targets))
+                            lambda seed=seed: train_student(images, seed, job, parts))
             for seed in evaluation.seeds]
 
 
 # --------------------------------------------------------------------------- one evaluation's ranking
-def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evaluation | None, dataset: ImageDataset,
-                    *, teachers: Sequence[str | Path] | None = None, ars: bool = False, device: str = "cpu",
-                    num_threads: int | None = None, progress: bool = False, incomplete: bool = False,
-                    ipc: int | None = None) -> Ranking:
-    """The scores of the run's evaluation `result` (the run read at `ipc`) beside its
-    `random_real` baseline's (None when that baseline could not be built): HLR, IOR and LRS, and
-    ARS with `ars`. What cannot be measured is named in `missing`, with why, instead of failing
-    the evaluation."""
+def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evaluation | None, job: EvalJob,
+                    parts: EvalParts, *, ars: bool = False) -> Ranking:
+    """The scores of the run's evaluation `result` (the run read at `job.ipc`, on the loaded
+    `parts.dataset`) beside its `random_real` baseline's (None when that baseline could not be
+    built): HLR, IOR and LRS, and ARS with `ars` (students of `job.teachers`, or of the runs' own
+    teachers, without augmentation). What cannot be measured is named in `missing`, with why,
+    instead of failing the evaluation."""
+    dataset, device, progress = parts.dataset, job.device, job.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
     if random_real is None:
         missing.append("IOR, LRS and ARS: no random real images to compare with")
     store = Path(run_dir).parent
     classes = result.classes
-    with torch_threads(num_threads):
+    with torch_threads(job.threads):
         try:
             full_top1 = full_data_student(dataset, result.config, store / REFERENCES, classes=classes, device=device,
                                           progress=progress).final_top1
-            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, progress=progress,
-                                                              incomplete=incomplete, ipc=ipc)]
+            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
         if ars and random_real is not None:
-            plain_cfg = result.config
+            plain_job = job.model_copy(update={"config": result.config, "augment": False})
             try:
-                plain = evaluate_run(run_dir, plain_cfg, teachers=teachers, dataset=dataset, device=device,
-                                     progress=progress, incomplete=incomplete, ipc=ipc, augment=False).top1_per_seed
-                plain_random = evaluate_run(random_real.run_dir, plain_cfg, teachers=teachers, dataset=dataset,
-                                            device=device, progress=progress, ipc=random_real.ipc,
-                                            augment=False).top1_per_seed
+                plain = evaluate_run(run_dir, plain_job, parts).top1_per_seed
+                plain_random = evaluate_run(random_real.run_dir, plain_job.model_copy(
+                    update={"ipc": random_real.ipc, "incomplete": False}), parts).top1_per_seed
             except (OSError, ValueError) as exc:
                 missing.append(f"ARS: {exc}")
         elif not ars:
@@ -256,7 +254,8 @@ def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDa
 
         dataset = run_dataset(open_run(run_dir, ipc=ipc))
     with torch_threads(num_threads):
-        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, device=device, ipc=ipc)]
+        job = EvalJob(device=device, progress=False, ipc=ipc)
+        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
     return ranking_scores(result.top1_per_seed, hard_top1=hard,
                           missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
 

@@ -13,8 +13,8 @@ service is imported.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 import pyarrow.parquet as pq
 import torch
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray import codec
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.common import decode_bytes
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.data.parquet import fadrm_hflip, label_names
 from fadrm_ray.models import TeacherInfo, load_teacher
 from fadrm_ray.scores import Evaluation
@@ -125,29 +126,30 @@ def _training_only(file: DistilledFile, info: TeacherInfo, source: str) -> Image
                         test=empty, hflip=bool(file.hflip), info={"source": "distilled file"})
 
 
-def train_from_files(data: str | Path, teachers: Sequence[str | Path], recipe: str | Path | EvalConfig | None = None,
-                     test: str | ImageDataset | None = None, seeds: Sequence[int] | None = None, *,
-                     soft_labels: str | Path | None = None, device: str = "cpu", num_threads: int | None = None,
-                     progress: bool = True, data_root: str | None = None) -> Evaluation:
-    """Students trained on the images of `data` with the soft labels of `teachers`, or with the
-    stored ones of the file `soft_labels` (then `teachers` may be empty), under `recipe` (an
-    EvalConfig, or its JSON file; default EvalConfig()), one per seed (`seeds` replaces the
-    recipe's). With `test` (a dataset spec or dataset), each is scored on the test images of the
-    file's classes; without, `top1_*` are NaN."""
+def read_recipe(recipe: str | Path | None) -> EvalConfig:
+    """The student recipe of the JSON file `recipe` (an `EvalConfig`); None: EvalConfig()."""
+    if recipe is None:
+        return EvalConfig()
+    try:
+        return EvalConfig.model_validate_json(Path(recipe).read_bytes())
+    except OSError as exc:
+        raise EvaluationError(f"cannot read recipe {recipe}: {exc.strerror or exc}") from None
+
+
+def train_from_files(data: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
+                     soft_labels: str | Path | None = None, data_root: str | None = None) -> Evaluation:
+    """Students trained on the images of `data` with the soft labels of `job.teachers`, or with
+    the stored ones of the file `soft_labels` (then there may be no teachers), under
+    `job.config` (the recipe: `read_recipe` reads its file), one per seed of it. With a test
+    dataset (`parts.dataset`, or the spec `job.dataset`, read under `data_root`), each is scored
+    on the test images of the file's classes; without, `top1_*` are NaN."""
     from fadrm_ray.data import get_dataset
     from fadrm_ray.evaluate import evaluate_images
     from fadrm_ray.relabel import SoftLabeler
 
     file = read_distilled(data)
-    if isinstance(recipe, (str, Path)):
-        try:
-            cfg = EvalConfig.model_validate_json(Path(recipe).read_bytes())
-        except OSError as exc:
-            raise EvaluationError(f"cannot read recipe {recipe}: {exc.strerror or exc}") from None
-    else:
-        cfg = recipe if recipe is not None else EvalConfig()
-    if seeds is not None:
-        cfg = cfg.model_copy(update={"seeds": list(seeds)})
+    cfg, device, teachers = job.config, job.device, job.teachers or ()
+    test = parts.dataset if parts is not None and parts.dataset is not None else job.dataset
     if not teachers and soft_labels is None:
         raise EvaluationError("a teacher checkpoint (--teacher FILE) or a soft-label file (--soft-labels FILE) is "
                               "needed for the soft labels")
@@ -166,6 +168,6 @@ def train_from_files(data: str | Path, teachers: Sequence[str | Path], recipe: s
     labeler = SoftLabeler.from_loaded([m for m, _ in loaded], [i for _, i in loaded], device) if loaded else None
     classes = file.classes if len(file.classes) < len(file.class_names) else None
     with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as folder:
-        return evaluate_images(file.images, file.labels, dataset, labeler, cfg, num_threads=num_threads,
-                               device=device, progress=progress, classes=classes, targets=targets,
-                               soft_label_dir=folder if cfg.soft_labels == "stored" else None)
+        given = replace(parts or EvalParts(), dataset=dataset, labeler=labeler, classes=classes, targets=targets,
+                        soft_label_dir=folder if cfg.soft_labels == "stored" else None)
+        return evaluate_images(file.images, file.labels, job, given)

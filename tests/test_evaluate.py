@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
@@ -28,6 +30,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # results are repeatable for
 @pytest.fixture(scope="module")
 def labeler(digits, digits_teacher):
     return SoftLabeler.from_paths([digits_teacher[0]], digits)
+
+
+def quiet(cfg: EvalConfig, **settings) -> EvalJob:
+    """An evaluation of `cfg` without progress bars (and any other `settings`)."""
+    return EvalJob(config=cfg, progress=False, **settings)
 
 
 def real_subset(digits, per_class: int, seed: int = 0):
@@ -114,7 +121,8 @@ def test_flips_follow_the_dataset():
 # --------------------------------------------------------------------------- students
 def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher):
     images, _ = real_subset(digits, per_class=30)
-    result = train_student(images, digits, labeler, EvalConfig(epochs=15), 0)
+    result = train_student(images, 0, EvalJob(config=EvalConfig(epochs=15), progress=False),
+                           EvalParts(dataset=digits, labeler=labeler))
     assert result.steps == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
     # Chance is 10 %; the session teacher (4 epochs, width 32) is about 80 %.
     assert result.final_top1 >= 60.0, result
@@ -123,10 +131,11 @@ def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher
 def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=3)
     cfg = EvalConfig(epochs=6, seeds=[5])
-    a = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
-    b = evaluate_images(images, labels, digits, [digits_teacher[0]], cfg, progress=False)
+    job, parts = EvalJob(config=cfg, teachers=[digits_teacher[0]], progress=False), EvalParts(dataset=digits)
+    a = evaluate_images(images, labels, job, parts)
+    b = evaluate_images(images, labels, job, parts)
     assert a.top1_per_seed == b.top1_per_seed and a.curves == b.curves
-    c = evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(epochs=6, seeds=[6]), progress=False)
+    c = evaluate_images(images, labels, job.with_config(EvalConfig(epochs=6, seeds=[6])), parts)
     assert c.curves != a.curves
 
 
@@ -144,10 +153,11 @@ def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path)
             assert torch.equal(a.view01, b.view01)
             assert torch.allclose(a.logits, b.logits, rtol=2e-3, atol=2e-3)  # fp16 storage
     # A rerun fills in only what is missing; fp32 storage gives the very same student.
-    on, on_model = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="online"), 3,
-                                 return_model=True)
-    st, st_model = train_student(images, digits, labeler, EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), 3,
-                       soft_label_dir=tmp_path, return_model=True)
+    parts = EvalParts(dataset=digits, labeler=labeler)
+    on, on_model = train_student(images, 3, EvalJob(config=EvalConfig(epochs=4, soft_labels="online"), progress=False),
+                                 parts, return_model=True)
+    stored_job = EvalJob(config=EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), progress=False)
+    st, st_model = train_student(images, 3, stored_job, replace(parts, soft_label_dir=tmp_path), return_model=True)
     a, b = on_model.state_dict(), st_model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a) and on.curve == st.curve
     assert epoch_generator(3, 1).initial_seed() != epoch_generator(3, 2).initial_seed()
@@ -175,7 +185,7 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
 
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
     run_dir, _ = tiny_run
-    result = evaluate_run(run_dir, EvalConfig(epochs=3, seeds=2), progress=False)
+    result = evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False))
     assert DOCUMENTED_KEYS <= set(result.model_dump())
     assert result.student == "convnet-bn" and result.epochs == 3 and result.images == 20
     assert len(result.top1_per_seed) == 2 and len(result.best_top1_per_seed) == 2
@@ -189,18 +199,18 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     run_dir, _ = tiny_run
     trained = []
     seen = lambda seed, epoch, epochs, top1: trained.append(seed) if epoch == epochs else None  # noqa: E731
-    two = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=2), progress=False, on_eval=seen)
+    two = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=2)), EvalParts(on_eval=seen))
     assert trained == [0, 1] and two.seeds_reused == []
-    three = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen)
+    three = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalParts(on_eval=seen))
     assert trained == [0, 1, 2] and three.seeds_reused == [0, 1] and not three.cached
     assert three.top1_per_seed[:2] == two.top1_per_seed
     # The reused students are the ones a fresh evaluation trains.
-    fresh = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, cache=False)
+    fresh = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3), cache=False))
     assert fresh.top1_per_seed == three.top1_per_seed
     assert fresh.curves == [[tuple(point) for point in curve] for curve in three.curves]  # JSON gave lists
     # A seed list alone, and a whole evaluation read back from its cache, train nothing.
-    evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[2, 0]), progress=False, on_eval=seen)
-    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False, on_eval=seen).cached
+    evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[2, 0])), EvalParts(on_eval=seen))
+    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalParts(on_eval=seen)).cached
     assert trained == [0, 1, 2]
     # A whole evaluation cached before students were kept apart gives them up when it is read.
     cached = {f: json.loads(f.read_text()) for f in open_run(run_dir).layout.evaluations_dir.glob("*.json")}
@@ -208,8 +218,8 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     assert len(students) == 3
     for f in students:
         f.unlink()
-    assert evaluate_run(run_dir, EvalConfig(epochs=2, seeds=3), progress=False).cached
-    one = evaluate_run(run_dir, EvalConfig(epochs=2, seeds=[1]), progress=False, on_eval=seen)
+    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3))).cached
+    one = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[1])), EvalParts(on_eval=seen))
     assert trained == [0, 1, 2] and one.top1_per_seed == three.top1_per_seed[1:2]
 
 
@@ -221,8 +231,8 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
         with open(teacher, "ab") as fh:
             fh.write(b"x")
         with pytest.raises(EvaluationError, match="changed since the run was distilled"):
-            evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), progress=False)
-        result = evaluate_run(run_dir, EvalConfig(epochs=1, seeds=1), teachers=[backup], progress=False)
+            evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1)))
+        result = evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1), teachers=[backup]))
         assert len(result.top1_per_seed) == 1
     finally:
         shutil.copy(backup, teacher)
@@ -230,13 +240,14 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
 
 def test_bad_options_fail_clearly(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=1)
+    parts = EvalParts(dataset=digits)
     with pytest.raises(EvaluationError, match="soft_labels"):
-        evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(soft_labels="disk"), progress=False)
+        evaluate_images(images, labels, quiet(EvalConfig(soft_labels="disk"), teachers=[digits_teacher[0]]), parts)
     with pytest.raises(EvaluationError, match=r"images must be \(N, 1, 8, 8\)"):
-        evaluate_images(images[:, :, :4, :4], labels, digits, [digits_teacher[0]], EvalConfig(), progress=False)
+        evaluate_images(images[:, :, :4, :4], labels, quiet(EvalConfig(), teachers=[digits_teacher[0]]), parts)
     with pytest.raises(ValueError, match="soft_label_dir"):
-        evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(soft_labels="stored", epochs=1, seeds=1),
-                        progress=False)
+        evaluate_images(images, labels, quiet(EvalConfig(soft_labels="stored", epochs=1, seeds=1),
+                                              teachers=[digits_teacher[0]]), parts)
 
 
 def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp_path):
@@ -245,18 +256,18 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
     it near 20 % (it never saw the other eight classes)."""
     cfg = make_config("random-real", overrides={"ipc": 5, "classes": [3, 7]})
     run = distill_local(cfg, digits, [digits_teacher[0]], tmp_path / "store", progress=False)
-    result = evaluate_run(run.run_dir, EvalConfig(epochs=20, seeds=2), progress=False)
+    result = evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)))
     tested = int(sum(int((digits.test.labels == c).sum()) for c in (3, 7)))
     assert result.classes == [3, 7] and result.test_size == tested < len(digits.test)
     assert result.top1_mean >= 65.0, result.top1_per_seed
     # The same images scored on every class: the number a subset used to get.
     images, labels, _ = open_run(run.run_dir).read()
-    everything = evaluate_images(images, labels, digits, [digits_teacher[0]], EvalConfig(epochs=20, seeds=2),
-                                 progress=False)
+    everything = evaluate_images(images, labels, quiet(EvalConfig(epochs=20, seeds=2), teachers=[digits_teacher[0]]),
+                                 EvalParts(dataset=digits))
     assert everything.classes is None and everything.test_size == len(digits.test)
     assert everything.top1_mean < 40.0 < result.top1_mean
     # The subset is part of what names the cached evaluation: the score read back is the subset's.
-    assert evaluate_run(run.run_dir, EvalConfig(epochs=20, seeds=2), progress=False).top1_per_seed == \
+    assert evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2))).top1_per_seed == \
         result.top1_per_seed
 
 
@@ -272,7 +283,7 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
 
     monkeypatch.setattr(evaluate_module, "soft_label_source", recording)
     images, _ = real_subset(digits, 2)
-    train_student(images, digits, labeler, EvalConfig(epochs=1), 0, augment=False)
+    train_student(images, 0, quiet(EvalConfig(epochs=1), augment=False), EvalParts(dataset=digits, labeler=labeler))
     assert specs[-1] == AugmentSpec(out_size=8, crop_scale=(1.0, 1.0), hflip=False, cutmix_prob=0.0)
     # Every view of such a spec is a batch of the images themselves.
     for step in OnlineSoftLabels(images, labeler, specs[-1], batch_size=8, seed=3).epoch(0):
@@ -280,8 +291,18 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
     # In a run, such an evaluation is kept apart from the augmented one of the same settings.
     run_dir, _ = tiny_run
     cfg = EvalConfig(epochs=2, seeds=1)
-    augmented = evaluate_run(run_dir, cfg, progress=False)
-    plain = evaluate_run(run_dir, cfg, progress=False, augment=False)
+    augmented = evaluate_run(run_dir, quiet(cfg))
+    plain = evaluate_run(run_dir, quiet(cfg, augment=False))
     assert (augmented.augment, plain.augment, plain.cached) == (True, False, False)
-    assert evaluate_run(run_dir, cfg, progress=False, augment=False).cached
-    assert evaluate_run(run_dir, cfg, progress=False).top1_per_seed == augmented.top1_per_seed
+    assert evaluate_run(run_dir, quiet(cfg, augment=False)).cached
+    assert evaluate_run(run_dir, quiet(cfg)).top1_per_seed == augmented.top1_per_seed
+
+
+def test_an_eval_job_is_plain_data_that_crosses_json(tmp_path):
+    job = EvalJob(config=EvalConfig(epochs=3, seeds=[1, 2], soft_labels="stored"), teachers=[tmp_path / "t.pt"],
+                  teacher_copies=str(tmp_path / "copy.pt"), threads=2, ipc=4, augment=False)
+    assert job.teachers == (str(tmp_path / "t.pt"),) and job.teacher_copies == (str(tmp_path / "copy.pt"),)
+    assert EvalJob.model_validate_json(job.model_dump_json()) == job
+    assert job.with_config(EvalConfig()).config == EvalConfig() and job.config.seed_list == [1, 2]
+    with pytest.raises(ValueError):
+        EvalJob(config=EvalConfig(), num_threads=2)  # settings are named once, and only so

@@ -18,6 +18,7 @@ import yaml
 
 from fadrm_ray.config import make_config, without_later_fields
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import evaluate_run
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
@@ -122,8 +123,9 @@ def test_images_are_bit_identical(golden_runs, name):
 
 
 def test_student_result_is_identical(golden_runs, digits, digits_teacher):
-    result = evaluate_run(golden_runs["sre2l"], EvalConfig(epochs=12, seeds=[0]), teachers=[digits_teacher[0]],
-                          dataset=digits, progress=False)
+    result = evaluate_run(golden_runs["sre2l"], EvalJob(config=EvalConfig(epochs=12, seeds=[0]),
+                                                        teachers=[digits_teacher[0]], progress=False),
+                          EvalParts(dataset=digits))
     # The same CPU as the teacher's: the pair recorded together.
     expected = STUDENTS[TEACHER_SHAS.index(weights_sha(digits_teacher[0]))]
     assert {k: getattr(result, k) for k in expected} == expected

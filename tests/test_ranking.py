@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from fadrm_ray import evaluate as evaluate_module
 from fadrm_ray import ranking
 from fadrm_ray.baselines import evaluate_with_baselines
+from fadrm_ray.eval_job import EvalJob
 from fadrm_ray.config import make_config
 from fadrm_ray.run.execute import distill_local
 from fadrm_ray.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
@@ -91,7 +92,8 @@ def ranked(digits, digits_teacher, tmp_path_factory):
     try:
         with torch_threads(1):
             run = distill_local(cfg, digits, [teacher], root / "store", progress=False)
-            result = evaluate_with_baselines(run.run_dir, EvalConfig(epochs=3, seeds=2), progress=False, ars=True)
+            result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
+                                             ars=True)
     finally:
         ranking.FULL_DATA_STEPS = steps
     return run.run_dir, result
@@ -126,11 +128,25 @@ def test_the_students_behind_the_scores_are_not_trained_again(ranked, monkeypatc
     monkeypatch.setattr(ranking, "train_student", no_training)
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
     monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)  # the key of the student kept by the fixture
-    again = evaluate_with_baselines(run_dir, EvalConfig(epochs=3, seeds=2), progress=False, ars=True)
+    again = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False), ars=True)
     assert again.ranking == result.ranking
 
 
 def test_without_the_ranking_nothing_is_scored(ranked):
     run_dir, result = ranked
-    plain = evaluate_with_baselines(run_dir, EvalConfig(epochs=3, seeds=2), progress=False, ranking=False)
+    plain = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
+                                    ranking=False)
     assert plain.ranking is None and plain.top1_per_seed == result.top1_per_seed
+
+
+def test_the_hard_label_ranking_reads_the_students_the_full_ranking_kept(ranked, monkeypatch):
+    """What the service reports beside an evaluation (`hard_label_ranking`) is the hard-label part
+    of the full ranking, read back from the students it kept."""
+    run_dir, result = ranked
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a kept student was trained again")
+
+    monkeypatch.setattr(ranking, "train_student", no_training)
+    hard = ranking.hard_label_ranking(run_dir, result)
+    assert hard.hard_top1_per_seed == result.ranking.hard_top1_per_seed

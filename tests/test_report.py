@@ -10,6 +10,7 @@ import torch
 from experiments.arc_diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.run.execute import distill_local
+from fadrm_ray.eval_job import EvalJob
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
 from fadrm_ray.report import loss_curves, report_files, write_report
@@ -109,8 +110,8 @@ def test_arc_merge_effect_reports_every_merge(digits, digits_teacher, tmp_path):
 
 
 def test_information_vanishing_returns_numbers_and_a_plot(digits, digits_teacher, tmp_path):
-    result = information_vanishing(digits, digits_teacher[0], EvalConfig(seeds=1, epochs=2), budgets=[0, 4], ipc=1,
-                                   out_dir=tmp_path, progress=False)
+    result = information_vanishing(digits, digits_teacher[0], EvalJob(config=EvalConfig(seeds=1, epochs=2), progress=False),
+                                   budgets=[0, 4], ipc=1, out_dir=tmp_path)
     assert [r["budget"] for r in result["arc"]] == [0, 4] == [r["budget"] for r in result["no_arc"]]
     assert all(0 <= r["top1_mean"] <= 100 for r in result["arc"] + result["no_arc"])
     # With no iterations both are the same real patches, so the same students.

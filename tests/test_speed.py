@@ -237,9 +237,10 @@ def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
 
 def test_bench_imagenet_timing_runs_in_its_tiny_cpu_form():
     """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages, packing."""
-    from bench.speed_imagenet import imagenet_timing
+    from bench.speed_imagenet import ImagenetTiming, imagenet_timing
 
-    info = imagenet_timing("cpu", packs=[1, 2], iterations=4, precisions=["fp32"], tiny=True, log=lambda m: None)
+    info = imagenet_timing(ImagenetTiming(device="cpu", packs=[1, 2], iterations=4, precisions=["fp32"], tiny=True),
+                           log=lambda m: None)
     assert [r["pack"] for r in info["runs"]] == [1, 2]
     for r in info["runs"]:
         assert r["finite"] and r["resolutions"] == [28, 32, 28, 32] and r["images_per_step"] == 10 * r["pack"]

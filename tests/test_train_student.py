@@ -32,11 +32,13 @@ def downloaded(api_service, tmp_path_factory):
 
 
 def test_train_student_from_the_downloaded_files_reaches_the_reported_top1(downloaded, one_thread):
-    from fadrm_ray.student import train_from_files
+    from fadrm_ray.eval_job import EvalJob
+    from fadrm_ray.student import read_recipe, train_from_files
 
     files, reported = downloaded
     assert reported["seeds"] == [0] and reported["classes"] == [2, 6]
-    result = train_from_files(files.data, files.teachers, files.recipe, test="digits", progress=False)
+    job = EvalJob(config=read_recipe(files.recipe), teachers=files.teachers, dataset="digits", progress=False)
+    result = train_from_files(files.data, job)
     # The same images, teacher, recipe, seed and test images: the same student, bit for bit.
     assert result.top1_per_seed == reported["top1_per_seed"]
     assert result.classes == [2, 6] and result.test_size == reported["test_size"]
@@ -80,7 +82,8 @@ def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported
     """A job whose evaluation stores top-k soft labels of a few epochs: the client fetches them with
     the images and the recipe (no teacher), and the student trained from those files is the
     reported one."""
-    from fadrm_ray.student import train_from_files
+    from fadrm_ray.eval_job import EvalJob
+    from fadrm_ray.student import read_recipe, train_from_files
 
     body = request(classes=[1, 8], ipc=2, seed=52)
     evaluation = {"epochs": 4, "seeds": 1, "soft_labels": "stored", "soft_label_topk": 3, "soft_label_epochs": 2}
@@ -92,8 +95,8 @@ def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported
             reported = http.get(f"/v1/distillations/{job['id']}/report").json()["evaluation"]
     assert files.teachers == () and files.soft_labels == tmp_path / "set.soft-labels.parquet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["set.parquet", "set.recipe.json", "set.soft-labels.parquet"]
-    result = train_from_files(files.data, [], files.recipe, test="digits", soft_labels=files.soft_labels,
-                              progress=False)
+    job = EvalJob(config=read_recipe(files.recipe), teachers=[], dataset="digits", progress=False)
+    result = train_from_files(files.data, job, soft_labels=files.soft_labels)
     assert result.top1_per_seed == reported["top1_per_seed"] and result.classes == [1, 8]
     # The service's report says what the images reach with their hard labels alone.
     assert len(reported["ranking"]["hard_top1_per_seed"]) == 1

@@ -92,8 +92,11 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     paths = teacher_files(sweep, teacher_blobs)
     cfg = baseline_configs(trial_config(sweep.base, {}).to_dict())["random_real"]  # what fadrm evaluate compares with
     run = distill_local(cfg, dataset, paths, sweep.store, device=sweep.device, progress=False)
-    return evaluate_run(run.run_dir, sweep.eval, teachers=paths, dataset=dataset, num_threads=sweep.threads,
-                        device=sweep.device, progress=False, ipc=cfg.ipc).top1_per_seed
+    from fadrm_ray.eval_job import EvalJob, EvalParts
+
+    job = EvalJob(config=sweep.eval, teachers=paths, threads=sweep.threads, device=sweep.device, progress=False,
+                  ipc=cfg.ipc)
+    return evaluate_run(run.run_dir, job, EvalParts(dataset=dataset)).top1_per_seed
 
 
 def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
@@ -165,8 +168,11 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     evaluated = time.perf_counter()
     device = sweep.device
-    result = evaluate_run(run_dir, eval_cfg, teachers=paths if labeler is None else labeler, dataset=dataset,
-                          num_threads=threads, device=device, progress=False, ipc=cfg.ipc, on_eval=on_eval)
+    from fadrm_ray.eval_job import EvalJob, EvalParts
+
+    job = EvalJob(config=eval_cfg, teachers=paths if labeler is None else None, threads=threads, device=device,
+                  progress=False, ipc=cfg.ipc)
+    result = evaluate_run(run_dir, job, EvalParts(dataset=dataset, labeler=labeler, on_eval=on_eval))
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)

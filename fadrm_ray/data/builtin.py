@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,21 +32,23 @@ def _from_arrays(name: str, images: torch.Tensor, labels: torch.Tensor, class_na
     train = subset_split(images, labels, train_idx)
     test = subset_split(images, labels, test_idx)
     mean, std = channel_stats(images[train_idx])
-    return _finish(name, class_names, images.shape[1], images.shape[-1], mean, std, train, test,
-                   hflip, image_size, info)
+    return _finish(ImageDataset(name=name, class_names=class_names, image_size=images.shape[-1],
+                                channels=images.shape[1], mean=mean, std=std, train=train, test=test, hflip=hflip,
+                                info=info), image_size)
 
 
-def _finish(name, class_names, channels, native, mean, std, train: Split, test: Split, hflip,
-            image_size, info) -> ImageDataset:
-    size = native
-    if image_size is not None and image_size != native:
+def _finish(native: ImageDataset, image_size: int | None) -> ImageDataset:
+    """`native` (a dataset at the size its images have) resized to `image_size` where that is
+    another size, its info recording the native size."""
+    size, train, test = native.image_size, native.train, native.test
+    if image_size is not None and image_size != size:
         if image_size < 1:
             raise DatasetError(f"image_size must be positive, got {image_size}")
         train, test = resized_split(train, image_size), resized_split(test, image_size)
         size = image_size
-    info = dict(info, native_size=native)
-    return ImageDataset(name=name, class_names=list(class_names), image_size=size, channels=channels,
-                        mean=tuple(mean), std=tuple(std), train=train, test=test, hflip=hflip, info=info)
+    info = dict(native.info, native_size=native.image_size)
+    return replace(native, class_names=list(native.class_names), image_size=size, mean=tuple(native.mean),
+                   std=tuple(native.std), train=train, test=test, info=info)
 
 
 def load_digits_dataset(image_size: int | None = None) -> ImageDataset:
@@ -131,5 +134,6 @@ def load_cifar(kind: str, root: str | os.PathLike | None = None, image_size: int
     train = Split.in_memory(*to_tensors(train_ds))
     test = Split.in_memory(*to_tensors(test_ds))
     mean, std = CIFAR_STATS[kind]
-    return _finish(kind, list(train_ds.classes), 3, 32, mean, std, train, test, True, image_size,
-                   {"source": f"torchvision.datasets.{type(train_ds).__name__}", "root": str(root_path)})
+    info = {"source": f"torchvision.datasets.{type(train_ds).__name__}", "root": str(root_path)}
+    return _finish(ImageDataset(name=kind, class_names=list(train_ds.classes), image_size=32, channels=3, mean=mean,
+                                std=std, train=train, test=test, hflip=True, info=info), image_size)

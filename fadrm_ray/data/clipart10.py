@@ -346,4 +346,5 @@ def load_clipart10(root: str | os.PathLike | None = None, image_size: int | None
     info = {"source": str(folder), "package": PACKAGE, "cache": str(cache), "build": source, "files": listed,
             "left_out": skipped, "same_bytes": copies, "groups": int(np.unique(arrays["groups"]).size)}
     # A mirrored drawing is the same object.
-    return _finish(NAME, CLASS_NAMES, 3, SIZE, mean, std, train_split, test_split, True, image_size, info)
+    return _finish(ImageDataset(name=NAME, class_names=CLASS_NAMES, image_size=SIZE, channels=3, mean=mean, std=std,
+                                train=train_split, test=test_split, hflip=True, info=info), image_size)

@@ -102,5 +102,6 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, image_size: int | 
     native = int(train.load([0]).shape[-1]) if len(train) else 28
     mean, std = pixel_stats(train)
     # A horizontal flip keeps a garment's class.
-    return _finish("fashion-mnist", CLASS_NAMES, 1, native, mean, std, train, test, True, image_size,
-                   {"source": str(folder)})
+    return _finish(ImageDataset(name="fashion-mnist", class_names=CLASS_NAMES, image_size=native, channels=1,
+                                mean=mean, std=std, train=train, test=test, hflip=True,
+                                info={"source": str(folder)}), image_size)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from pydantic import BaseModel, ConfigDict
+
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, check_new_output, sha256_bytes
 from fadrm_ray.settings import EvalConfig, LabelStorage
 from fadrm_ray.store.reader import open_run
@@ -128,17 +130,28 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+class Shipped(BaseModel):
+    """What an export ships beside the images: the run's teachers, and/or the report recipe's
+    soft labels stored so (None: not shipped). The recipe always goes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    teachers: bool = True
+    soft_labels: LabelStorage | None = None
+
+
 def export_with_product(run_dir: str | os.PathLike, out: str | os.PathLike, format: str,
                         classes: Iterable[int] | None = None, *, incomplete: bool = False,
-                        ipc: int | None = None, teachers: bool = True, soft_labels: LabelStorage | None = None,
+                        ipc: int | None = None, shipped: Shipped | None = None,
                         progress: bool = False) -> tuple[int, Product, list[Path]]:
     """Export the run (`export_imagefolder`, `export_parquet` for format "parquet",
-    `export_tensors` for "pt") with its teachers and/or stored soft labels and the report
-    recipe (`gather`): inside the folder, or beside the file. All or nothing: (images exported,
-    what was gathered, the files written beside the images)."""
+    `export_tensors` for "pt") with what `shipped` names (default: its teachers; and/or stored soft labels)
+    and the report recipe (`gather`): inside the folder, or beside the file. All or nothing:
+    (images exported, what was gathered, the files written beside the images)."""
     from fadrm_ray.evaluate import run_teacher_paths
     from fadrm_ray.store.export import export_imagefolder, export_parquet, export_tensors
 
+    shipped = shipped or Shipped()
+    teachers, soft_labels = shipped.teachers, shipped.soft_labels
     out = Path(out)
     if format == "imagefolder":
         check_new_output(out, "--out", empty_dir_ok=True)

@@ -1,0 +1,87 @@
+"""EvalJob: one evaluation's settings, built once by whichever door asked for it.
+
+The evaluation side's counterpart of `DistillJob` and `JobParts` (job.py). A door (`fadrm
+evaluate`, `fadrm train-student`, the service's runner, a sweep's trainable, a benchmark) turns
+what its user said into one frozen `EvalJob`: the student recipe (`EvalConfig`), how the students
+run (device, torch threads, a progress bar), what they see (augmented views or the images as they
+are), which images of a run are read (`ipc`, `incomplete`), whether the run's cache is used, and
+which data and teachers replace the run's own (a dataset spec, checkpoint paths, the run's
+teachers where they moved). It is plain data: it crosses processes and files as JSON.
+
+`EvalParts` is what a caller hands over already made in its process, which no JSON carries: a
+loaded dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers'
+soft labels, the classes tested, where stored soft labels go, students already trained, and the
+hooks that watch the students train. The evaluation functions (evaluate.py, baselines.py,
+ranking.py) take the job and the parts whole and hand them down; a step that needs other
+settings (a baseline's IPC, a plain student's recipe) derives its own with `model_copy` or
+`dataclasses.replace`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from fadrm_ray.settings import EvalConfig
+
+if TYPE_CHECKING:
+    from fadrm_ray.data.base import ImageDataset
+    from fadrm_ray.relabel import SoftLabeler
+    from fadrm_ray.scores import StudentScore
+
+
+def _paths(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    return tuple(str(p) for p in value)
+
+
+class EvalJob(BaseModel):
+    """Everything one evaluation is told: the recipe and how and on what its students run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: EvalConfig = EvalConfig()     # the students' recipe (its seeds are the students trained)
+    device: str = "cpu"                   # where the students (and the teachers labelling) run
+    threads: int | None = None            # torch threads while they train; None: leave the count alone
+    progress: bool = True                 # a progress bar per student
+    augment: bool = True                  # False: students see the images as they are (no crop, flip, CutMix)
+    cache: bool = True                    # read and keep evaluations in the run (evaluate_run)
+    incomplete: bool = False              # evaluate a run that is not finished
+    ipc: int | None = None                # read the run at this IPC; None: every image it holds
+    dataset: str | None = None            # a dataset spec; None: the run's own (or EvalParts.dataset)
+    teachers: tuple[str, ...] | None = None  # checkpoints whose soft labels replace the run's teachers'
+    teacher_copies: tuple[str, ...] = ()  # the run's own teachers where they are now (checked by sha256)
+
+    @field_validator("teachers", mode="before")
+    @classmethod
+    def _teacher_paths(cls, value: Any) -> tuple[str, ...] | None:
+        return _paths(value)
+
+    @field_validator("teacher_copies", mode="before")
+    @classmethod
+    def _copy_paths(cls, value: Any) -> tuple[str, ...]:
+        return _paths(value) or ()
+
+    def with_config(self, config: EvalConfig) -> "EvalJob":
+        """The same job under another recipe (a resolved one, a baseline's, a plain student's)."""
+        return self.model_copy(update={"config": config})
+
+
+@dataclass(frozen=True)
+class EvalParts:
+    """What an evaluation is handed already made in this process (module docstring); all optional."""
+
+    dataset: "ImageDataset | None" = None      # loaded; replaces EvalJob.dataset
+    labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teachers
+    targets: Any = None                        # evaluate.Targets: batches and loss instead of soft labels
+    classes: Sequence[int] | None = None       # the classes tested (None: every class)
+    soft_label_dir: str | Path | None = None   # where stored soft labels are kept
+    known: "Mapping[int, StudentScore] | None" = None  # students already trained, by seed
+    on_eval: Callable[[int, int, int, float], None] | None = None  # (seed, epoch, epochs, top1) per test
+    on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
