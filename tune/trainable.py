@@ -185,6 +185,27 @@ def _checkpoint(state: TrialState):
     return tune.Checkpoint.from_directory(folder)
 
 
+def trial_executor(sweep: TrialSettings):
+    """The executor of a trial's distillation, on the trial's device: this process, or (with
+    `workers_per_trial` > 1) a Coordinator whose DistillWorkers get the trial's GPUs, none for a
+    CPU trial. Its actors start here, so a caller closes it on every path."""
+    from fadrm_ray.distill import LocalExecutor
+
+    if sweep.workers_per_trial <= 1:
+        return LocalExecutor(sweep.device, progress=False)
+    from actors.coordinator import Coordinator
+
+    # No GPUs (0, not None) for a CPU trial: left None, the coordinator takes one GPU per worker
+    # wherever the cluster has GPUs, and the job resolved for the CPU would not run there.
+    gpus = sweep.gpus_per_worker if sweep.device == "cuda" else 0.0
+    executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
+                           gpus_per_worker=gpus, progress=False)
+    if executor.device_type != sweep.device:
+        executor.close()
+        raise ValueError(f"the trial runs on {sweep.device}, but its workers would run on {executor.device_type}")
+    return executor
+
+
 def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
                   selections: dict | None) -> tuple[TrialState, Any]:
     """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
@@ -192,9 +213,7 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     its job once (teachers loaded once) and runs it in this process, or on DistillWorker actors
     in the trial's placement group with `workers_per_trial` > 1. Returns what it did and the
     teachers as a SoftLabeler for the evaluation."""
-    import torch
-
-    from fadrm_ray.distill import LocalExecutor, needed_classes, plan_units, run_job, save_selection
+    from fadrm_ray.distill import needed_classes, plan_units, run_job, save_selection
     from fadrm_ray.job import prepare_job
     from fadrm_ray.layout import RunLayout
     from fadrm_ray.relabel import SoftLabeler
@@ -202,25 +221,23 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     started = time.perf_counter()
     store_root, device = sweep.store, sweep.device
     on_ray = sweep.workers_per_trial > 1
-    job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
-                             device="cpu" if on_ray else device, device_type=torch.device(device).type,
-                             data_root=sweep.data_root)
-    layout = RunLayout(job.run_dir)
-    labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
-    key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
-    shared = (selections or {}).get(key, {})
-    for label in labels:
-        if label in shared and not layout.patch_selection(label).is_file():
-            save_selection(layout, shared[label])
-    before = sum(layout.patch_selection(label).is_file() for label in labels)
-    if on_ray:
-        from actors.coordinator import Coordinator
-
-        executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
-                               gpus_per_worker=sweep.gpus_per_worker, progress=False)
-    else:
-        executor = LocalExecutor(device, progress=False)
-    result = run_job(job, executor, parts)
+    executor = trial_executor(sweep)
+    try:
+        job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
+                                 device="cpu" if on_ray else device, device_type=executor.device_type,
+                                 data_root=sweep.data_root)
+        layout = RunLayout(job.run_dir)
+        labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
+        key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
+        shared = (selections or {}).get(key, {})
+        for label in labels:
+            if label in shared and not layout.patch_selection(label).is_file():
+                save_selection(layout, shared[label])
+        before = sum(layout.patch_selection(label).is_file() for label in labels)
+        result = run_job(job, executor, parts)
+    finally:
+        if on_ray:
+            executor.close()  # idempotent: the actors stop on every path, not only when the job ran
     after = sum(layout.patch_selection(label).is_file() for label in labels)
     state = TrialState(run_dir=str(result.run_dir), units_run=len(result.units_run),
                        units_skipped=len(result.units_skipped), patches_scored=after - before,
