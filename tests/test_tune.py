@@ -348,3 +348,28 @@ def test_a_trial_whose_distillation_fails_stops_its_workers(ray_with_a_gpu, digi
     with pytest.raises(RuntimeError, match="injected failure"):
         distill_trial(cfg, digits, list(sweep.teachers), sweep, None)
     assert wait_for(lambda: not _live_distill_workers(), timeout=30) is True
+
+
+def test_a_trial_report_goes_through_tune_and_back_as_its_model():
+    from tune.results import TrialRow
+    from tune.settings import TrialReport
+
+    report = TrialReport(top1=61.5, student_pct=100.0, final=True, node_id="n1", host="h", run_id="r",
+                         distill_seconds=1.5, units_run=2, patches_scored=0, top1_std=0.5,
+                         top1_per_seed=[61.0, 62.0], student_seconds=3.0, evaluation_cached=False, trial_seconds=5.0)
+    metrics = {**report.model_dump(), "trial_id": "abc_00000", "training_iteration": 3, "done": True}  # Tune's keys
+    assert TrialReport.from_metrics(metrics) == report
+    assert TrialReport.from_metrics({}) is None and TrialReport.from_metrics({"trial_id": "x"}) is None
+    row = TrialRow.of("abc_00000", {"alpha": 0.5}, "done", report)
+    assert row.top1_per_seed == [61.0, 62.0] and row.vs_random is None
+    assert list(row.flat())[:3] == ["trial", "alpha", "top1"] and row.flat()["alpha"] == 0.5
+
+
+def test_the_fixed_values_are_config_keys():
+    from pydantic import ValidationError
+
+    from tune.settings import TrialBase
+
+    assert TrialBase(preset="fadrm", fixed={"alpha": 0.5}).fixed == {"alpha": 0.5}
+    with pytest.raises(ValidationError, match="alphaa"):
+        TrialBase(preset="fadrm", fixed={"alphaa": 0.5})

@@ -15,7 +15,8 @@ patch rankings scored once per sweep). A trial
 3. evaluates a student on the run with `evaluate_run`, the protocol and the cache of
    `fadrm evaluate`, reporting the student's test top-1 at each of its test evaluations under
    the time attribute `student_pct` (percent of the students' whole schedule), which ASHA
-   schedules on; the last report is the mean over the student seeds (`done: True`).
+   schedules on; the last report is the mean over the student seeds (`final`). Each report is
+   a `tune.settings.TrialReport`, dumped for Tune and validated back by tune.results.
 
 The report after distillation carries a checkpoint (the run), so a trial resumed after an
 error evaluates without distilling again. Every trial appends what it did to the sweep's
@@ -34,9 +35,8 @@ from typing import Any
 
 from fadrm_ray.events import append_event
 
-from tune.settings import TrialSettings, TrialState
+from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialState
 
-TIME_ATTR = "student_pct"
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
 
@@ -54,25 +54,23 @@ def patch_key(resolved_cfg, dataset_fingerprint: str, teacher_shas: list[str]) -
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: list[int], device: str,
-                  threads: int) -> tuple[dict, float]:
-    """Score the real patches of `labels` under a resolved config (a Ray task of the sweep's
-    driver, once per patch key): ({label: ClassSelection}, seconds)."""
+def score_patches(job: PatchScoring, dataset, teacher_blobs: list[bytes]) -> tuple[dict, float]:
+    """Score the real patches of `job.labels` under `job.config`, a resolved config (a Ray task
+    of the sweep's driver, once per patch key): ({label: ClassSelection}, seconds)."""
     import torch
 
-    from fadrm_ray.config import DistillConfig
     from fadrm_ray.distill import frozen_teachers
     from fadrm_ray.job import JobParts
     from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
-    torch.set_num_threads(max(1, threads))
-    cfg = DistillConfig.from_dict(cfg_dict)
+    torch.set_num_threads(job.threads)
+    cfg, device = job.config, job.device
     started = time.perf_counter()
     loaded = [load_teacher(f"teacher {i}", device, blob=blob) for i, blob in enumerate(teacher_blobs)]
     parts = JobParts.of(dataset, loaded, device)
     teachers = frozen_teachers(parts, cfg)
-    selections = {label: score_class(parts.dataset, label, cfg, teachers, device) for label in labels}
+    selections = {label: score_class(parts.dataset, label, cfg, teachers, device) for label in job.labels}
     return selections, time.perf_counter() - started
 
 
@@ -152,16 +150,18 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     eval_cfg = sweep.eval
     seeds = eval_cfg.seed_list
-    common = {**node, "run_id": Path(run_dir).name, "distill_seconds": state.distill_seconds,
-              "units_run": state.units_run, "patches_scored": state.patches_scored}
+    # What every report carries; each evaluation adds the student's top-1 and how far it got.
+    progress = TrialReport(top1=0.0, student_pct=0.0, final=False, run_id=Path(run_dir).name,
+                           distill_seconds=state.distill_seconds, units_run=state.units_run,
+                           patches_scored=state.patches_scored, **node)
     pending = {"checkpoint": _checkpoint(state)}  # goes with the first report
 
     def on_eval(seed: int, epoch: int, epochs: int, top1: float) -> None:
         pct = 100.0 * (seeds.index(seed) * epochs + epoch) / (epochs * len(seeds))
         if pct >= 100.0:
             return  # the last evaluation is reported below, as the mean over the seeds
-        tune.report({"top1": top1, TIME_ATTR: round(pct, 3), "final": False, **common},
-                    checkpoint=pending.pop("checkpoint", None))
+        report = progress.model_copy(update={"top1": top1, "student_pct": round(pct, 3)})
+        tune.report(report.model_dump(), checkpoint=pending.pop("checkpoint", None))
 
     evaluated = time.perf_counter()
     device = sweep.device
@@ -170,11 +170,11 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)
-    tune.report({"top1": result.top1_mean, "top1_std": result.top1_std,
-                 "top1_per_seed": json.dumps(result.top1_per_seed), TIME_ATTR: 100.0, "final": True,
-                 "student_seconds": round(student_seconds, 3), "evaluation_cached": result.cached,
-                 "trial_seconds": round(time.perf_counter() - started, 3), **common},
-                checkpoint=pending.pop("checkpoint", None))
+    final = progress.model_copy(update={
+        "top1": result.top1_mean, "top1_std": result.top1_std, "top1_per_seed": list(result.top1_per_seed),
+        "student_pct": 100.0, "final": True, "student_seconds": round(student_seconds, 3),
+        "evaluation_cached": result.cached, "trial_seconds": round(time.perf_counter() - started, 3)})
+    tune.report(final.model_dump(), checkpoint=pending.pop("checkpoint", None))
 
 
 def _checkpoint(state: TrialState):
