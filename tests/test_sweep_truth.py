@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from actors.cli import main
 from fadrm_ray.settings import ConfigError
-from tune.results import colour_range, heatmap_cells, key_figure, not_made
+from tune.results import TrialRow, colour_range, heatmap_cells, key_figure, not_made
 from tune.space import parse_space, split_space
 from tune.sweep import SweepRequest, trial_count
 
@@ -134,9 +134,9 @@ def test_the_trial_count_covers_the_whole_sweep():
 
 def test_trials_tune_has_not_made_yet_are_pending_rows():
     _, swept = split_space(parse_space(["alpha=0.3,0.5", "k=1,2"]))
-    made = [{"trial": "a", "alpha": 0.3, "k": 1, "state": "done"}, {"trial": "b", "alpha": 0.5, "k": 1,
-                                                                      "state": "interrupted"}]
-    pending = not_made(made, swept, "grid", 1)
+    made = [TrialRow(trial="a", values={"alpha": 0.3, "k": 1}, state="done"),
+            TrialRow(trial="b", values={"alpha": 0.5, "k": 1}, state="interrupted")]
+    pending = [r.flat() for r in not_made(made, swept, "grid", 1)]
     assert sorted((r["alpha"], r["k"]) for r in pending) == [(0.3, 2), (0.5, 2)]
     assert all(r["state"] == "pending" and r["trial"] == "" and r["top1"] is None for r in pending)
     assert len(not_made(made, swept, "grid", 2)) == 8 - 2

@@ -253,3 +253,123 @@ def test_a_trial_can_fan_its_distillation_out_over_workers_in_its_placement_grou
         run_dir = out / "store" / row["run_id"]
         assert len(ledger_events(run_dir, "worker_started")) == 2
         assert not ledger_events(run_dir, "patches_scored")  # the sweep's rankings were used
+
+
+def _live_distill_workers() -> list[str]:
+    """The DistillWorker actors of the current Ray that are not dead, from the GCS's actor table
+    (the state API needs a dashboard, which the tests' Rays do not start)."""
+    from ray._private.state import actors
+
+    return [a["ActorID"] for a in actors().values()
+            if a["ActorClassName"].endswith("DistillWorker") and a["State"] != "DEAD"]
+
+
+@pytest.mark.ray
+def test_a_cpu_sweep_with_workers_on_a_cluster_with_gpus_distills_on_cpu_and_leaves_no_workers(
+        digits_teacher, tmp_path, capsys):
+    """A CPU sweep (no --gpus-per-trial) fanning out over DistillWorkers on a Ray that has a GPU
+    (declared here; no hardware needed): the trial's device, cpu, is what its workers run on,
+    the trial finishes, and no DistillWorker outlives it."""
+    import ray
+
+    from tests.ray_helpers import wait_for
+
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=128 * 1024 * 1024)
+    try:
+        out = tmp_path / "cpu-on-gpu-cluster"
+        args = sweep_args(digits_teacher[0], out, "--param", "alpha=0.5", "--workers-per-trial", "2",
+                          "--cpus-per-trial", "0.5", "--max-concurrent", "1", "--scheduler", "fifo", "--json")
+        assert main(args) == 0
+        [row] = json.loads(capsys.readouterr().out)["rows"]
+        assert row["state"] == "done", row
+        manifest = json.loads((out / "store" / row["run_id"] / "manifest.json").read_text())
+        assert manifest["summary"]["executor"] == "ray" and manifest["summary"]["device"] == "cpu"
+        assert wait_for(lambda: not _live_distill_workers(), timeout=30) is True
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_with_a_gpu():
+    """An embedded local Ray of two CPUs that declares one GPU (Ray takes the count on trust: no
+    hardware is needed), as a GPU cluster looks to a CPU sweep."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=128 * 1024 * 1024)
+    yield
+    ray.shutdown()
+
+
+def _cpu_trial_on_workers(digits_teacher, tmp_path):
+    """What a CPU sweep with --workers-per-trial 2 hands its trials, and the trial's config."""
+    from fadrm_ray.settings import EvalConfig
+    from tune.settings import TrialBase, TrialSettings
+    from tune.space import trial_config
+
+    base = TrialBase(preset="fadrm", ipc=2, fixed={"iterations": 8, "precision": "fp32", "ipc_per_unit": 1})
+    sweep = TrialSettings(base=base, eval=EvalConfig(), dataset="digits", teachers=[str(digits_teacher[0])],
+                          store=str(tmp_path / "store"), device="cpu", threads=1, workers_per_trial=2,
+                          cpus_per_worker=0.5, events=str(tmp_path / "events.jsonl"))
+    return sweep, trial_config(base, {})
+
+
+@pytest.mark.ray
+def test_a_cpu_trial_on_workers_distills_on_cpu_where_the_cluster_has_a_gpu(ray_with_a_gpu, digits, digits_teacher,
+                                                                            tmp_path):
+    from tests.ray_helpers import wait_for
+    from tune.trainable import distill_trial
+
+    sweep, cfg = _cpu_trial_on_workers(digits_teacher, tmp_path)
+    state, _ = distill_trial(cfg, digits, list(sweep.teachers), sweep, None)
+    manifest = json.loads((tmp_path / "store" / state.run_dir.rsplit("/", 1)[-1] / "manifest.json").read_text())
+    assert manifest["summary"]["executor"] == "ray" and manifest["summary"]["device"] == "cpu"
+    assert state.units_run == 2
+    assert wait_for(lambda: not _live_distill_workers(), timeout=30) is True
+
+
+@pytest.mark.ray
+def test_a_trial_whose_distillation_fails_stops_its_workers(ray_with_a_gpu, digits, digits_teacher, tmp_path,
+                                                            monkeypatch):
+    import fadrm_ray.distill
+    from tests.ray_helpers import wait_for
+    from tune.trainable import distill_trial
+
+    held = []  # what a kept traceback would hold: actor handles alone do not end the actors
+
+    def failing_run_job(job, executor, parts=None):
+        assert executor.workers  # the coordinator's actors are started
+        held.append(executor)
+        raise RuntimeError("injected failure before the job ran")
+
+    monkeypatch.setattr(fadrm_ray.distill, "run_job", failing_run_job)
+    sweep, cfg = _cpu_trial_on_workers(digits_teacher, tmp_path)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        distill_trial(cfg, digits, list(sweep.teachers), sweep, None)
+    assert wait_for(lambda: not _live_distill_workers(), timeout=30) is True
+
+
+def test_a_trial_report_goes_through_tune_and_back_as_its_model():
+    from tune.results import TrialRow
+    from tune.settings import TrialReport
+
+    report = TrialReport(top1=61.5, student_pct=100.0, final=True, node_id="n1", host="h", run_id="r",
+                         distill_seconds=1.5, units_run=2, patches_scored=0, top1_std=0.5,
+                         top1_per_seed=[61.0, 62.0], student_seconds=3.0, evaluation_cached=False, trial_seconds=5.0)
+    metrics = {**report.model_dump(), "trial_id": "abc_00000", "training_iteration": 3, "done": True}  # Tune's keys
+    assert TrialReport.from_metrics(metrics) == report
+    assert TrialReport.from_metrics({}) is None and TrialReport.from_metrics({"trial_id": "x"}) is None
+    row = TrialRow.of("abc_00000", {"alpha": 0.5}, "done", report)
+    assert row.top1_per_seed == [61.0, 62.0] and row.vs_random is None
+    assert list(row.flat())[:3] == ["trial", "alpha", "top1"] and row.flat()["alpha"] == 0.5
+
+
+def test_the_fixed_values_are_config_keys():
+    from pydantic import ValidationError
+
+    from tune.settings import TrialBase
+
+    assert TrialBase(preset="fadrm", fixed={"alpha": 0.5}).fixed == {"alpha": 0.5}
+    with pytest.raises(ValidationError, match="alphaa"):
+        TrialBase(preset="fadrm", fixed={"alphaa": 0.5})

@@ -20,18 +20,60 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict
 from ray.tune import Callback
 
+from tune.settings import TIME_ATTR, TrialReport
 from tune.space import Param, _show, trial_config
-from tune.trainable import TIME_ATTR
 
 COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "trial_seconds", "state",
            "node_id",
            "host", "run_id", "units_run", "patches_scored", "error", "vs_random", "below_random")
 STATES = ("done", "stopped", "error", "interrupted", "pending")
+State = Literal[STATES]
+
+
+class TrialRow(BaseModel):
+    """One trial of the whole sweep, as results.csv, results.md, the plots and summary.json show it
+    (`flat()`): its swept values, what its last TrialReport said, its state, and the comparison
+    with random real images (tune.sweep.mark_below_random sets `vs_random` and `below_random`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: str                          # Tune's trial id; "" for a trial Tune had not made yet
+    values: dict[str, Any]              # swept key -> the trial's value (None: not drawn yet)
+    state: State
+    top1: float | None = None
+    top1_std: float | None = None
+    top1_per_seed: list[float] | None = None
+    student_pct: float | None = None    # TIME_ATTR
+    distill_seconds: float | None = None
+    student_seconds: float | None = None
+    trial_seconds: float | None = None
+    node_id: str | None = None
+    host: str | None = None
+    run_id: str | None = None
+    units_run: int | None = None
+    patches_scored: int | None = None
+    error: str | None = None
+    vs_random: str | None = None        # baselines.gain_text of the paired gain over random real images
+    below_random: bool | None = None    # clearly below them (more than two standard errors)
+
+    @classmethod
+    def of(cls, trial: str, values: dict[str, Any], state: State, report: TrialReport | None,
+           error: str | None = None) -> "TrialRow":
+        reported = report.model_dump(include=set(cls.model_fields)) if report is not None else {}
+        return cls(trial=trial, values=values, state=state, error=error, **reported)
+
+    def flat(self) -> dict[str, Any]:
+        """The row as the tables show it: trial, each swept key, then COLUMNS."""
+        return {"trial": self.trial, **self.values, **{col: getattr(self, col) for col in COLUMNS}}
+
+
+assert set(COLUMNS) <= set(TrialRow.model_fields)
 # The colour scale of the heat map spans at least this many points of top-1, so that a spread
 # smaller than the students' seed-to-seed noise does not fill the whole scale.
 MIN_COLOUR_SPAN = 5.0
@@ -83,60 +125,57 @@ class SweepProgress(Callback):
                   file=sys.stderr, flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        r = trial.last_result or {}
-        if r.get("final"):
-            text = (f"top-1 {r['top1']:.2f} ± {r.get('top1_std', 0):.2f} (distill {r.get('distill_seconds', 0):.0f} s, "
-                    f"student {r.get('student_seconds', 0):.0f} s) on {r.get('host')}")
+        r = TrialReport.from_metrics(trial.last_result)
+        if r is not None and r.final:
+            text = (f"top-1 {r.top1:.2f} ± {r.top1_std or 0:.2f} (distill {r.distill_seconds:.0f} s, "
+                    f"student {r.student_seconds or 0:.0f} s) on {r.host}")
+        elif r is not None:
+            text = f"stopped at {r.student_pct:.0f}% of the student schedule (top-1 {r.top1:.2f})"
         else:
-            text = f"stopped at {r.get(TIME_ATTR, 0):.0f}% of the student schedule (top-1 {r.get('top1', float('nan')):.2f})"
+            text = "ended without a report"
         self._say(trial, text)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._say(trial, "error (see results.csv)")
 
 
-def _state(error, metrics: dict, status: str | None) -> str:
+def _state(error, report: TrialReport | None, status: str | None) -> State:
     if error:
         return "error"
-    if status in ("RUNNING", "PAUSED") or (status == "PENDING" and metrics):
+    if status in ("RUNNING", "PAUSED") or (status == "PENDING" and report is not None):
         return "interrupted"
-    if status == "PENDING" or not metrics:
+    if status == "PENDING" or report is None:
         return "pending"
-    return "done" if metrics.get("final") else "stopped"
+    return "done" if report.final else "stopped"
 
 
-def collect_rows(grid, p, statuses: dict[str, str]) -> list[dict]:
-    """One dict per trial of the whole sweep, in trial order: the trials of a Tune ResultGrid,
-    labelled by their `statuses` (SweepProgress), then a `pending` row for each grid point Tune
-    had not made a trial for yet (an interrupted sweep)."""
+def collect_rows(grid, p, statuses: dict[str, str]) -> list[TrialRow]:
+    """One row per trial of the whole sweep, in trial order: the trials of a Tune ResultGrid
+    (each one's last TrialReport), labelled by their `statuses` (SweepProgress), then a `pending`
+    row for each grid point Tune had not made a trial for yet (an interrupted sweep)."""
     swept = p.swept
     rows = []
     for result in grid:
-        m = result.metrics or {}
-        trial = m.get("trial_id") or Path(result.path).name.removeprefix("trial_")
-        row = {"trial": trial, **{k: result.config.get(k) for k in swept}}
-        for col in COLUMNS:
-            row[col] = m.get(col)
-        row["state"] = _state(result.error, m, statuses.get(trial))
-        row["error"] = " ".join(str(result.error).split())[:300] if result.error else None
-        if row["top1_per_seed"]:
-            row["top1_per_seed"] = json.loads(row["top1_per_seed"])
-        rows.append(row)
-    rows.sort(key=lambda r: r["trial"])
+        metrics = result.metrics or {}
+        report = TrialReport.from_metrics(metrics)
+        trial = metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_")  # Tune's own key
+        error = " ".join(str(result.error).split())[:300] if result.error else None
+        rows.append(TrialRow.of(trial, {k: result.config.get(k) for k in swept},
+                                _state(result.error, report, statuses.get(trial)), report, error))
+    rows.sort(key=lambda r: r.trial)
     return rows + not_made(rows, swept, p.request.search, p.request.sample_count)
 
 
-def not_made(rows: list[dict], swept: dict[str, Param], search: str, samples: int) -> list[dict]:
+def not_made(rows: list[TrialRow], swept: dict[str, Param], search: str, samples: int) -> list[TrialRow]:
     """A pending row for each trial of the sweep that has no Tune trial yet: the grid points
     (x samples) that no trial holds, or the random samples not drawn."""
     grid_keys = [k for k, q in swept.items() if q.kind == "grid"] if search == "grid" else []
     wanted = [dict(zip(grid_keys, combo)) for combo in itertools.product(*(swept[k].values for k in grid_keys))]
     missing = []
     for point in wanted:
-        have = sum(all(r[k] == v for k, v in point.items()) for r in rows)
+        have = sum(all(r.values.get(k) == v for k, v in point.items()) for r in rows)
         missing += [point] * max(0, samples - have)
-    empty = {col: None for col in COLUMNS}
-    return [{"trial": "", **{k: None for k in swept}, **empty, **point, "state": "pending"} for point in missing]
+    return [TrialRow(trial="", values={**{k: None for k in swept}, **point}, state="pending") for point in missing]
 
 
 def best_row(rows: list[dict]) -> dict | None:
@@ -144,10 +183,11 @@ def best_row(rows: list[dict]) -> dict | None:
     return max(done, key=lambda r: r["top1"]) if done else None
 
 
-def write_results(p, rows: list[dict], interrupted: bool = False) -> tuple[dict, dict | None]:
+def write_results(p, trial_rows: list[TrialRow], interrupted: bool = False) -> tuple[dict, dict | None]:
     """Write every file of the sweep's results into OUT; returns ({name: path}, the best finished
     trial). An interrupted sweep gets no best.yaml: its best so far is not the sweep's best."""
     out, swept = p.out, p.swept
+    rows = [r.flat() for r in trial_rows]
     seeds = len(p.eval_cfg.seed_list)
     files = {"results_csv": str(_write_csv(out / "results.csv", rows, swept)),
              "results_md": str(_write_md(out / "results.md", rows, swept, p, interrupted))}

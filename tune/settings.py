@@ -4,11 +4,28 @@ were checked once in the driver instead of dict keys it has to trust.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from fadrm_ray.config import DistillConfig
 from fadrm_ray.settings import Count, EvalConfig, Index, Indices
+
+# Tune's time attribute: percent of the students' whole schedule (a TrialReport field).
+TIME_ATTR = "student_pct"
+
+
+def _config_keys(values: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(DistillConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(unknown)}; known keys: "
+                         f"{', '.join(sorted(DistillConfig.model_fields))}")
+    return values
+
+
+# DistillConfig overrides (key -> value, make_config's `overrides`): the keys are DistillConfig's;
+# the values are judged when make_config builds a trial's config.
+ConfigOverrides = Annotated[dict[str, Any], AfterValidator(_config_keys)]
 
 
 class TrialBase(BaseModel):
@@ -21,7 +38,7 @@ class TrialBase(BaseModel):
     ipc: Count | None = None
     classes: Indices | None = None
     seed: Index | None = None
-    fixed: dict[str, Any] = {}
+    fixed: ConfigOverrides = {}
 
 
 class TrialSettings(BaseModel):
@@ -54,3 +71,53 @@ class TrialState(BaseModel):
     units_skipped: int
     patches_scored: int
     distill_seconds: float
+
+
+class PatchScoring(BaseModel):
+    """One patch-scoring task of the sweep's driver (tune.trainable.score_patches): the resolved
+    config whose patch settings decide the rankings, the classes to score, where, and with how
+    many torch threads. The dataset and the teachers' bytes go beside it, through the object store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: DistillConfig               # resolved for the dataset and the device
+    labels: list[int]
+    device: Literal["cpu", "cuda"]
+    threads: Count
+
+
+class TrialReport(BaseModel):
+    """What a trial reports to Tune (`tune.report(report.model_dump())`) at each of its students'
+    test evaluations: the student's top-1 at `student_pct` percent of the students' schedule, and
+    where and how its run was distilled. The last report (`final`) holds the mean over the student
+    seeds and the seconds. tune.results reads it back from Tune's results with `from_metrics`."""
+
+    # Tune adds keys of its own to what a trial reports (trial_id, training_iteration, ...).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    top1: float
+    student_pct: float                  # TIME_ATTR
+    final: bool
+    node_id: str
+    host: str
+    run_id: str
+    distill_seconds: float
+    units_run: int
+    patches_scored: int
+    # The final report only:
+    top1_std: float | None = None
+    top1_per_seed: list[float] | None = None
+    student_seconds: float | None = None
+    evaluation_cached: bool | None = None
+    trial_seconds: float | None = None
+
+    @classmethod
+    def from_metrics(cls, metrics: dict | None) -> "TrialReport | None":
+        """A trial's last report from Tune's metrics of it; None when it reported nothing."""
+        required = {name for name, field in cls.model_fields.items() if field.is_required()}
+        if not metrics or not required <= set(metrics):
+            return None
+        return cls.model_validate(metrics)
+
+
+assert TIME_ATTR in TrialReport.model_fields

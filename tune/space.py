@@ -29,7 +29,6 @@ from fadrm_ray.settings import ConfigError
 
 from tune.settings import TrialBase
 
-DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 _DIST = re.compile(r"^\s*(uniform|loguniform|randint|choice)\s*\((.*)\)\s*$", re.S)
 # The checks of every combination stop here (the keys' values are still each checked alone).
 MAX_CHECKED_COMBINATIONS = 4096

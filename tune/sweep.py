@@ -39,11 +39,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from fadrm_ray.settings import ConfigError, Count, EvalConfig, Index, Indices, describe, error_loc
 
-from tune.settings import TrialBase, TrialSettings
+from tune.settings import PatchScoring, TrialBase, TrialSettings
 from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space
 
 if TYPE_CHECKING:
     from fadrm_ray.data.base import ImageDataset
+
+    from tune.results import TrialRow
 
 EXPERIMENT = "experiment"
 # ASHA on student_pct (percent of the students' schedule): one rung, at 50 %. The rung metric is
@@ -267,7 +269,8 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
         if saved.is_file():
             out[key] = {s.label: s for s in map(ClassSelection.from_dict, json.loads(saved.read_text()))}
         else:
-            pending[key] = task.remote(cfg.to_dict(), ray.put(ds), blobs, labels, p.device, max(1, int(req.cpus_per_trial)))
+            job = PatchScoring(config=cfg, labels=labels, device=p.device, threads=max(1, int(req.cpus_per_trial)))
+            pending[key] = task.remote(job, ray.put(ds), blobs)
     for key, ref in pending.items():
         selections, seconds = ray.get(ref)
         out[key] = selections
@@ -294,7 +297,7 @@ def random_reference(p: Prepared, blobs: list[bytes]):
     return task.remote(trial_settings(p), p.dataset, blobs)
 
 
-def mark_below_random(rows: list[dict], reference, interrupted: bool) -> str:
+def mark_below_random(rows: list[TrialRow], reference, interrupted: bool) -> str:
     """Each finished row's gain over random real images, seed by seed (`vs_random`, a
     `baselines.gain_text`), and `below_random` where it is clearly below them (more than two
     standard errors); returns one line on what was compared. An interrupted sweep does not wait
@@ -314,12 +317,12 @@ def mark_below_random(rows: list[dict], reference, interrupted: bool) -> str:
         return f"not compared: the random real images' students failed ({type(exc).__name__}: {exc})"
     below = 0
     for row in rows:
-        if row["state"] != "done" or not row["top1_per_seed"] or len(row["top1_per_seed"]) != len(random_top1):
+        if row.state != "done" or not row.top1_per_seed or len(row.top1_per_seed) != len(random_top1):
             continue
-        gain = paired_gain(row["top1_per_seed"], random_top1)
-        row["vs_random"] = gain_text(gain)
-        row["below_random"] = gain.clearly_below
-        below += row["below_random"]
+        gain = paired_gain(row.top1_per_seed, random_top1)
+        row.vs_random = gain_text(gain)
+        row.below_random = gain.clearly_below
+        below += row.below_random
     return (f"random real images: {sum(random_top1) / len(random_top1):.2f} top-1 over seeds "
             f"{', '.join(f'{v:.2f}' for v in random_top1)}; {below} finished trial{'s' if below != 1 else ''} "
             f"clearly below them (paired, more than two standard errors)")
@@ -329,7 +332,7 @@ def _tuner(p: Prepared, trainable, restore: bool, progress):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from tune.trainable import TIME_ATTR
+    from tune.settings import TIME_ATTR
 
     req = p.request
     path = p.out / EXPERIMENT
@@ -414,7 +417,7 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
     with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
         grid = _tuner(p, trainable, restore, progress).fit()
     rows = collect_rows(grid, p, progress.statuses)
-    states = {s: sum(r["state"] == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
+    states = {s: sum(r.state == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
     interrupted = bool(states["interrupted"] or states["pending"])
     random_note = mark_below_random(rows, reference, interrupted)
     files, best = write_results(p, rows, interrupted)
@@ -423,7 +426,7 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
                "configs_checked": p.checked, "swept": {k: q.describe() for k, q in p.swept.items()},
                "patches": patch_cost, "random_real": random_note, "wall_seconds": round(time.perf_counter() - started, 2),
                "best": None if interrupted else best, "best_so_far": best if interrupted else None,
-               "files": files, "rows": rows}
+               "files": files, "rows": [r.flat() for r in rows]}
     if interrupted:
         summary["resume"] = (f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials "
                              f"are kept, interrupted ones continue from their last checkpoint, pending ones start)")

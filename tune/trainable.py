@@ -15,7 +15,8 @@ patch rankings scored once per sweep). A trial
 3. evaluates a student on the run with `evaluate_run`, the protocol and the cache of
    `fadrm evaluate`, reporting the student's test top-1 at each of its test evaluations under
    the time attribute `student_pct` (percent of the students' whole schedule), which ASHA
-   schedules on; the last report is the mean over the student seeds (`done: True`).
+   schedules on; the last report is the mean over the student seeds (`final`). Each report is
+   a `tune.settings.TrialReport`, dumped for Tune and validated back by tune.results.
 
 The report after distillation carries a checkpoint (the run), so a trial resumed after an
 error evaluates without distilling again. Every trial appends what it did to the sweep's
@@ -34,9 +35,8 @@ from typing import Any
 
 from fadrm_ray.events import append_event
 
-from tune.settings import TrialSettings, TrialState
+from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialState
 
-TIME_ATTR = "student_pct"
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
 
@@ -54,25 +54,23 @@ def patch_key(resolved_cfg, dataset_fingerprint: str, teacher_shas: list[str]) -
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def score_patches(cfg_dict: dict, dataset, teacher_blobs: list[bytes], labels: list[int], device: str,
-                  threads: int) -> tuple[dict, float]:
-    """Score the real patches of `labels` under a resolved config (a Ray task of the sweep's
-    driver, once per patch key): ({label: ClassSelection}, seconds)."""
+def score_patches(job: PatchScoring, dataset, teacher_blobs: list[bytes]) -> tuple[dict, float]:
+    """Score the real patches of `job.labels` under `job.config`, a resolved config (a Ray task
+    of the sweep's driver, once per patch key): ({label: ClassSelection}, seconds)."""
     import torch
 
-    from fadrm_ray.config import DistillConfig
     from fadrm_ray.run.stages import frozen_teachers
     from fadrm_ray.run.job import JobParts
     from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
-    torch.set_num_threads(max(1, threads))
-    cfg = DistillConfig.from_dict(cfg_dict)
+    torch.set_num_threads(job.threads)
+    cfg, device = job.config, job.device
     started = time.perf_counter()
     loaded = [load_teacher(f"teacher {i}", device, blob=blob) for i, blob in enumerate(teacher_blobs)]
     parts = JobParts.of(dataset, loaded, device)
     teachers = frozen_teachers(parts, cfg)
-    selections = {label: score_class(parts.dataset, label, cfg, teachers, device) for label in labels}
+    selections = {label: score_class(parts.dataset, label, cfg, teachers, device) for label in job.labels}
     return selections, time.perf_counter() - started
 
 
@@ -155,16 +153,18 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     eval_cfg = sweep.eval
     seeds = eval_cfg.seed_list
-    common = {**node, "run_id": Path(run_dir).name, "distill_seconds": state.distill_seconds,
-              "units_run": state.units_run, "patches_scored": state.patches_scored}
+    # What every report carries; each evaluation adds the student's top-1 and how far it got.
+    progress = TrialReport(top1=0.0, student_pct=0.0, final=False, run_id=Path(run_dir).name,
+                           distill_seconds=state.distill_seconds, units_run=state.units_run,
+                           patches_scored=state.patches_scored, **node)
     pending = {"checkpoint": _checkpoint(state)}  # goes with the first report
 
     def on_eval(seed: int, epoch: int, epochs: int, top1: float) -> None:
         pct = 100.0 * (seeds.index(seed) * epochs + epoch) / (epochs * len(seeds))
         if pct >= 100.0:
             return  # the last evaluation is reported below, as the mean over the seeds
-        tune.report({"top1": top1, TIME_ATTR: round(pct, 3), "final": False, **common},
-                    checkpoint=pending.pop("checkpoint", None))
+        report = progress.model_copy(update={"top1": top1, "student_pct": round(pct, 3)})
+        tune.report(report.model_dump(), checkpoint=pending.pop("checkpoint", None))
 
     evaluated = time.perf_counter()
     device = sweep.device
@@ -176,11 +176,11 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)
-    tune.report({"top1": result.top1_mean, "top1_std": result.top1_std,
-                 "top1_per_seed": json.dumps(result.top1_per_seed), TIME_ATTR: 100.0, "final": True,
-                 "student_seconds": round(student_seconds, 3), "evaluation_cached": result.cached,
-                 "trial_seconds": round(time.perf_counter() - started, 3), **common},
-                checkpoint=pending.pop("checkpoint", None))
+    final = progress.model_copy(update={
+        "top1": result.top1_mean, "top1_std": result.top1_std, "top1_per_seed": list(result.top1_per_seed),
+        "student_pct": 100.0, "final": True, "student_seconds": round(student_seconds, 3),
+        "evaluation_cached": result.cached, "trial_seconds": round(time.perf_counter() - started, 3)})
+    tune.report(final.model_dump(), checkpoint=pending.pop("checkpoint", None))
 
 
 def _checkpoint(state: TrialState):
@@ -191,6 +191,27 @@ def _checkpoint(state: TrialState):
     return tune.Checkpoint.from_directory(folder)
 
 
+def trial_executor(sweep: TrialSettings):
+    """The executor of a trial's distillation, on the trial's device: this process, or (with
+    `workers_per_trial` > 1) a Coordinator whose DistillWorkers get the trial's GPUs, none for a
+    CPU trial. Its actors start here, so a caller closes it on every path."""
+    from fadrm_ray.run.execute import LocalExecutor
+
+    if sweep.workers_per_trial <= 1:
+        return LocalExecutor(sweep.device, progress=False)
+    from actors.coordinator import Coordinator
+
+    # No GPUs (0, not None) for a CPU trial: left None, the coordinator takes one GPU per worker
+    # wherever the cluster has GPUs, and the job resolved for the CPU would not run there.
+    gpus = sweep.gpus_per_worker if sweep.device == "cuda" else 0.0
+    executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
+                           gpus_per_worker=gpus, progress=False)
+    if executor.device_type != sweep.device:
+        executor.close()
+        raise ValueError(f"the trial runs on {sweep.device}, but its workers would run on {executor.device_type}")
+    return executor
+
+
 def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
                   selections: dict | None) -> tuple[TrialState, Any]:
     """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
@@ -198,9 +219,7 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     its job once (teachers loaded once) and runs it in this process, or on DistillWorker actors
     in the trial's placement group with `workers_per_trial` > 1. Returns what it did and the
     teachers as a SoftLabeler for the evaluation."""
-    import torch
-
-    from fadrm_ray.run.execute import LocalExecutor, run_job
+    from fadrm_ray.run.execute import run_job
     from fadrm_ray.run.stages import needed_classes, save_selection
     from fadrm_ray.run.units import plan_units
     from fadrm_ray.run.job import prepare_job
@@ -210,25 +229,23 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     started = time.perf_counter()
     store_root, device = sweep.store, sweep.device
     on_ray = sweep.workers_per_trial > 1
-    job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
-                             device="cpu" if on_ray else device, device_type=torch.device(device).type,
-                             data_root=sweep.data_root)
-    layout = RunLayout(job.run_dir)
-    labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
-    key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
-    shared = (selections or {}).get(key, {})
-    for label in labels:
-        if label in shared and not layout.patch_selection(label).is_file():
-            save_selection(layout, shared[label])
-    before = sum(layout.patch_selection(label).is_file() for label in labels)
-    if on_ray:
-        from actors.coordinator import Coordinator
-
-        executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
-                               gpus_per_worker=sweep.gpus_per_worker, progress=False)
-    else:
-        executor = LocalExecutor(device, progress=False)
-    result = run_job(job, executor, parts)
+    executor = trial_executor(sweep)
+    try:
+        job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
+                                 device="cpu" if on_ray else device, device_type=executor.device_type,
+                                 data_root=sweep.data_root)
+        layout = RunLayout(job.run_dir)
+        labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
+        key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
+        shared = (selections or {}).get(key, {})
+        for label in labels:
+            if label in shared and not layout.patch_selection(label).is_file():
+                save_selection(layout, shared[label])
+        before = sum(layout.patch_selection(label).is_file() for label in labels)
+        result = run_job(job, executor, parts)
+    finally:
+        if on_ray:
+            executor.close()  # idempotent: the actors stop on every path, not only when the job ran
     after = sum(layout.patch_selection(label).is_file() for label in labels)
     state = TrialState(run_dir=str(result.run_dir), units_run=len(result.units_run),
                        units_skipped=len(result.units_skipped), patches_scored=after - before,
