@@ -28,6 +28,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
 from fadrm_ray.events import LedgerEvent, append_event
 from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
+from fadrm_ray.messages import ClassScored, UnitWritten, WorkerInfo
 from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
 from fadrm_ray.store import RunStore
 
@@ -235,7 +236,8 @@ class Coordinator:
                     worker = starting.pop(ref)
                     self.starting.pop(ref, None)
                     try:
-                        self.log(LedgerEvent.worker_started, worker=worker._actor_id.hex(), **ray.get(ref))
+                        info: WorkerInfo = ray.get(ref)
+                        self.log(LedgerEvent.worker_started, worker=worker._actor_id.hex(), **info.model_dump())
                     except RayActorError as exc:
                         self.log(LedgerEvent.worker_lost, worker=worker._actor_id.hex(), message=str(exc)[:500])
                     continue
@@ -265,16 +267,16 @@ class Coordinator:
                     else:
                         idle.append(worker)
                     continue
-                if task.unit is None:
-                    self.selections[reply["label"]] = reply["selection"]
-                    self.log(LedgerEvent.patches_scored, label=reply["label"], pid=reply["pid"], seconds=reply["seconds"])
+                if isinstance(reply, ClassScored):
+                    self.selections[reply.label] = reply.selection
+                    self.log(LedgerEvent.patches_scored, label=reply.label, pid=reply.pid, seconds=reply.seconds)
                     idle.append(worker)
                     continue
                 bar.update(1)
-                self.log(LedgerEvent.stage_done, unit=task.unit.unit_id, stage=task.stage, pid=reply["pid"],
-                         seconds=reply["seconds"], patches_scored=reply["patches_scored"])
-                if reply["done"]:
-                    self.log(LedgerEvent.unit_done, unit=task.unit.unit_id, rows=reply["rows"], pid=reply["pid"])
+                self.log(LedgerEvent.stage_done, unit=reply.unit_id, stage=reply.stage, pid=reply.pid,
+                         seconds=reply.seconds, patches_scored=reply.patches_scored)
+                if isinstance(reply, UnitWritten):
+                    self.log(LedgerEvent.unit_done, unit=reply.unit_id, rows=reply.rows, pid=reply.pid)
                     result.units_run.append(task.unit.unit_id)
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
