@@ -26,7 +26,8 @@ from actors.worker import DistillWorker, RunContext, latest_checkpoints
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data import get_dataset
 from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes, run_job
-from fadrm_ray.events import LedgerEvent, append_event
+from fadrm_ray.events import (PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone, StageFailed, UnitDone,
+                              WorkerLost, WorkerStarted, append_entry)
 from fadrm_ray.job import DistillJob, ExecutionSpec, JobParts, prepare_job
 from fadrm_ray.messages import ClassScored, UnitWritten, WorkerInfo
 from fadrm_ray.runtime import ALLOCATOR_ENV, heavy_process_env
@@ -116,8 +117,8 @@ class Coordinator:
         self.workers, self.starting = [], {}
 
     # ------------------------------------------------------------------ ledger
-    def log(self, event: LedgerEvent, **fields) -> None:
-        append_event(self.ledger_path, event, **fields)
+    def log(self, entry) -> None:
+        append_entry(self.ledger_path, entry)
 
     def pending(self, units: list[Unit]) -> tuple[list[_Task], int]:
         """Tasks to run, rebuilt from the store, and the stages already done."""
@@ -177,8 +178,9 @@ class Coordinator:
         # plan: every unit of this request with the stages it already has (progress reports read it).
         plan = {u.unit_id: self.stages for u in units}
         plan.update({t.unit.unit_id: t.stage for t in tasks})
-        self.log(LedgerEvent.run_started, units=len(units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
-                 resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0}, stages=self.stages, plan=plan)
+        self.log(RunStarted(units=len(units), todo=len(tasks), stages_done=done_stages, ipc=self.cfg.ipc,
+                            resumed={t.unit.unit_id: t.stage for t in tasks if t.stage > 0}, stages=self.stages,
+                            plan=plan))
         workers = self.workers[:len(tasks)]
         for surplus in self.workers[len(tasks):]:  # more actors than units left to run
             ray.kill(surplus)
@@ -196,7 +198,7 @@ class Coordinator:
                 self._schedule(deque(tasks), workers, bar, result)
             finally:
                 bar.close()
-        self.log(LedgerEvent.run_finished, seconds=time.perf_counter() - started)
+        self.log(RunFinished(seconds=time.perf_counter() - started))
         return {"executor": "ray", "device": self.device, "workers": len(workers),
                 "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus_per_worker}
 
@@ -237,27 +239,27 @@ class Coordinator:
                     self.starting.pop(ref, None)
                     try:
                         info: WorkerInfo = ray.get(ref)
-                        self.log(LedgerEvent.worker_started, worker=worker._actor_id.hex(), **info.model_dump())
+                        self.log(WorkerStarted(worker=worker._actor_id.hex(), **info.model_dump()))
                     except RayActorError as exc:
-                        self.log(LedgerEvent.worker_lost, worker=worker._actor_id.hex(), message=str(exc)[:500])
+                        self.log(WorkerLost(worker=worker._actor_id.hex(), message=str(exc)[:500]))
                     continue
                 if ref in probes:  # a worker that failed answers again: it restarted
                     worker = probes.pop(ref)
                     try:
                         ray.get(ref)
                         idle.append(worker)
-                    except RayActorError:
-                        self.log(LedgerEvent.worker_lost, worker=worker._actor_id.hex())
+                    except RayActorError as exc:
+                        self.log(WorkerLost(worker=worker._actor_id.hex(), message=str(exc)[:500]))
                     continue
                 worker, task = inflight.pop(ref)
                 try:
                     reply = ray.get(ref)
                 except (RayActorError, RayTaskError) as exc:
                     task.attempts += 1
-                    where = {"label": task.label} if task.unit is None else {"unit": task.unit.unit_id, "stage": task.stage}
-                    self.log(LedgerEvent.stage_failed if task.unit is not None else LedgerEvent.patches_failed, **where,
-                             attempt=task.attempts, worker=worker._actor_id.hex(), error=type(exc).__name__,
-                             message=str(exc)[:500])
+                    failed = dict(attempt=task.attempts, worker=worker._actor_id.hex(), error=type(exc).__name__,
+                                  message=str(exc)[:500])
+                    self.log(PatchesFailed(label=task.label, **failed) if task.unit is None else
+                             StageFailed(unit=task.unit.unit_id, stage=task.stage, **failed))
                     if task.attempts >= self.max_attempts:
                         raise RuntimeError(f"{task.name} failed {task.attempts} times; "
                                            f"last error: {str(exc).splitlines()[0]}") from exc
@@ -269,14 +271,14 @@ class Coordinator:
                     continue
                 if isinstance(reply, ClassScored):
                     self.selections[reply.label] = reply.selection
-                    self.log(LedgerEvent.patches_scored, label=reply.label, pid=reply.pid, seconds=reply.seconds)
+                    self.log(PatchesScored(label=reply.label, pid=reply.pid, seconds=reply.seconds))
                     idle.append(worker)
                     continue
                 bar.update(1)
-                self.log(LedgerEvent.stage_done, unit=reply.unit_id, stage=reply.stage, pid=reply.pid,
-                         seconds=reply.seconds, patches_scored=reply.patches_scored)
+                self.log(StageDone(unit=reply.unit_id, stage=reply.stage, pid=reply.pid, seconds=reply.seconds,
+                                   patches_scored=reply.patches_scored))
                 if isinstance(reply, UnitWritten):
-                    self.log(LedgerEvent.unit_done, unit=reply.unit_id, rows=reply.rows, pid=reply.pid)
+                    self.log(UnitDone(unit=reply.unit_id, rows=reply.rows, pid=reply.pid))
                     result.units_run.append(task.unit.unit_id)
                     idle.append(worker)
                 else:  # the worker holds the unit's states in memory: keep the unit there
