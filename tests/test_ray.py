@@ -128,9 +128,9 @@ def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, dig
 
 
 def test_every_worker_starts_with_passive_openmp_and_its_thread_count(local_ray, digits_teacher, tmp_path):
-    from actors.coordinator import Coordinator
+    from actors.pool import WorkerPool
 
-    coordinator = Coordinator(workers=2, cpus_per_worker=1, progress=False)
+    coordinator = WorkerPool(workers=2, cpus_per_worker=1, progress=False)
     try:
         infos = ray.get([w.ping.remote() for w in coordinator.workers])
         environs = [dict(item.split("=", 1) for item in open(f"/proc/{i.pid}/environ").read().split("\0") if "=" in item)
