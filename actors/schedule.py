@@ -20,8 +20,8 @@ import ray
 
 from actors.worker import RunContext, latest_checkpoints
 from fadrm_ray.distill import DistillResult, Unit, load_selections, needed_classes
-from fadrm_ray.events import (PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone, StageFailed, UnitDone,
-                              append_entry)
+from fadrm_ray.events import (LedgerEntry, PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone, StageFailed,
+                              UnitDone, append_entry)
 from fadrm_ray.job import DistillJob, JobParts
 from fadrm_ray.messages import ClassScored, StageRan, UnitWritten
 from fadrm_ray.patches import ClassSelection
@@ -78,7 +78,7 @@ class RunSchedule:
         self.selections: dict[int, ClassSelection] = {}  # class -> its patch ranking, shared with every stage
         self.bar = None                       # the progress bar of the stages, while they run
 
-    def log(self, entry) -> None:
+    def log(self, entry: LedgerEntry) -> None:
         append_entry(self.ledger_path, entry)
 
     def _pending(self, units: list[Unit]) -> tuple[list[Task], int]:

@@ -122,7 +122,7 @@ _ENTRY = TypeAdapter(LedgerEntry)
 E = TypeVar("E", bound=_Entry)
 
 
-def append_entry(path: str | Path, entry: _Entry) -> None:
+def append_entry(path: str | Path, entry: LedgerEntry) -> None:
     """Append one ledger entry as a line of JSON."""
     with open(path, "a") as f:
         f.write(entry.model_dump_json() + "\n")
