@@ -1,1 +1,2 @@
-"""The Ray layer: DistillWorker actors, the stage-scheduling Coordinator, the job entry point."""
+"""The Ray layer: DistillWorker actors, their WorkerPool, one run's RunSchedule, the Ray door
+(`actors.coordinator.distill_on_ray`), the job entry point."""

@@ -32,6 +32,7 @@ from fadrm_ray.run.stages import (frozen_teachers, run_unit_stage, save_selectio
 from fadrm_ray.run.units import Unit
 from fadrm_ray.fileio import atomic_write_bytes
 from fadrm_ray.run.job import DistillJob, JobParts, teacher_blobs
+from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
 from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState
@@ -118,11 +119,12 @@ class DistillWorker:
         self.live = {}
         self.context_key, self.selections_key = key, None
 
-    def ping(self) -> dict:
+    def ping(self) -> WorkerInfo:
         """Where this worker runs and with what (threads and OpenMP settings it started with)."""
-        return {**process_info(), "host": socket.gethostname(), "device": self.device, "threads": self.num_threads}
+        return WorkerInfo.model_validate({**process_info(), "host": socket.gethostname(), "device": self.device,
+                                          "threads": self.num_threads})
 
-    def score_class(self, label: int, context: list) -> dict:
+    def score_class(self, label: int, context: list) -> ClassScored:
         """Score the real patches of class `label` for the run, keep the ranking in the run, and
         return it (small: ranked indices and crop boxes) for the coordinator to share."""
         torch.set_num_threads(self.num_threads)
@@ -131,10 +133,11 @@ class DistillWorker:
         selection = score_class(self.dataset, label, self.cfg, self.teachers, self.device)
         save_selection(self.store.layout, selection)
         self.patch_cache[label] = selection
-        return {"label": label, "selection": selection, "pid": os.getpid(), "seconds": time.perf_counter() - started}
+        return ClassScored(label=label, selection=selection, pid=os.getpid(), seconds=time.perf_counter() - started)
 
-    def run_stage(self, unit: Unit, stage: int, context: list) -> dict:
-        """Run stage `stage` of `unit` (from the checkpoint of stage - 1 unless this worker holds it)."""
+    def run_stage(self, unit: Unit, stage: int, context: list) -> StageRan:
+        """Run stage `stage` of `unit` (from the checkpoint of stage - 1 unless this worker holds it):
+        `UnitWritten` once the unit's last stage wrote its part files, else `StageRan`."""
         torch.set_num_threads(self.num_threads)  # a reused worker process may have another count
         self._enter(context)
         started = time.perf_counter()
@@ -148,18 +151,15 @@ class DistillWorker:
                 states = load_checkpoint(self.store.layout.checkpoint(unit.unit_id, stage))
         run_unit_stage(states, self.teachers, self.cfg, self.device)
         seconds = time.perf_counter() - started
-        # patches_scored: classes this call had to score itself (0 when the coordinator shared them)
-        reply = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds,
-                 "patches_scored": len(self.patch_cache) - known}
+        ran = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds,
+               "patches_scored": len(self.patch_cache) - known}
         if states[0].done:
             records, packs = unit_records(unit, states, self.teachers, self.device)
             stats = unit_stats(unit, packs, self.device, seconds, worker_pid=os.getpid())
             manifest = self.store.write_unit(unit.unit_id, records, self.dataset.class_names, self.provenance, stats)
             for old in self.store.layout.checkpoints(unit.unit_id):
                 old.unlink(missing_ok=True)
-            reply.update(done=True, rows=sum(f["rows"] for f in manifest["files"]))
-        else:
-            save_checkpoint(self.store, unit.unit_id, states)
-            self.live[unit.unit_id] = states
-            reply.update(done=False)
-        return reply
+            return UnitWritten(**ran, rows=sum(f["rows"] for f in manifest["files"]))
+        save_checkpoint(self.store, unit.unit_id, states)
+        self.live[unit.unit_id] = states
+        return StageRan(**ran)

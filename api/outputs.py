@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 
 from fadrm_ray.run.units import Unit
-from fadrm_ray.events import LedgerEvent, read_events
+from fadrm_ray.events import RunStarted, StageDone, read_ledger
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import export_imagefolder, open_run
@@ -57,12 +57,11 @@ def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | Non
     started, done_events = _ledger_since(RunLayout(run_dir).ledger, started_at) if started_at else (None, [])
     per_class = {c: [0, 0] for c in classes}
     overall = [0, 0]
-    if started is not None and isinstance(started.get("plan"), dict):
-        done_now: dict[str, int] = dict(started["plan"])
+    if started is not None:
+        done_now: dict[str, int] = dict(started.plan)
         for event in done_events:
-            unit = event.get("unit")
-            if unit in done_now:
-                done_now[unit] = max(done_now[unit], int(event.get("stage", 0)) + 1)
+            if event.unit in done_now:
+                done_now[event.unit] = max(done_now[event.unit], event.stage + 1)
         for unit_id, done in done_now.items():
             parsed = Unit.parse_id(unit_id)
             if parsed is None or parsed[0] >= len(shards):
@@ -83,7 +82,7 @@ def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | Non
     }
     eta = None
     if state == "running" and started is not None and done_events:
-        elapsed = time.time() - float(started["t"])
+        elapsed = time.time() - started.t
         remaining = body["stages_total"] - body["stages_done"]
         if elapsed > 0 and remaining >= 0:
             eta = round(remaining * elapsed / len(done_events), 1)
@@ -93,7 +92,7 @@ def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | Non
 _LEDGER_CACHE: dict[tuple, tuple] = {}
 
 
-def _ledger_since(path: Path, since: float) -> tuple[dict | None, list[dict]]:
+def _ledger_since(path: Path, since: float) -> tuple[RunStarted | None, list[StageDone]]:
     """The last `run_started` event at or after `since`, and the `stage_done` events after it
     (kept while the ledger file is unchanged: clients poll far more often than stages end)."""
     try:
@@ -108,14 +107,14 @@ def _ledger_since(path: Path, since: float) -> tuple[dict | None, list[dict]]:
     return _LEDGER_CACHE[key]
 
 
-def _parse_ledger(path: Path, since: float) -> tuple[dict | None, list[dict]]:
+def _parse_ledger(path: Path, since: float) -> tuple[RunStarted | None, list[StageDone]]:
     started, done = None, []
-    for event in read_events(path):
-        if float(event.get("t", 0)) < since - 1:
+    for event in read_ledger(path):
+        if event.t < since - 1:
             continue
-        if event.get("event") == LedgerEvent.run_started:
+        if isinstance(event, RunStarted):
             started, done = event, []
-        elif event.get("event") == LedgerEvent.stage_done and started is not None:
+        elif isinstance(event, StageDone) and started is not None:
             done.append(event)
     return started, done
 

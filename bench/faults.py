@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from fadrm_ray.cli import main as cli_main
+from fadrm_ray.events import StageDone, WorkerStarted, read_ledger
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run
 from bench import fault_inject
@@ -244,9 +245,10 @@ class Bench:
             cfg, "digits", [str(self.teacher)], store, ExecutionSpec(workers=2, progress=False))))
         thread.start()
         run = store / reference.name
-        while thread.is_alive() and not _events(run, "stage_done"):
+        ledger = RunLayout(run).ledger
+        while thread.is_alive() and not any(read_ledger(ledger, StageDone)):
             time.sleep(0.05)
-        os.kill(_events(run, "worker_started")[0]["pid"], signal.SIGKILL)
+        os.kill(next(read_ledger(ledger, WorkerStarted)).pid, signal.SIGKILL)
         thread.join()
         during = "recovered" if "r" in box and same(open_run(run).read(), open_run(reference).read()) else "FAILED"
         return self.row(run, [], reference, LONG, during)
@@ -286,13 +288,6 @@ class Bench:
         verdict = (f"refused, exit {code}" if code and one_line else f"exit {code}: {message[:60]}")
         verdict += ", nothing left" if not left else f", left: {left[:60]}"
         return {"during": verdict, **{c: "n/a" for c in COLUMNS[1:]}}
-
-
-def _events(run: Path, name: str) -> list[dict]:
-    """The coordinator's ledger entries called `name`."""
-    ledger = RunLayout(run).ledger
-    lines = ledger.read_text().splitlines() if ledger.is_file() else []
-    return [e for e in map(json.loads, filter(str.strip, lines)) if e.get("event") == name]
 
 
 def _descendants(root: int, tree: dict) -> dict[int, str]:

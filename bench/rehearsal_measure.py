@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from fadrm_ray.events import read_events
+from fadrm_ray.events import PatchesScored, RunFinished, RunStarted, StageDone, WorkerStarted, read_ledger
 from fadrm_ray.layout import RunLayout
 
 SAMPLE_SECONDS = 0.2
@@ -284,17 +284,17 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 def ledger_split(run_dir: Path) -> dict:
     """Recover stages and patch scoring of a Ray run from its ledger: worker seconds (summed
     over workers) and wall seconds (the union of the intervals), and the run's own seconds."""
-    events = list(read_events(RunLayout(run_dir).ledger))
+    events = list(read_ledger(RunLayout(run_dir).ledger))
     out: dict = {}
-    for key, name in (("recover", "stage_done"), ("patch_scoring", "patches_scored")):
-        spans = [(e["t"] - e["seconds"], e["t"]) for e in events if e["event"] == name]
+    for key, kind in (("recover", StageDone), ("patch_scoring", PatchesScored)):
+        spans = [(e.t - e.seconds, e.t) for e in events if isinstance(e, kind)]
         out[f"{key}_worker_s"] = round(sum(b - a for a, b in spans), 2)
         out[f"{key}_wall_s"] = round(_union(spans), 2)
-    finished = [e for e in events if e["event"] == "run_finished"]
-    started = [e for e in events if e["event"] == "run_started"]
-    out["run_s"] = round(finished[-1]["seconds"], 2) if finished else None
-    out["workers_started"] = sum(e["event"] == "worker_started" for e in events)
-    out["stages"] = sum(e["event"] == "stage_done" for e in events)
+    finished = [e for e in events if isinstance(e, RunFinished)]
+    started = [e for e in events if isinstance(e, RunStarted)]
+    out["run_s"] = round(finished[-1].seconds, 2) if finished else None
+    out["workers_started"] = sum(isinstance(e, WorkerStarted) for e in events)
+    out["stages"] = sum(isinstance(e, StageDone) for e in events)
     if started:
-        out["units"] = started[-1]["units"]
+        out["units"] = started[-1].units
     return out

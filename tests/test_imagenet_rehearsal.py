@@ -77,13 +77,19 @@ def test_sampler_sums_the_whole_tree():
 
 
 def test_ledger_split_takes_the_union_of_worker_intervals(tmp_path):
-    events = [{"t": 10.0, "event": "run_started", "units": 2},
-              {"t": 12.0, "event": "patches_scored", "seconds": 1.0},
-              {"t": 20.0, "event": "stage_done", "seconds": 6.0},  # 14-20
-              {"t": 22.0, "event": "stage_done", "seconds": 6.0},  # 16-22, overlaps
-              {"t": 30.0, "event": "stage_done", "seconds": 2.0},  # 28-30
-              {"t": 31.0, "event": "run_finished", "seconds": 21.0}]
-    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    from fadrm_ray.events import PatchesScored, RunFinished, RunStarted, StageDone, append_entry
+
+    def stage(t, seconds, unit):
+        return StageDone(t=t, seconds=seconds, unit=unit, stage=0, pid=1, patches_scored=0)
+
+    events = [RunStarted(t=10.0, units=2, todo=2, stages_done=0, ipc=1, resumed={}, stages=1, plan={"a": 0, "b": 0}),
+              PatchesScored(t=12.0, seconds=1.0, label=0, pid=1),
+              stage(20.0, 6.0, "a"),  # 14-20
+              stage(22.0, 6.0, "b"),  # 16-22, overlaps
+              stage(30.0, 2.0, "c"),  # 28-30
+              RunFinished(t=31.0, seconds=21.0)]
+    for event in events:
+        append_entry(tmp_path / "ledger.jsonl", event)
     split = measure.ledger_split(tmp_path)
     assert split["recover_worker_s"] == 14.0 and split["recover_wall_s"] == 10.0
     assert split["patch_scoring_wall_s"] == 1.0 and split["run_s"] == 21.0 and split["stages"] == 3

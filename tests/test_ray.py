@@ -128,16 +128,16 @@ def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, dig
 
 
 def test_every_worker_starts_with_passive_openmp_and_its_thread_count(local_ray, digits_teacher, tmp_path):
-    from actors.coordinator import Coordinator
+    from actors.pool import WorkerPool
 
-    coordinator = Coordinator(workers=2, cpus_per_worker=1, progress=False)
+    coordinator = WorkerPool(workers=2, cpus_per_worker=1, progress=False)
     try:
         infos = ray.get([w.ping.remote() for w in coordinator.workers])
-        environs = [dict(item.split("=", 1) for item in open(f"/proc/{i['pid']}/environ").read().split("\0") if "=" in item)
+        environs = [dict(item.split("=", 1) for item in open(f"/proc/{i.pid}/environ").read().split("\0") if "=" in item)
                     for i in infos]
     finally:
         coordinator.close()
-    assert len({i["pid"] for i in infos}) == 2
+    assert len({i.pid for i in infos}) == 2
     for info, environ in zip(infos, environs):
         assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and environ["OMP_NUM_THREADS"] == "1"
-        assert info["torch_threads"] == 1 and info["omp_wait_policy"] == "PASSIVE"
+        assert info.torch_threads == 1 and info.omp_wait_policy == "PASSIVE"

@@ -193,19 +193,19 @@ def _checkpoint(state: TrialState):
 
 def trial_executor(sweep: TrialSettings):
     """The executor of a trial's distillation, on the trial's device: this process, or (with
-    `workers_per_trial` > 1) a Coordinator whose DistillWorkers get the trial's GPUs, none for a
+    `workers_per_trial` > 1) a WorkerPool whose DistillWorkers get the trial's GPUs, none for a
     CPU trial. Its actors start here, so a caller closes it on every path."""
     from fadrm_ray.run.execute import LocalExecutor
 
     if sweep.workers_per_trial <= 1:
         return LocalExecutor(sweep.device, progress=False)
-    from actors.coordinator import Coordinator
+    from actors.pool import WorkerPool
 
-    # No GPUs (0, not None) for a CPU trial: left None, the coordinator takes one GPU per worker
+    # No GPUs (0, not None) for a CPU trial: left None, the pool takes one GPU per worker
     # wherever the cluster has GPUs, and the job resolved for the CPU would not run there.
     gpus = sweep.gpus_per_worker if sweep.device == "cuda" else 0.0
-    executor = Coordinator(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
-                           gpus_per_worker=gpus, progress=False)
+    executor = WorkerPool(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
+                          gpus_per_worker=gpus, progress=False)
     if executor.device_type != sweep.device:
         executor.close()
         raise ValueError(f"the trial runs on {sweep.device}, but its workers would run on {executor.device_type}")
