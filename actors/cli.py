@@ -1,6 +1,6 @@
 """The `fadrm` console script: the library's CLI with the Ray-backed distill plugged in.
 
-`fadrm_ray` never imports Ray; this module passes `distill_on_ray` to `fadrm_ray.cli.main`, so
+`fadrm_ray` never imports Ray; this module passes `distill_on_ray` to `fadrm_ray.commands.main`, so
 that `fadrm distill` runs through Ray by default and `--local` keeps the one-process path.
 The subcommands of the layers above (`fadrm tune`, `fadrm serve`) are found through the
 `fadrm.commands` entry points (pyproject.toml), so this module never imports them.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from importlib.metadata import entry_points
 
-from fadrm_ray import cli
+from fadrm_ray import commands as fadrm_commands
 from fadrm_ray.runtime import ensure_process_env
 
 
@@ -20,7 +20,7 @@ def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec):
     return distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec)
 
 
-def commands() -> list[cli.Command]:
+def commands() -> list[fadrm_commands.Command]:
     """The subcommands registered by the layers above (`fadrm.commands`); a layer whose package
     is not present adds none (an error inside a present one is raised)."""
     found = []
@@ -35,12 +35,12 @@ def commands() -> list[cli.Command]:
 
 def main(argv: list[str] | None = None) -> int:
     extra = commands()
-    heavy = set(cli.HEAVY_COMMANDS) | {c.name for c in extra if c.heavy}
+    heavy = set(fadrm_commands.HEAVY_COMMANDS) | {c.name for c in extra if c.heavy}
     if argv is None and sys.argv[1:2] and sys.argv[1] in heavy:
         # The command line itself: give the process its OpenMP and allocator settings before
         # anything loads torch (this may re-execute the command once).
         ensure_process_env()
-    return cli.main(argv, ray_distill=_distill_on_ray, commands=extra)
+    return fadrm_commands.main(argv, ray_distill=_distill_on_ray, commands=extra)
 
 
 if __name__ == "__main__":

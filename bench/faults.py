@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.cli import main as cli_main
+from fadrm_ray.commands import main as cli_main
 from fadrm_ray.events import StageDone, WorkerStarted, read_ledger
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run

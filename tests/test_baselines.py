@@ -176,7 +176,7 @@ def test_below_random_speaks_only_when_the_set_is_clearly_below():
 def test_a_set_clearly_below_random_real_images_is_warned_about(store, digits, capsys):
     """Gaussian noise no iteration moved (preset sre2l, T = 0) teaches far less than random real images:
     the evaluation says so in one line, which the report keeps and `fadrm evaluate` prints."""
-    from fadrm_ray.cli import main
+    from fadrm_ray.commands import main
 
     run_dir, teacher = store
     noise = make_config("sre2l", overrides={"ipc": 2, "iterations": 0, "classes": [0, 1, 2, 3]})

@@ -10,7 +10,7 @@ import torch
 import torchvision
 import yaml
 
-from fadrm_ray.cli import main
+from fadrm_ray.commands import main
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.run.execute import DistillResult
 from fadrm_ray.run.job import ExecutionSpec
@@ -166,7 +166,7 @@ def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher,
 def test_every_bad_input_error_of_the_library_is_reported_in_one_line():
     """`fadrm` reports USER_ERRORS in one line (exit 2) without importing the modules that define
     the library's error classes: each of them must be one of USER_ERRORS."""
-    from fadrm_ray.cli import USER_ERRORS
+    from fadrm_ray.commands import USER_ERRORS
     from fadrm_ray.config import ConfigError
     from fadrm_ray.data.base import DatasetError
     from fadrm_ray.evaluate import EvaluationError

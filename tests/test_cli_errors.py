@@ -5,7 +5,7 @@ from typing import Callable
 
 import pytest
 
-from fadrm_ray.cli import EXIT_BAD_INPUT, EXIT_FAILED, main
+from fadrm_ray.commands import EXIT_BAD_INPUT, EXIT_FAILED, main
 from fadrm_ray.data.base import DatasetError
 from fadrm_ray.errors import InputError
 from fadrm_ray.settings import ConfigError, EvaluationError

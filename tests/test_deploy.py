@@ -69,9 +69,9 @@ def pyproject_requirement(name: str):
 
 
 def command_args(module: str, argv: list[str]) -> argparse.Namespace:
-    """`argv` parsed as the `fadrm` subcommand that entry point module `module` (tune.cli,
+    """`argv` parsed as the `fadrm` subcommand that entry point module `module` (tune.sweep_command,
     api.cli) registers, by the real `fadrm` parser (common flags included)."""
-    from fadrm_ray.cli import build_parser
+    from fadrm_ray.commands import build_parser
 
     command = importlib.import_module(module).COMMAND
     return build_parser(commands=[command]).parse_args([command.name, *argv])
@@ -251,7 +251,7 @@ def test_rayjobs_shut_down_are_bounded_and_carry_the_runtime_env(name, module):
 
 
 def test_rayjob_distill_entrypoint_is_a_valid_distill_command():
-    from fadrm_ray.cli import build_parser
+    from fadrm_ray.commands import build_parser
 
     args = build_parser().parse_args(module_args(shlex.split(rayjob("distill")["spec"]["entrypoint"]), "actors.job"))
     assert args.command == "distill" and args.out.startswith("/shared/") and args.teacher[0].startswith("/shared/")
@@ -259,7 +259,7 @@ def test_rayjob_distill_entrypoint_is_a_valid_distill_command():
 
 
 def test_rayjob_sweep_entrypoint_is_a_valid_sweep_command():
-    args = command_args("tune.cli", module_args(shlex.split(rayjob("sweep")["spec"]["entrypoint"]), "tune.sweep"))
+    args = command_args("tune.sweep_command", module_args(shlex.split(rayjob("sweep")["spec"]["entrypoint"]), "tune.sweep"))
     assert args.out.startswith("/shared/")
 
 
@@ -391,7 +391,7 @@ def named_modules() -> list[tuple[str, str]]:
             if module.split(".")[0] in PROJECT_PACKAGES:  # not `python -m pytest`
                 found.setdefault(module, path.name)
         for sub in re.findall(r"\bfadrm,? (serve|tune)\b", text):
-            found.setdefault({"serve": "api.cli", "tune": "tune.cli"}[sub], path.name)
+            found.setdefault({"serve": "api.cli", "tune": "tune.sweep_command"}[sub], path.name)
     return sorted(found.items())
 
 
@@ -426,7 +426,7 @@ def test_runtime_env_is_accepted_by_ray(tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(package).namelist()
-    assert "actors/job.py" in names and "fadrm_ray/cli.py" in names and "pyproject.toml" in names
+    assert "actors/job.py" in names and "fadrm_ray/commands.py" in names and "pyproject.toml" in names
     assert not any(n.startswith((".git/", "tests/", "deploy/")) for n in names)
     assert package.stat().st_size < 5 * 2**20
 
@@ -448,7 +448,7 @@ def test_readme_covers_every_file_and_step():
 
 
 def test_readme_distill_command_is_a_valid_job_submission():
-    from fadrm_ray.cli import build_parser
+    from fadrm_ray.commands import build_parser
 
     words = readme_command("distill", "ray")
     assert words[:3] == ["ray", "job", "submit"]
@@ -463,5 +463,5 @@ def test_readme_distill_command_is_a_valid_job_submission():
 def test_readme_sweep_command_is_a_valid_job_submission():
     words = readme_command("sweep", "ray")
     assert words[:3] == ["ray", "job", "submit"] and "deploy/runtime_env.yaml" in words
-    args = command_args("tune.cli", module_args(after_double_dash(words), "tune.sweep"))
+    args = command_args("tune.sweep_command", module_args(after_double_dash(words), "tune.sweep"))
     assert args.out.startswith("/shared/")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torchvision
 
-from fadrm_ray.cli import main
+from fadrm_ray.commands import main
 from fadrm_ray.eval_job import EvalJob
 from fadrm_ray.evaluate import evaluate_run, resolve_protocol
 from fadrm_ray.models import load_teacher
@@ -107,7 +107,7 @@ def test_stored_soft_labels_travel_instead_of_the_teacher_and_give_the_same_stud
     reference = evaluate_run(run_copy, EvalJob(config=recipe, progress=False))
     argv = ["train-student", "--data", str(out), "--soft-labels", str(tmp_path / "set.soft-labels.parquet"),
             "--recipe", str(tmp_path / "set.recipe.json"), "--test", "digits", "--threads", "1", "--json", "--quiet"]
-    proc = subprocess.run([sys.executable, "-m", "fadrm_ray.cli", *argv], cwd=tmp_path / "..", capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "fadrm_ray.commands", *argv], cwd=tmp_path / "..", capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     trained = json.loads(proc.stdout)

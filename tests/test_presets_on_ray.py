@@ -53,7 +53,7 @@ def test_preset_on_ray_makes_the_local_images_and_names_its_teachers(preset, loc
 def test_cv_dd_run_says_each_teachers_vote(local_ray, teachers, tmp_path):
     cfg = make_config("cv-dd", overrides=CFG)
     run = distill_on_ray(cfg, "digits", teachers, tmp_path, ExecutionSpec(workers=1, progress=False))
-    out = subprocess.run([sys.executable, "-m", "fadrm_ray.cli", "info", "--run", str(run.run_dir), "--json"],
+    out = subprocess.run([sys.executable, "-m", "fadrm_ray.commands", "info", "--run", str(run.run_dir), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from fadrm_ray.cli import main, run_recipe
+from fadrm_ray.commands import main, run_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ import torch
 from torchvision.io import encode_png, write_file
 
 from fadrm_ray.run import execute as distill
-from fadrm_ray.cli import build_parser
+from fadrm_ray.commands import build_parser
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.run.job import make_run_id

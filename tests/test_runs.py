@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from fadrm_ray.cli import main
+from fadrm_ray.commands import main
 from fadrm_ray.config import make_config
 from fadrm_ray.run.execute import distill_local
 from fadrm_ray.run.job import make_run_id

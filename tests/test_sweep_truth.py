@@ -316,7 +316,7 @@ def test_every_choice_flag_accepts_what_the_request_accepts():
     published` parses, as every other choice of the sweep's request does."""
     import argparse
 
-    from tune.cli import TuneCommand
+    from tune.sweep_command import TuneCommand
 
     parser = argparse.ArgumentParser()
     TuneCommand().add_arguments(parser)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import pytest
 
-from fadrm_ray.cli import main
+from fadrm_ray.commands import main
 from fadrm_ray.models import load_teacher
 from fadrm_ray.runtime import torch_threads
 

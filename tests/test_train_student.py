@@ -46,7 +46,7 @@ def test_train_student_from_the_downloaded_files_reaches_the_reported_top1(downl
 
 def test_the_command_runs_from_another_folder_without_ray_or_the_service(downloaded, tmp_path):
     files, reported = downloaded
-    code = ("import sys; from fadrm_ray.cli import main; "
+    code = ("import sys; from fadrm_ray.commands import main; "
             f"rc = main(['train-student', '--data', {str(files.data)!r}, '--teacher', {str(files.teachers[0])!r}, "
             f"'--recipe', {str(files.recipe)!r}, '--test', 'digits', '--seed', '0', '--threads', '1', '--json', "
             "'--quiet']); "
@@ -62,7 +62,7 @@ def test_the_command_runs_from_another_folder_without_ray_or_the_service(downloa
 
 
 def test_files_that_do_not_fit_are_refused_in_one_line(downloaded, tmp_path, capsys):
-    from fadrm_ray.cli import main
+    from fadrm_ray.commands import main
 
     files, _ = downloaded
     other = tmp_path / "other.parquet"

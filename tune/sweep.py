@@ -52,7 +52,7 @@ EXPERIMENT = "experiment"
 # a student's test top-1 part-way through its cosine schedule, while the learning rate is still
 # high; an earlier rung ranks trials by noise (docs/benchmarks/sweeps.md).
 ASHA_GRACE, ASHA_MAX, ASHA_REDUCTION = 50, 100, 2
-# The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.cli).
+# The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.sweep_command).
 FLAGS = {"teachers": "--teacher", "params": "--param", "space_file": "--space", "progress": "--quiet"}
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -74,7 +74,7 @@ Folder = Annotated[str, AfterValidator(_local_folder)]
 
 
 class SweepRequest(BaseModel):
-    """What `fadrm tune` was asked (tune.cli builds it from the flags). A bad value fails when
+    """What `fadrm tune` was asked (tune.sweep_command builds it from the flags). A bad value fails when
     it is built, as one ConfigError line that names the flag."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -357,7 +357,7 @@ def _tuner(p: Prepared, trainable, restore: bool, progress):
 
 class SweepFailed(RuntimeError):
     """Something unexpected failed after every check passed (the cause is chained): not a bad
-    command, so tune.cli shows its traceback."""
+    command, so tune.sweep_command shows its traceback."""
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ class TuneCommand:
     heavy = True
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from fadrm_ray.cli import DATASET_HELP
+        from fadrm_ray.commands import DATASET_HELP
         from fadrm_ray.config import PRESETS
 
         p.add_argument("--dataset", required=True, help=DATASET_HELP)
@@ -69,7 +69,7 @@ class TuneCommand:
                        help="sweep folder (local or mounted, not a URI); the same command on it resumes the sweep")
 
     def run(self, args: argparse.Namespace) -> None:
-        from fadrm_ray.cli import _parse_classes
+        from fadrm_ray.commands import _parse_classes
         from tune.sweep import SweepFailed, SweepRequest, run_sweep
 
         request = SweepRequest(
