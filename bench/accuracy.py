@@ -161,7 +161,8 @@ def log(msg: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _dataset(name: str, image_size: int | None = None):
+def bench_dataset(name: str, image_size: int | None = None):
+    """A dataset of the accuracy bench, read once per process (the experiments share it)."""
     return get_dataset(name, image_size=image_size)
 
 
@@ -171,14 +172,14 @@ def _start_job(threads: int) -> None:
 
 def _teacher_job(out: Path, dataset_name: str, image_size: int | None, tname: str, epochs: int,
                  model: str | None = None) -> tuple[str, str, Path, float]:
-    path, acc = bench_teacher(_dataset(dataset_name, image_size), out, tname, epochs, log, model)
+    path, acc = bench_teacher(bench_dataset(dataset_name, image_size), out, tname, epochs, log, model)
     return dataset_name, tname, path, acc
 
 
 def _cell_job(cell: dict) -> list[dict]:
     """Distill one (dataset, IPC, method) and evaluate it; FADRM+ also gets its control row here,
     so that the one run it shares is never distilled by two processes at once."""
-    dataset, paths = _dataset(cell["dataset"], cell["image_size"]), cell["teachers"]
+    dataset, paths = bench_dataset(cell["dataset"], cell["image_size"]), cell["teachers"]
     ipc = cell["ipc"]
     cfg = method_config(cell["method"], ipc, cell["t"], cell["recover_overrides"], cell["variants"])
     teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if cfg.preset in SEVERAL_TEACHERS else [])
@@ -251,7 +252,7 @@ def run_grid(out: Path, grid: Grid) -> dict:
             teachers_info[d][tname] = {"path": str(path), "model": model, "kwargs": kwargs, "test_top1": round(acc, 2)}
         cells = []
         for d in datasets:
-            num_classes = _dataset(d, image_size).num_classes
+            num_classes = bench_dataset(d, image_size).num_classes
             for ipc in ipcs:
                 cell_eval = evaluation
                 if evaluation.protocol == "short" and evaluation.epochs is None:
@@ -271,7 +272,7 @@ def run_grid(out: Path, grid: Grid) -> dict:
 
 def _cost(cell: dict) -> float:
     """A rough relative cost of a cell: recover image-updates times teachers, plus evaluation."""
-    pixels = _dataset(cell["dataset"], cell["image_size"]).image_size ** 2
+    pixels = bench_dataset(cell["dataset"], cell["image_size"]).image_size ** 2
     preset, overrides = cell["variants"].get(cell["method"], (cell["method"], {}))
     teachers = 3 if preset in SEVERAL_TEACHERS else 1
     iterations = overrides.get("iterations")

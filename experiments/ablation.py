@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.accuracy import STUDENT_STEPS, Grid, _dataset, method_config, run_grid
+from bench.accuracy import STUDENT_STEPS, Grid, bench_dataset, method_config, run_grid
 from fadrm_ray.baselines import baseline_configs
 from fadrm_ray.config import SMALL_IMAGE, auto_values
 from fadrm_ray.run.execute import distill_local
@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
                               evaluation=evaluation, jobs=jobs, variants=variants, image_size=setting["image_size"],
                               teacher=args.teacher, teacher_model=setting["teacher_model"],
                               teacher_epochs=setting["teacher_epochs"]))
-    dataset = _dataset(setting["dataset"], setting["image_size"])
+    dataset = bench_dataset(setting["dataset"], setting["image_size"])
     teacher = Path(grid["teachers"][setting["dataset"]]["t1"]["path"])
     by_name = {r["method"]: r for r in grid["results"]}
     patches_grid = Grid(datasets=[setting["dataset"]], ipcs=[args.ipc], methods=[f"patches of {n}" for n in names],
