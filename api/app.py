@@ -29,6 +29,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -41,7 +42,7 @@ from api.config import ServiceSettings, SettingsError
 from api.errors import clean_line
 from api.executor import Executor
 from api.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
-from api.jobs import JobDB, JobRecord
+from api.jobs import JobDB, JobRecord, UnreadableJob
 from api.models import (FINAL_STATES, JOB_ID_PATTERN, MAX_TEACHERS, STATES, DatasetInfo, DistillationRequest, Job,
                         JobAsked, JobList, Problem, Ready, Report, TeacherInfo)
 from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, progress, report, stored_labels,
@@ -145,7 +146,9 @@ class Service:
         self.db.close()
         self._server_lock.close()
 
-    def view(self, job: JobRecord) -> Job:
+    def view(self, job: JobRecord | UnreadableJob) -> Job:
+        if isinstance(job, UnreadableJob):
+            return _unreadable_view(job)
         plan = job.plan
         if job.id in self.final_progress:  # a finished job's progress never changes
             prog, eta = self.final_progress[job.id]
@@ -153,16 +156,9 @@ class Service:
             prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
             if job.state in FINAL_STATES:
                 self.final_progress[job.id] = (prog, eta)
-        end = job.finished_at
-        timings = {"created_at": _iso(job.created_at), "started_at": _iso(job.started_at), "finished_at": _iso(end),
-                   "queued_seconds": _span(job.created_at, job.started_at or end),
-                   "running_seconds": _span(job.started_at, end) if job.started_at else None}
-        base = f"/v1/distillations/{job.id}"
         asked = {name: getattr(plan, name) for name in JobAsked.model_fields}
         return Job(id=job.id, state=job.state, run_id=plan.run_id, **asked, reused=job.reused, progress=prog,
-                   timings=timings, eta_seconds=eta, error=job.error,
-                   links={"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png",
-                          "report": f"{base}/report", "teacher": f"{base}/teacher", "recipe": f"{base}/recipe"})
+                   timings=_timings(job), eta_seconds=eta, error=job.error, links=_links(job.id))
 
     def sweep(self) -> int:
         """Remove the finished jobs past FADRM_JOB_RETENTION, and the oldest finished ones past
@@ -184,10 +180,19 @@ class Service:
         log.info("removed %d finished job record(s) past retention or the record cap", len(gone))
         return len(gone)
 
-    def job(self, job_id: str) -> JobRecord:
-        job = self.db.get(job_id)
+    def entry(self, job_id: str) -> JobRecord | UnreadableJob:
+        """The job, readable by this version or not; 404 when there is none."""
+        job = self.db.entry(job_id)
         if job is None:
             raise HTTPException(404, f"no job {job_id}")
+        return job
+
+    def job(self, job_id: str) -> JobRecord:
+        """The job with its plan; 409 for a record this version cannot read (nothing of it is served)."""
+        job = self.entry(job_id)
+        if isinstance(job, UnreadableJob):
+            raise _Conflict(job, f"job {job.id}'s record could not be read after an upgrade of the service "
+                                 f"({clean_line(job.why, 200)}): it is only listed; submit the request again")
         return job
 
     def finished(self, job_id: str) -> JobRecord:
@@ -211,9 +216,44 @@ class Service:
 class _Conflict(Exception):
     """409: the job is not in a state the request needs; `message` says which and why."""
 
-    def __init__(self, job: JobRecord, message: str):
+    def __init__(self, job: JobRecord | UnreadableJob, message: str):
         super().__init__(message)
         self.job, self.message = job, message
+
+
+def _timings(job: JobRecord | UnreadableJob) -> dict:
+    end = job.finished_at
+    return {"created_at": _iso(job.created_at), "started_at": _iso(job.started_at), "finished_at": _iso(end),
+            "queued_seconds": _span(job.created_at, job.started_at or end),
+            "running_seconds": _span(job.started_at, end) if job.started_at else None}
+
+
+def _links(job_id: str) -> dict:
+    base = f"/v1/distillations/{job_id}"
+    return {"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png", "report": f"{base}/report",
+            "teacher": f"{base}/teacher", "recipe": f"{base}/recipe"}
+
+
+# What a record this version cannot read shows for each field of the request it cannot read.
+_UNKNOWN_ASKED = {"dataset": "", "teachers": [], "classes": [], "class_names": [], "ipc": 0, "preset": "", "seed": 0,
+                  "evaluate": False, "baselines": False}
+
+
+def _unreadable_view(job: UnreadableJob) -> Job:
+    """A job whose record this version cannot read: what can be read of its request, each field
+    where it has the type the field needs, else empty; its error says why nothing else is."""
+    raw = job.asked()
+    asked = {}
+    for name, empty in _UNKNOWN_ASKED.items():
+        try:
+            asked[name] = TypeAdapter(JobAsked.model_fields[name].annotation).validate_python(raw.get(name, empty))
+        except ValueError:
+            asked[name] = empty
+    run_id = raw.get("run_id") if isinstance(raw.get("run_id"), str) else ""
+    error = job.error or (f"this job's record could not be read after an upgrade of the service "
+                          f"({clean_line(job.why, 200)}); it is only listed")
+    return Job(id=job.id, state=job.state, run_id=run_id, **asked, reused=job.reused, progress={},
+               timings=_timings(job), error=error, links=_links(job.id))
 
 
 def _iso(t: float | None) -> str | None:
@@ -346,7 +386,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
              response_model=JobList)
     async def list_jobs(state: Literal[STATES] | None = None, limit: int = Query(20, ge=1, le=100),
                         cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$")):
-        page = service.db.page(state, limit + 1, int(cursor) if cursor else None)
+        page = service.db.page_entries(state, limit + 1, int(cursor) if cursor else None)
         more = len(page) > limit
         page = page[:limit]
         return _json(JobList(jobs=[service.view(j) for j in page], next_cursor=str(page[-1].seq) if more else None))
@@ -354,7 +394,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     @app.get("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth, responses=JOB_ERRORS,
              response_model=Job)
     async def get_job(job_id: str = JobId):
-        return _json(service.view(service.job(job_id)))
+        return _json(service.view(service.entry(job_id)))
 
     @app.delete("/v1/distillations/{job_id}", tags=["distillations"], dependencies=auth,
                 responses={**JOB_ERRORS, 409: {"model": Problem}})

@@ -56,7 +56,7 @@ from fadrm_ray.runtime import heavy_process_env, proc_stat
 from api.config import ServiceSettings
 from api.errors import clean_line, job_error
 from api.files import private_append, private_write
-from api.jobs import JobDB, JobRecord
+from api.jobs import JobDB, JobRecord, UnreadableJob
 from api.leftovers import remove_added, remove_job_temporaries
 from api.requests import images_in_store, run_dir
 from api.runner import HEARTBEAT_S, DriverInput
@@ -66,6 +66,8 @@ log = logging.getLogger("fadrm.api")
 CANCEL_GRACE_S = 10.0
 START_TIMEOUT_S = 180.0
 CANCELLED = "cancelled by request"
+UNREADABLE = ("the job's record could not be read after an upgrade of the service (its plan is not in a shape this "
+              "version reads: {why}); submit the request again")
 HEAD_LOST = ("the service's Ray head stopped while the job ran (the service starts a new one); "
              "submit the request again")
 # Ray's single-machine mode (the node's address stays loopback) and no metrics export port.
@@ -200,6 +202,20 @@ class Executor:
             job = db.get(marker.parent.name)
             if job is not None and job.state in ("failed", "cancelled"):
                 self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
+        # A plan becomes unreadable only across an upgrade, that is across a restart: settled here.
+        for old in db.unreadable("queued", "running"):
+            self._settle_unreadable(old)
+
+    def _settle_unreadable(self, job: UnreadableJob) -> None:
+        """Fail a queued or running job whose record this version cannot read (no driver of this
+        version can run its plan), and stop a driver of the earlier version still running it."""
+        error = clean_line(UNREADABLE.format(why=job.why))
+        if not self.db.update(job.id, only_from=("queued", "running"), state="failed", error=error,
+                              finished_at=time.time()):
+            return
+        log.warning("job %s: %s", job.id, error)
+        if job.state == "running":
+            self._stop(replace(job, state="failed", error=error))
 
     # ------------------------------------------------------------------ ray
     def ray_address(self) -> str:
@@ -307,7 +323,7 @@ class Executor:
         self._stop(self.db.get(job.id) or job)
         return True
 
-    def _stop(self, job: JobRecord) -> None:
+    def _stop(self, job: JobRecord | UnreadableJob) -> None:
         """Stop the driver of a job the service has ended: say why (its outcome repeats it), then
         SIGTERM it (it kills its actors and leaves Ray); SIGKILL after a grace period."""
         files = self.db.files(job.id)
@@ -322,7 +338,10 @@ class Executor:
         """Once the driver of a job that did not succeed is gone: remove what it left and make
         its outcome file say what the record says. False to try again later (another running job
         evaluates the same run, and may be writing soft labels it would take for this one's)."""
-        job = self.db.get(job_id)
+        job = self.db.entry(job_id)
+        if isinstance(job, UnreadableJob):  # its plan cannot say what it added: only the marker goes
+            self.db.files(job_id).stop.unlink(missing_ok=True)
+            return True
         if job is None or job.state not in ("failed", "cancelled"):
             return True
         files = self.db.files(job.id)

@@ -12,3 +12,57 @@ def test_a_record_with_an_old_plan_is_skipped(tmp_path):
     assert db.get("job-old") is None
     assert db.page(None, 10, None) == [] and db.in_state("succeeded") == []
     db.close()
+
+
+UNREADABLE_PLAN = json.dumps({"run_id": "fadrm-0", "config": {}, "dataset": "digits", "teachers": ["digits-tiny"],
+                              "classes": [3, 7], "ipc": 2})
+
+
+def _service_settings(tmp_path):
+    import secrets
+
+    from api.config import ServiceSettings
+
+    (tmp_path / "teachers").mkdir(exist_ok=True)
+    # A Ray address of its own: the service starts no local Ray head (nothing here runs a job).
+    return ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store",
+                           teachers=tmp_path / "teachers", ray_address="127.0.0.1:1")
+
+
+def _insert(db, job_id: str, state: str, plan: str, **columns) -> None:
+    names = ["id", "fingerprint", "state", "plan", "created_at", *columns]
+    db._conn.execute(f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                     (job_id, "f", state, plan, time.time(), *columns.values()))
+
+
+def test_a_service_upgraded_under_old_records_serves_lists_and_settles_them(tmp_path):
+    """Records whose plan this version cannot read are still jobs: GET answers them (not 404),
+    the listing shows them, and one that was running or queued is settled as failed, saying
+    why, since no driver of this version can run it."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    settings = _service_settings(tmp_path)
+    done, running, queued = (f"job-{c * 24}" for c in "abc")
+    db = JobDB(settings.state_dir)
+    _insert(db, done, "succeeded", UNREADABLE_PLAN, started_at=time.time(), finished_at=time.time())
+    _insert(db, running, "running", UNREADABLE_PLAN, started_at=time.time())
+    _insert(db, queued, "queued", "{not json")
+    db.close()
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {settings.api_token}"
+        old = client.get(f"/v1/distillations/{done}")
+        assert old.status_code == 200, old.text
+        assert old.json()["state"] == "succeeded" and old.json()["dataset"] == "digits"
+        assert old.json()["classes"] == [3, 7] and old.json()["run_id"] == "fadrm-0"
+        for job_id in (running, queued):
+            job = client.get(f"/v1/distillations/{job_id}").json()
+            assert job["state"] == "failed", job
+            assert "could not be read" in job["error"] and "upgrade" in job["error"]
+        listed = client.get("/v1/distillations").json()["jobs"]
+        assert {j["id"] for j in listed} == {done, running, queued}
+        # Its results cannot be served without a plan: a 409 saying why, not a 404 or a 500.
+        results = client.get(f"/v1/distillations/{done}/dataset")
+        assert results.status_code == 409 and "could not be read" in results.json()["detail"]
+        assert client.delete(f"/v1/distillations/{running}").status_code == 409
