@@ -66,3 +66,43 @@ def test_a_service_upgraded_under_old_records_serves_lists_and_settles_them(tmp_
         results = client.get(f"/v1/distillations/{done}/dataset")
         assert results.status_code == 409 and "could not be read" in results.json()["detail"]
         assert client.delete(f"/v1/distillations/{running}").status_code == 409
+
+
+def _old_plan_json() -> str:
+    """A plan as the versions before this one stored it: ipc, classes, seed and preset beside
+    the job, and again in its config."""
+    from fadrm_ray.config import make_config
+    from fadrm_ray.job import DistillJob, TeacherRef
+
+    cfg = make_config("fadrm", overrides={"iterations": 8, "precision": "fp32"}, ipc=2, classes=[3, 7], seed=5)
+    job = DistillJob(config=cfg, dataset_spec="digits", dataset_fingerprint="d" * 16, num_classes=10,
+                     image_size=8, channels=1, store="/store", run_id="fadrm-pinned",
+                     teachers=(TeacherRef(path="/teachers/t.pt", sha256="a" * 64, model="convnet-bn", in_chans=1,
+                                          test_accuracy=0.9),), device_type="cpu")
+    return json.dumps({"dataset": "digits", "teachers": ["digits-tiny"], "classes": [3, 7], "class_names": ["3", "7"],
+                       "ipc": 2, "preset": "fadrm", "seed": 5, "evaluate": False, "baselines": False,
+                       "job": job.model_dump(mode="json"), "evaluation": None})
+
+
+# The fingerprint of the plan above as the versions that stored it computed it.
+PINNED_FINGERPRINT = "d9d4952a24bf16cac213fffb27ad88019b2418507a9a3533bb7efb21053c7451"
+
+
+def test_a_plan_holds_ipc_classes_seed_and_preset_once_and_keeps_its_fingerprint(tmp_path):
+    """The plan's request fields that the job's settings already hold are read from them: its
+    JSON holds each once (in job.config); a plan stored with them twice is still read, and the
+    fingerprint of the same job is the same string as before."""
+    from api.requests import JobPlan
+
+    plan = JobPlan.model_validate_json(_old_plan_json())
+    assert (plan.ipc, plan.classes, plan.seed, plan.preset) == (2, [3, 7], 5, "fadrm")
+    stored = json.loads(plan.model_dump_json())
+    assert not {"ipc", "classes", "seed", "preset"} & set(stored), sorted(stored)
+    assert (stored["job"]["config"]["ipc"], stored["job"]["config"]["classes"]) == (2, [3, 7])
+    assert plan.fingerprint() == PINNED_FINGERPRINT
+    assert JobPlan.model_validate_json(plan.model_dump_json()) == plan
+    db = JobDB(tmp_path)
+    _insert(db, "job-old", "succeeded", _old_plan_json())
+    record = db.get("job-old")
+    assert record is not None and record.plan == plan and record.plan.fingerprint() == PINNED_FINGERPRINT
+    db.close()
