@@ -34,7 +34,6 @@ itself where the driver could not (killed), or where it disagrees with the recor
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -48,7 +47,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fadrm_ray.fileio import read_json_object
+from pydantic import BaseModel, ConfigDict
+
 from fadrm_ray.job import ExecutionSpec
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.runtime import heavy_process_env, proc_stat
@@ -56,6 +56,7 @@ from fadrm_ray.runtime import heavy_process_env, proc_stat
 from api.config import ServiceSettings
 from api.errors import clean_line, job_error
 from api.files import private_append, private_write
+from api.job_files import Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
 from api.jobs import JobDB, JobRecord, UnreadableJob
 from api.leftovers import remove_added, remove_job_temporaries
 from api.requests import images_in_store, run_dir
@@ -91,6 +92,16 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+class RayHead(BaseModel):
+    """The record of the service's local Ray head (`STATE/ray-head.json`): its process (the
+    group's leader) and that process's start time, and its temporary folder."""
+
+    model_config = ConfigDict(extra="ignore")
+    pid: int
+    pid_start: str | None = None
+    temp_dir: str
+
+
 class LocalRay:
     """The service's own Ray head: started once, reused across restarts of the service."""
 
@@ -104,16 +115,13 @@ class LocalRay:
         """What the head and every driver joining it run with (module docstring)."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token), **LOOPBACK_RAY_ENV}
 
-    def _read(self) -> dict | None:
-        try:
-            return json.loads(self.record.read_text())
-        except (OSError, ValueError):
-            return None
+    def _read(self) -> RayHead | None:
+        return read_model(self.record, RayHead)
 
-    def running(self) -> dict | None:
+    def running(self) -> RayHead | None:
         """The record of the head if it is still up."""
         head = self._read()
-        if head and alive(head.get("pid"), head.get("pid_start")):
+        if head is not None and alive(head.pid, head.pid_start):
             return head
         return None
 
@@ -123,7 +131,7 @@ class LocalRay:
         if head is None:
             return None
         with contextlib.suppress(OSError):
-            return (Path(head["temp_dir"]) / "ray_current_cluster").read_text().strip() or None
+            return (Path(head.temp_dir) / "ray_current_cluster").read_text().strip() or None
         return None
 
     def address(self, timeout: float = START_TIMEOUT_S) -> str:
@@ -135,20 +143,20 @@ class LocalRay:
         head = self.running()
         if head is None:
             gone = self._read()
-            if gone and str(gone.get("temp_dir", "")).startswith(tempfile.gettempdir()):
-                shutil.rmtree(gone["temp_dir"], ignore_errors=True)  # what a head that died left
+            if gone is not None and gone.temp_dir.startswith(tempfile.gettempdir()):
+                shutil.rmtree(gone.temp_dir, ignore_errors=True)  # what a head that died left
             head = self._start()
-        address_file = Path(head["temp_dir"]) / "ray_current_cluster"
+        address_file = Path(head.temp_dir) / "ray_current_cluster"
         deadline = time.time() + timeout
         while time.time() < deadline:
             if address_file.is_file() and address_file.read_text().strip():
                 return address_file.read_text().strip()
-            if not alive(head["pid"], head["pid_start"]):
-                raise RuntimeError(f"the local Ray head exited while starting; see {head['temp_dir']}/head.log")
+            if not alive(head.pid, head.pid_start):
+                raise RuntimeError(f"the local Ray head exited while starting; see {head.temp_dir}/head.log")
             time.sleep(0.5)
         raise RuntimeError(f"the local Ray head did not start in {timeout:.0f} s")
 
-    def _start(self) -> dict:
+    def _start(self) -> RayHead:
         if not self.token.is_file():
             private_write(self.token, secrets.token_hex(32))
         temp_dir = tempfile.mkdtemp(prefix="fadrm-ray-")  # short: Ray's socket paths have a length limit
@@ -163,8 +171,8 @@ class LocalRay:
                 env={**_clean_env(), **self.env()})
         finally:
             os.close(log)
-        head = {"pid": process.pid, "pid_start": proc_start(process.pid), "temp_dir": temp_dir}
-        private_write(self.record, json.dumps(head))
+        head = RayHead(pid=process.pid, pid_start=proc_start(process.pid), temp_dir=temp_dir)
+        write_model(self.record, head)
         return head
 
     def stop(self, timeout: float = 20.0) -> bool:
@@ -172,12 +180,12 @@ class LocalRay:
         head = self.running()
         if head is None:
             return False
-        _signal_group(head["pid"], signal.SIGTERM)
+        _signal_group(head.pid, signal.SIGTERM)
         deadline = time.time() + timeout
-        while time.time() < deadline and alive(head["pid"], head["pid_start"]):
+        while time.time() < deadline and alive(head.pid, head.pid_start):
             time.sleep(0.2)
-        _signal_group(head["pid"], signal.SIGKILL)
-        shutil.rmtree(head["temp_dir"], ignore_errors=True)
+        _signal_group(head.pid, signal.SIGKILL)
+        shutil.rmtree(head.temp_dir, ignore_errors=True)
         self.record.unlink(missing_ok=True)
         return True
 
@@ -235,7 +243,7 @@ class Executor:
     def ray_reachable(self) -> bool:
         if self.local is not None:
             head = self.local.running()
-            return bool(head) and (Path(head["temp_dir"]) / "ray_current_cluster").is_file()
+            return head is not None and (Path(head.temp_dir) / "ray_current_cluster").is_file()
         return _tcp_reachable(self.settings.ray_address)
 
     # ------------------------------------------------------------------ scheduling
@@ -289,17 +297,17 @@ class Executor:
     def _settle(self, job: JobRecord) -> bool:
         """Finish a running job whose driver has ended; True when it did."""
         files = self.db.files(job.id)
-        outcome = read_json_object(files.outcome)
+        outcome = read_model(files.outcome, Outcome)
         if outcome is None:
             if job.pid is None or alive(job.pid, job.pid_start):
                 if job.pid is None and job.started_at and time.time() - job.started_at > START_TIMEOUT_S:
                     return self._finish(job, "failed", "the job's driver did not start")
                 return False
-            outcome = read_json_object(files.outcome)  # it may have written it just before it ended
+            outcome = read_model(files.outcome, Outcome)  # it may have written it just before it ended
             if outcome is None:
                 return self._finish(job, "failed", HEAD_LOST if self._head_lost(job) else
                                     f"the job's driver ended without an outcome; see {files.log.name}")
-        state, error = outcome.get("state"), outcome.get("error")
+        state, error = outcome.state, outcome.error
         if state == "succeeded" and not images_in_store(self.settings, job.plan):
             state, error = "failed", "the driver ended, but the store's run is not complete"
         if state not in ("succeeded", "failed", "cancelled"):
@@ -328,7 +336,7 @@ class Executor:
         SIGTERM it (it kills its actors and leaves Ray); SIGKILL after a grace period."""
         files = self.db.files(job.id)
         if files.root.is_dir():
-            private_write(files.stop, json.dumps({"state": job.state, "error": job.error}))
+            write_model(files.stop, StopOrder(state=job.state, error=job.error))
         if job.pid is not None and alive(job.pid, job.pid_start):
             _signal_group(job.pid, signal.SIGTERM)
             _signal_group(job.pid, signal.SIGCONT)  # a stopped driver wakes to handle it
@@ -345,7 +353,7 @@ class Executor:
         if job is None or job.state not in ("failed", "cancelled"):
             return True
         files = self.db.files(job.id)
-        before = read_json_object(files.soft_labels_before)
+        before = read_model(files.soft_labels_before, SoftLabelSnapshot)
         if before is not None:
             if any(other.plan.run_id == job.plan.run_id and other.plan.evaluate
                    for other in self.db.in_state("running")):
@@ -353,10 +361,10 @@ class Executor:
             remove_added(RunLayout(run_dir(self.settings, job.plan)).soft_labels, before)
             files.soft_labels_before.unlink(missing_ok=True)
         remove_job_temporaries(files.root)
-        outcome = read_json_object(files.outcome)
-        if files.root.is_dir() and (outcome is None or outcome.get("state") != job.state
-                                    or outcome.get("error") != job.error):
-            private_write(files.outcome, json.dumps({**(outcome or {}), "state": job.state, "error": job.error}))
+        outcome = read_model(files.outcome, Outcome)
+        if files.root.is_dir() and (outcome is None or outcome.state != job.state or outcome.error != job.error):
+            write_model(files.outcome, (outcome or Outcome(state=job.state)).model_copy(
+                update={"state": job.state, "error": job.error}))
         files.stop.unlink(missing_ok=True)
         return True
 

@@ -5,8 +5,8 @@ that runs it (pid and start time, so a reused pid is never taken for it). Record
 HTTP process: a restarted service lists every job with its state and picks up the drivers still
 running. A record whose plan this version cannot read (stored by an earlier version: `read_plan`
 maps the old shapes it knows) is still a job: `entry` and `page_entries` give it as an
-`UnreadableJob` to show, and the service settles it when it was queued or running. Each job also has a folder (`JobFiles`) for what its driver and the service write:
-the plan, the driver's log and outcome, the dataset file, the preview. The database and every
+`UnreadableJob` to show, and the service settles it when it was queued or running. Each job also has a folder (`api.job_files.JobFiles`) for what its driver and the service
+write: the plan, the driver's log and outcome, the dataset file, the preview. The database and every
 file there are the service's user's alone (mode 0600).
 """
 from __future__ import annotations
@@ -17,12 +17,13 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from api.files import PRIVATE
+from api.job_files import JobFiles
 from api.requests import JobPlan
 
 _SCHEMA = """
@@ -131,65 +132,6 @@ def migrate_plan(raw: dict) -> dict | None:
     """An earlier version's plan in this version's shape, or None when its shape is not one
     this version knows how to map."""
     return None
-
-
-@dataclass
-class JobFiles:
-    """The folder of one job: `STATE/jobs/<id>/`."""
-
-    root: Path
-    paths: dict = field(default_factory=dict)
-
-    @property
-    def plan(self) -> Path:
-        return self.root / "plan.json"
-
-    @property
-    def outcome(self) -> Path:
-        """Written once by the driver when it ends: {state, error, result}."""
-        return self.root / "outcome.json"
-
-    @property
-    def stop(self) -> Path:
-        """Written by the service before it stops the driver: the state and error the job ends
-        with (cancelled, or failed past the time limit), which the driver's outcome repeats."""
-        return self.root / "stop.json"
-
-    @property
-    def soft_labels_before(self) -> Path:
-        """Written by the driver before an evaluation that stores soft labels: what the run's
-        soft-label folder held then, so a job that does not succeed can remove what it added."""
-        return self.root / "soft-labels-before.json"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "driver.log"
-
-    @property
-    def heartbeat(self) -> Path:
-        """Touched by the driver every few seconds while it runs (api.runner.HEARTBEAT_S)."""
-        return self.root / "heartbeat"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.root / "evaluation.json"
-
-    @property
-    def dataset(self) -> Path:
-        return self.root / "dataset.parquet"
-
-    @property
-    def soft_labels(self) -> Path:
-        """The stored soft labels of the job's evaluation, packed (built on the first request)."""
-        return self.root / "soft-labels.parquet"
-
-    @property
-    def imagefolder(self) -> Path:
-        return self.root / "imagefolder.zip"
-
-    @property
-    def preview(self) -> Path:
-        return self.root / "preview.png"
 
 
 class JobDB:

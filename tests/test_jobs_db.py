@@ -106,3 +106,31 @@ def test_a_plan_holds_ipc_classes_seed_and_preset_once_and_keeps_its_fingerprint
     record = db.get("job-old")
     assert record is not None and record.plan == plan and record.plan.fingerprint() == PINNED_FINGERPRINT
     db.close()
+
+
+def test_the_files_between_service_and_driver_are_models_and_a_bad_one_reads_as_absent(tmp_path):
+    import os
+
+    from api.executor import RayHead
+    from api.job_files import JobFiles, Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
+    from api.leftovers import remove_added, snapshot
+
+    files = JobFiles(tmp_path / "job")
+    assert read_model(files.outcome, Outcome) is None  # not written yet
+    write_model(files.outcome, Outcome(state="failed", error="why", pid=7))
+    assert read_model(files.outcome, Outcome) == Outcome(state="failed", error="why", pid=7)
+    assert os.stat(files.outcome).st_mode & 0o777 == 0o600
+    for garbled in ("{half", "[1, 2]", '{"error": "no state"}'):
+        files.stop.write_text(garbled)
+        assert read_model(files.stop, StopOrder) is None
+    # Written by an earlier version with json.dumps: read the same.
+    (tmp_path / "ray-head.json").write_text(json.dumps({"pid": 12, "pid_start": "345", "temp_dir": "/tmp/fadrm-ray-x"}))
+    assert read_model(tmp_path / "ray-head.json", RayHead) == RayHead(pid=12, pid_start="345",
+                                                                       temp_dir="/tmp/fadrm-ray-x")
+    labels = tmp_path / "labels"
+    (labels / "seed0").mkdir(parents=True)
+    (labels / "seed0" / "meta.json").write_text("{}")
+    write_model(files.soft_labels_before, snapshot(labels))
+    (labels / "seed0" / "epoch-1.bin").write_bytes(b"x")
+    before = read_model(files.soft_labels_before, SoftLabelSnapshot)
+    assert remove_added(labels, before) == ["seed0/epoch-1.bin"]
