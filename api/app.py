@@ -8,7 +8,7 @@ sent (FastAPI's `max_body_size`); ids and names are checked against their patter
 anything touches the store, and a 422 quotes little of the request (api.refusals). Requests
 without the token are limited per address, and a request naming two body lengths is refused
 (api.http). Every GET endpoint answers HEAD too (api.http). Work happens elsewhere: jobs are
-records (`api.jobs`), run by driver processes on Ray (`api.executor`), whose scheduler (with the
+records (`api.job_records`), run by driver processes on Ray (`api.drivers`), whose scheduler (with the
 retention sweep) and the watch of the local Ray head run in threads of this process.
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from fadrm_ray.soft_label_store import SoftLabelError
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.errors import clean_line
-from api.executor import Executor
+from api.drivers import DriverSupervisor
 from api.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
-from api.jobs import JobDB, JobRecord, UnreadableJob
+from api.job_records import JobDB, JobRecord, UnreadableJob
 from api.models import (FINAL_STATES, JOB_ID_PATTERN, MAX_TEACHERS, STATES, DatasetInfo, DistillationRequest, Job,
                         JobAsked, JobList, Problem, Ready, Report, TeacherInfo)
 from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, progress, report, stored_labels,
@@ -65,18 +65,18 @@ JOB_ERRORS = {**ERRORS, 404: {"model": Problem}}
 
 
 class Scheduler(threading.Thread):
-    """Runs `executor.tick` every TICK_S seconds, and `sweep` (retention) every `sweep_every`."""
+    """Runs `drivers.tick` every TICK_S seconds, and `sweep` (retention) every `sweep_every`."""
 
-    def __init__(self, executor: Executor, sweep, sweep_every: float):
+    def __init__(self, drivers: DriverSupervisor, sweep, sweep_every: float):
         super().__init__(name="fadrm-scheduler", daemon=True)
-        self.executor, self.stopping = executor, threading.Event()
+        self.drivers, self.stopping = drivers, threading.Event()
         self.sweep, self.sweep_every = sweep, sweep_every
 
     def run(self) -> None:
         next_sweep = 0.0
         while not self.stopping.wait(TICK_S):
             try:
-                self.executor.tick()
+                self.drivers.tick()
             except Exception:  # keep scheduling; the next tick retries
                 log.exception("scheduler tick failed")
             if time.monotonic() >= next_sweep:
@@ -92,18 +92,18 @@ class RayWatch(threading.Thread):
     every RAY_WATCH_S seconds and starts it again when it is gone, waiting longer after each
     start that fails (up to a minute) and logging one line for each."""
 
-    def __init__(self, executor: Executor):
+    def __init__(self, drivers: DriverSupervisor):
         super().__init__(name="fadrm-ray-watch", daemon=True)
-        self.executor, self.stopping = executor, threading.Event()
+        self.drivers, self.stopping = drivers, threading.Event()
         self.error: str | None = None  # why the last start failed, for /readyz
 
     def run(self) -> None:
         wait = 0.0
         while not self.stopping.wait(wait):
             try:
-                if self.executor.local is None:
+                if self.drivers.local is None:
                     return
-                self.executor.keep_ray()
+                self.drivers.keep_ray()
                 self.error, wait = None, RAY_WATCH_S
             except Exception as exc:
                 self.error = clean_line(str(exc), 200)
@@ -112,7 +112,7 @@ class RayWatch(threading.Thread):
 
 
 class Service:
-    """What the endpoints share: settings, catalog, job records, executor."""
+    """What the endpoints share: settings, catalog, job records, the driver supervisor."""
 
     def __init__(self, settings: ServiceSettings):
         self.settings = settings
@@ -125,10 +125,10 @@ class Service:
             raise SettingsError(f"another fadrm serve is using the store {settings.store}") from None
         self.catalog = Catalog(settings)
         self.db = JobDB(settings.state_dir)
-        self.executor = Executor(settings, self.db)
-        self.scheduler = Scheduler(self.executor, self.sweep,
+        self.drivers = DriverSupervisor(settings, self.db)
+        self.scheduler = Scheduler(self.drivers, self.sweep,
                                    max(TICK_S, min(SWEEP_MAX_S, settings.job_retention / 4)))
-        self.ray_watch = RayWatch(self.executor)
+        self.ray_watch = RayWatch(self.drivers)
         self.submit_lock = threading.Lock()
         self.build_locks: dict[str, threading.Lock] = {}
         self.final_progress: dict[str, tuple] = {}
@@ -142,7 +142,7 @@ class Service:
         self.scheduler.stopping.set()
         self.scheduler.join(timeout=30)
         self.ray_watch.join(timeout=30)
-        self.executor.shutdown()
+        self.drivers.shutdown()
         self.db.close()
         self._server_lock.close()
 
@@ -165,7 +165,7 @@ class Service:
         FADRM_MAX_JOB_RECORDS: their records and their folders (plan, log, outcome, the files
         built for downloads), never a run in the store, which other jobs may share. A job whose
         leftovers are not tidied yet stays until they are. How many went."""
-        spare = set(self.executor.ending.copy())
+        spare = set(self.drivers.ending.copy())
         gone = self.db.expired(time.time() - self.settings.job_retention, self.settings.max_job_records, spare)
         if not gone:
             return 0
@@ -338,7 +338,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     @app.get("/readyz", tags=["service"], dependencies=auth, responses={**ERRORS, 503: {"model": Ready}})
     def readyz() -> Ready:
-        ray_ok = service.executor.ray_reachable()
+        ray_ok = service.drivers.ray_reachable()
         store_ok = _writable(settings.state_dir)
         why = service.ray_watch.error
         ready = Ready(ready=ray_ok and store_ok, ray=ray_ok, store=store_ok,
@@ -400,7 +400,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                 responses={**JOB_ERRORS, 409: {"model": Problem}})
     def cancel(job_id: str = JobId) -> Job:
         job = service.job(job_id)
-        if not service.executor.cancel(job):
+        if not service.drivers.cancel(job):
             job = service.job(job_id)
             raise _Conflict(job, f"job {job.id} has already finished ({job.state}); only queued or running jobs "
                                  "can be cancelled")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from api.executor import RayHead
+from api.local_ray import RayHead
 
 # (name, where the change goes: "overrides", "evaluation" or "body", the change, the field the 422 names)
 PROBES = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from api.executor import RayHead
+from api.local_ray import RayHead
 from api.job_files import Outcome, read_model
 from tests.api_helpers import raylet_children, request, running_service, wait_state
 from tests.ray_helpers import wait_for

@@ -39,9 +39,9 @@ from tests.test_deploy import REPO, after_double_dash, readme_blocks, readme_com
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SWEEP_MISSING = not (REPO / "tune" / "sweep.py").is_file()
-SERVE_MISSING = not (REPO / "api" / "cli.py").is_file()
+SERVE_MISSING = not (REPO / "api" / "serve_command.py").is_file()
 SWEEP_REASON = "tune/sweep.py (issue 12) is not in this checkout yet: the sweep part waits for it"
-SERVE_REASON = "api/cli.py (issue 13) is not in this checkout yet: the `fadrm serve` part waits for it"
+SERVE_REASON = "api/serve_command.py (issue 13) is not in this checkout yet: the `fadrm serve` part waits for it"
 
 
 def free_port() -> int:

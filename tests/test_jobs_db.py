@@ -2,7 +2,7 @@
 import json
 import time
 
-from api.jobs import JobDB
+from api.job_records import JobDB
 
 
 def test_a_record_with_an_old_plan_is_skipped(tmp_path):
@@ -111,7 +111,7 @@ def test_a_plan_holds_ipc_classes_seed_and_preset_once_and_keeps_its_fingerprint
 def test_the_files_between_service_and_driver_are_models_and_a_bad_one_reads_as_absent(tmp_path):
     import os
 
-    from api.executor import RayHead
+    from api.local_ray import RayHead
     from api.job_files import JobFiles, Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
     from api.leftovers import remove_added, snapshot
 
