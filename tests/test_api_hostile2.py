@@ -289,7 +289,7 @@ def test_a_killed_ray_head_comes_back_by_itself_and_its_job_says_why_it_failed(h
         assert "Ray head stopped while the job ran" in job["error"] and "/" not in job["error"], job["error"]
         wait_for(lambda: http.get("/readyz").status_code == 200, timeout=90, interval=0.5)
         back_in = time.monotonic() - killed
-        assert json.loads(head_file.read_text())["pid"] != head["pid"]
+        assert RayHead.model_validate_json(head_file.read_text()).pid != head.pid
         print(f"/readyz 200 again {back_in:.1f} s after the head was killed")
 
 
