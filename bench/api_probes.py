@@ -155,9 +155,9 @@ def build_422(text: str, repeat: int = 20) -> dict:
     from fastapi.encoders import jsonable_encoder
     from pydantic import ValidationError
 
-    from api.routes.distillations import REQUEST_FIELDS, REQUEST_LISTS
     from api.models import DistillationRequest
     from api.refusals import MAX_ERRORS, problems, shape_errors
+    from api.routes.distillations import REQUEST_FIELDS, REQUEST_LISTS
 
     def errors() -> list[dict]:
         try:
