@@ -202,8 +202,9 @@ class JobDB:
         found = self._query("WHERE id = ?", (job_id,))
         return found[0] if found else None
 
-    def by_key(self, key: str) -> JobRecord | None:
-        found = self._query("WHERE idempotency_key = ?", (key,))
+    def by_key(self, key: str) -> JobRecord | UnreadableJob | None:
+        """The job an Idempotency-Key names, readable or not (the key is its while it is kept)."""
+        found = self._entries("WHERE idempotency_key = ?", (key,))
         return found[0] if found else None
 
     def live_with(self, fingerprint: str) -> JobRecord | None:

@@ -1,4 +1,6 @@
-"""Job records of an earlier version (a plan this version cannot run) are left out, not an error."""
+"""Job records of an earlier version: those whose plan this version cannot run are left out of
+what runs jobs, not an error, and the service still answers, lists and settles them; plans of a
+shape this version knows are read; the files between the service and its drivers are models."""
 import json
 import time
 
@@ -134,3 +136,25 @@ def test_the_files_between_service_and_driver_are_models_and_a_bad_one_reads_as_
     (labels / "seed0" / "epoch-1.bin").write_bytes(b"x")
     before = read_model(files.soft_labels_before, SoftLabelSnapshot)
     assert remove_added(labels, before) == ["seed0/epoch-1.bin"]
+
+
+def test_an_idempotency_key_held_by_an_unreadable_record_is_a_conflict_not_a_server_error(tmp_path, digits_teacher):
+    """The key names the old job whatever this version can read of it: another request with it is a
+    409 (as for any job), not a second record with the same key (a 500)."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tests.api_helpers import TEACHER, request
+
+    settings = _service_settings(tmp_path)
+    shutil.copy(digits_teacher[0], settings.teachers / f"{TEACHER}.pt")
+    old = "job-" + "d" * 24
+    db = JobDB(settings.state_dir)
+    _insert(db, old, "succeeded", UNREADABLE_PLAN, idempotency_key="key-1", finished_at=time.time())
+    db.close()
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {settings.api_token}"
+        again = client.post("/v1/distillations", json=request(), headers={"Idempotency-Key": "key-1"})
+        assert again.status_code == 409 and old in again.json()["detail"], again.text
