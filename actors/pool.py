@@ -22,6 +22,7 @@ from actors.schedule import RunSchedule, Task, actor_name
 from actors.worker import DistillWorker
 from fadrm_ray.run.execute import DistillResult
 from fadrm_ray.run.units import Unit
+from fadrm_ray.errors import InputError
 from fadrm_ray.events import WorkerLost, WorkerStarted
 from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
 from fadrm_ray.run.messages import WorkerInfo
@@ -35,7 +36,7 @@ class WorkerPool:
     def __init__(self, workers: int | None = None, cpus_per_worker: float = 1.0, gpus_per_worker: float | None = None,
                  max_attempts: int = 3, progress: bool = True, share_patches: bool = True):
         if workers is not None and workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise InputError(f"workers must be >= 1, got {workers}")
         if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
             gpus_per_worker = 1.0  # one worker per GPU by default
         self.cpus_per_worker = cpus_per_worker

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from fadrm_ray.errors import InputError
 from fadrm_ray.fileio import read_yaml_mapping
 
 from api.limits import RequestLimits
@@ -52,7 +53,7 @@ MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 FILE_ENV = "FADRM_SERVE_CONFIG"  # a YAML file of the keys below (also `fadrm serve --config`)
 
 
-class SettingsError(ValueError):
+class SettingsError(InputError):
     """A service setting that is missing or bad (one line, names the key)."""
 
 

@@ -10,17 +10,17 @@ folder (an interrupted download or preview) go too.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from api.files import private_write
+from api.job_files import SoftLabelSnapshot, write_model
 from api.outputs import remove_partial
 
 _META = "meta.json"
 
 
-def snapshot(folder: Path) -> dict:
+def snapshot(folder: Path) -> SoftLabelSnapshot:
     """The files and folders under `folder` now, and the text of each `meta.json`."""
     files, dirs, meta = [], [], {}
     for root, names, found in os.walk(folder):
@@ -31,19 +31,19 @@ def snapshot(folder: Path) -> dict:
             files.append(rel)
             if name == _META:
                 meta[rel] = (here / name).read_text()
-    return {"existed": folder.is_dir(), "files": sorted(files), "dirs": sorted(dirs), "meta": meta}
+    return SoftLabelSnapshot(existed=folder.is_dir(), files=sorted(files), dirs=sorted(dirs), meta=meta)
 
 
 def write_snapshot(folder: Path, out: Path) -> None:
-    private_write(out, json.dumps(snapshot(folder)))
+    write_model(out, snapshot(folder))
 
 
-def remove_added(folder: Path, before: dict) -> list[str]:
+def remove_added(folder: Path, before: SoftLabelSnapshot) -> list[str]:
     """Remove what was added under `folder` since `before` (the files, and the folders left empty);
     returns the removed files' relative paths."""
     if not folder.is_dir():
         return []
-    kept_files, kept_dirs, meta = set(before.get("files", ())), set(before.get("dirs", ())), before.get("meta", {})
+    kept_files, kept_dirs, meta = set(before.files), set(before.dirs), before.meta
     removed = []
     for root, _, found in os.walk(folder, topdown=False):
         here = Path(root)
@@ -58,7 +58,7 @@ def remove_added(folder: Path, before: dict) -> list[str]:
         rel_dir = here.relative_to(folder).as_posix()
         if here != folder and rel_dir not in kept_dirs and not any(here.iterdir()):
             here.rmdir()
-    if not before.get("existed", True) and not any(folder.iterdir()):
+    if not before.existed and not any(folder.iterdir()):
         folder.rmdir()
     return removed
 

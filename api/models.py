@@ -103,7 +103,8 @@ class DatasetLabels(BaseModel):
 
 class JobAsked(BaseModel):
     """What a job's request asked for, in the request's terms (catalog names, class order): the
-    service records it (`api.requests.JobPlan`) and reports it (`Job`)."""
+    service records it (`api.requests.JobPlan`, where ipc, classes, seed and preset are read from
+    the job's settings) and reports it (`Job`)."""
 
     dataset: str
     teachers: list[str]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from fadrm_ray.config import ConfigError, make_config
 from fadrm_ray.run.job import DistillJob, build_job
@@ -24,10 +24,12 @@ from fadrm_ray.store import StoreError, open_run
 from api.catalog import Catalog, UnknownName
 from api.config import ServiceSettings
 from api.limits import OverLimit, check_evaluation, check_overrides, check_totals
-from api.models import CLASS_NAME_MAX, DistillationRequest, JobAsked
+from api.models import CLASS_NAME_MAX, DistillationRequest
 
 # Set by the request's own fields, never through `overrides`.
 _TOP_LEVEL = ("ipc", "classes", "seed", "preset")
+# What a plan reads from its job's settings (earlier versions also stored them beside the job).
+_FROM_CONFIG = frozenset(_TOP_LEVEL)
 
 
 class RequestInvalid(ValueError):
@@ -38,13 +40,54 @@ class RequestInvalid(ValueError):
         super().__init__(message)
 
 
-class JobPlan(JobAsked):
+class JobPlan(BaseModel):
     """What the service records for a job and its driver runs: the job (built once, here), what
-    the request asked for and its evaluation settings."""
+    the request asked for in its own terms (catalog names, class names) and its evaluation
+    settings. The request's ipc, classes, seed and preset are the job's settings (`job.config`),
+    read from there; a plan stored by an earlier version with them beside the job as well is
+    read as if they were not (`_drop_repeats`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    dataset: str
+    teachers: list[str]
+    class_names: list[str]
+    evaluate: bool
+    baselines: bool = False
     job: DistillJob
     evaluation: EvalConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_repeats(cls, data):
+        """Earlier versions stored ipc, classes, seed and preset twice: beside the job and in its
+        config. Where they agree with the config they go; where not, extra="forbid" refuses them."""
+        if not isinstance(data, dict) or not _FROM_CONFIG & set(data):
+            return data
+        job = data.get("job")
+        config = job.get("config") if isinstance(job, dict) else getattr(job, "config", None)
+        if isinstance(config, BaseModel):
+            config = config.model_dump(mode="json")
+        if not isinstance(config, dict):
+            return data
+        same = {k for k in _FROM_CONFIG & set(data)
+                if k in config and _json_value(data[k]) == _json_value(config[k])}
+        return {k: v for k, v in data.items() if k not in same}
+
+    @property
+    def ipc(self) -> int:
+        return self.job.config.ipc
+
+    @property
+    def classes(self) -> list[int]:
+        return list(self.job.config.classes or range(self.job.num_classes))
+
+    @property
+    def seed(self) -> int:
+        return self.job.config.seed
+
+    @property
+    def preset(self) -> str:
+        return self.job.config.preset
 
     @property
     def run_id(self) -> str:
@@ -125,9 +168,9 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
     except ConfigError as exc:
         raise RequestInvalid(("evaluation", *(exc.loc or ("__root__",))), f"evaluation: {exc}") from None
     _check_totals(job, evaluation, images, body.ipc, limits, sets=3 if body.baselines else 1)
-    return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers], classes=classes,
-                   class_names=[str(dataset.class_names[c]) for c in classes], ipc=body.ipc, preset=body.preset,
-                   seed=body.seed, evaluate=body.evaluate, baselines=body.baselines, evaluation=evaluation)
+    return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers],
+                   class_names=[str(dataset.class_names[c]) for c in classes], evaluate=body.evaluate,
+                   baselines=body.baselines, evaluation=evaluation)
 
 
 def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits,
@@ -168,6 +211,11 @@ def images_in_store(settings: ServiceSettings, plan: JobPlan) -> bool:
     except StoreError:
         return False
     return all(held.get(c, 0) >= plan.ipc for c in plan.classes)
+
+
+def _json_value(value):
+    """A value as JSON has it (a tuple is a list), to compare a stored value with a model's."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _teacher_names(body: DistillationRequest) -> list[str]:

@@ -21,7 +21,6 @@ is rotated once it holds `log_max_bytes` (one older file, `driver.log.1`, kept).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -31,12 +30,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.fileio import read_json_object
 from fadrm_ray.run.job import ExecutionSpec
 
 from api.errors import job_error
 from api.files import PRIVATE, private_write
-from api.jobs import JobFiles
+from api.job_files import JobFiles, Outcome, StopOrder, read_model, write_model
 from api.leftovers import write_snapshot
 from api.requests import JobPlan
 
@@ -106,7 +104,7 @@ def bounded_output(path: Path, max_bytes: int) -> threading.Thread:
     return thread
 
 
-def run(files: JobFiles) -> dict:
+def run(files: JobFiles) -> Outcome:
     from actors.coordinator import run_on_ray
     from fadrm_ray.runtime import torch_threads
 
@@ -114,7 +112,7 @@ def run(files: JobFiles) -> dict:
     plan, spec = given.plan, given.execution
     with torch_threads(spec.threads):
         result = run_on_ray(plan.job, spec)
-        outcome = {"state": "succeeded", "result": result.to_dict()}
+        outcome = Outcome(state="succeeded", result=result.to_dict())
         if plan.evaluate:
             from fadrm_ray.evaluate import evaluate_run
             from fadrm_ray.layout import RunLayout
@@ -150,9 +148,9 @@ def main(argv: list[str]) -> int:
         outcome = run(files)
     except BaseException as exc:
         outcome = _ended(files, exc)
-    outcome.update(pid=os.getpid(), seconds=time.time() - started)
+    outcome = outcome.model_copy(update={"pid": os.getpid(), "seconds": time.time() - started})
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the outcome is written whatever comes now
-    private_write(files.outcome, json.dumps(outcome))
+    write_model(files.outcome, outcome)
     if pump is not None:  # the last lines reach the log before the process ends
         sys.stdout.flush()
         sys.stderr.flush()
@@ -161,21 +159,21 @@ def main(argv: list[str]) -> int:
         os.dup2(null, 2)
         os.close(null)
         pump.join(timeout=5)
-    return 0 if outcome["state"] == "succeeded" else 1
+    return 0 if outcome.state == "succeeded" else 1
 
 
-def _ended(files: JobFiles, exc: BaseException) -> dict:
+def _ended(files: JobFiles, exc: BaseException) -> Outcome:
     """The outcome of a driver that did not finish: what the service stopped it for, or why it failed."""
     import traceback
 
-    stop = read_json_object(files.stop)
-    if stop is not None and stop.get("state") in ("cancelled", "failed"):
-        print(f"stopped by the service: {stop['state']}: {stop.get('error')}", flush=True)
-        return {"state": stop["state"], "error": stop.get("error")}
+    stop = read_model(files.stop, StopOrder)
+    if stop is not None and stop.state in ("cancelled", "failed"):
+        print(f"stopped by the service: {stop.state}: {stop.error}", flush=True)
+        return Outcome(state=stop.state, error=stop.error)
     if isinstance(exc, Cancelled) or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):
-        return {"state": "cancelled", "error": "the driver was stopped (SIGTERM)"}
+        return Outcome(state="cancelled", error="the driver was stopped (SIGTERM)")
     traceback.print_exc()  # the whole chain stays in driver.log; the API shows one clean line
-    return {"state": "failed", "error": job_error(exc)}
+    return Outcome(state="failed", error=job_error(exc))
 
 
 if __name__ == "__main__":

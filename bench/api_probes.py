@@ -41,6 +41,8 @@ from pathlib import Path
 
 import httpx
 
+from api.local_ray import RayHead
+
 # (name, where the change goes: "overrides", "evaluation" or "body", the change, the field the 422 names)
 PROBES = [
     # The two that stalled the server and ran for ever.
@@ -153,9 +155,9 @@ def build_422(text: str, repeat: int = 20) -> dict:
     from fastapi.encoders import jsonable_encoder
     from pydantic import ValidationError
 
-    from api.app import REQUEST_FIELDS, REQUEST_LISTS
     from api.models import DistillationRequest
     from api.refusals import MAX_ERRORS, problems, shape_errors
+    from api.routes.distillations import REQUEST_FIELDS, REQUEST_LISTS
 
     def errors() -> list[dict]:
         try:
@@ -351,8 +353,8 @@ def round_two(root: Path, seconds: float) -> dict:
                                                                       .glob("job-*")))}
 
             # The Ray head killed.
-            head = json.loads((root / "store" / ".fadrm-api" / "ray-head.json").read_text())
-            os.killpg(head["pid"], signal.SIGKILL)
+            head = RayHead.model_validate_json((root / "store" / ".fadrm-api" / "ray-head.json").read_text())
+            os.killpg(head.pid, signal.SIGKILL)
             killed = time.monotonic()
             while http.get("/readyz").status_code == 200 and time.monotonic() - killed < 10:
                 time.sleep(0.1)

@@ -144,15 +144,15 @@ def wait_state(client: httpx.Client, job_id: str, states=("succeeded", "failed",
 
 def raylet_children(server: ApiServer, title: str) -> list[int]:
     """Pids of this service's Ray worker processes whose title holds `title` (e.g. DistillWorker)."""
-    import json
+    from api.local_ray import RayHead
 
-    head = json.loads((server.store / ".fadrm-api" / "ray-head.json").read_text())
+    head = RayHead.model_validate_json((server.store / ".fadrm-api" / "ray-head.json").read_text())
     members = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            if os.getpgid(int(entry.name)) == head["pid"]:
+            if os.getpgid(int(entry.name)) == head.pid:
                 members.add(int(entry.name))
         except OSError:
             continue

@@ -70,7 +70,7 @@ def test_a_non_loopback_host_needs_tls_or_insecure(api_service, limited):
         result = _serve(env, "--host", host, "--port", port)
         assert result.returncode != 0, result.stderr
         assert f"--host {host} is not a loopback address" in result.stderr and "--insecure" in result.stderr
-    from api.cli import _loopback
+    from api.serve_command import _loopback
 
     assert [_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost")] == [True] * 5
     assert not any(_loopback(h) for h in ("::", "10.1.2.3", "192.168.0.1", "fadrm.internal"))

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from api.local_ray import RayHead
 from bench.api_probes import raw_exchange
 from tests.api_helpers import REPO, TOKEN, request, running_service, wait_state
 from tests.ray_helpers import wait_for
@@ -278,8 +279,8 @@ def test_a_killed_ray_head_comes_back_by_itself_and_its_job_says_why_it_failed(h
     with hostile.client() as http:
         wait_for(lambda: http.get("/readyz").status_code == 200, timeout=120, interval=0.5)
         job_id, _ = _running_driver(hostile, http, request(classes=[2, 6], seed=12, iterations=4000))
-        head = json.loads(head_file.read_text())
-        os.killpg(head["pid"], signal.SIGKILL)
+        head = RayHead.model_validate_json(head_file.read_text())
+        os.killpg(head.pid, signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: http.get("/readyz").status_code == 503, timeout=10, interval=0.2)
         # The job on the dead head fails at once, saying why (read before its retention ends).
@@ -288,7 +289,7 @@ def test_a_killed_ray_head_comes_back_by_itself_and_its_job_says_why_it_failed(h
         assert "Ray head stopped while the job ran" in job["error"] and "/" not in job["error"], job["error"]
         wait_for(lambda: http.get("/readyz").status_code == 200, timeout=90, interval=0.5)
         back_in = time.monotonic() - killed
-        assert json.loads(head_file.read_text())["pid"] != head["pid"]
+        assert RayHead.model_validate_json(head_file.read_text()).pid != head.pid
         print(f"/readyz 200 again {back_in:.1f} s after the head was killed")
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from api.local_ray import RayHead
+from api.job_files import Outcome, read_model
 from tests.api_helpers import raylet_children, request, running_service, wait_state
 from tests.ray_helpers import wait_for
 
@@ -34,18 +36,15 @@ def _job_files(server, job_id: str) -> Path:
     return server.store / ".fadrm-api" / "jobs" / job_id
 
 
-def _outcome(server, job_id: str) -> dict | None:
-    try:
-        return json.loads((_job_files(server, job_id) / "outcome.json").read_text())
-    except (OSError, ValueError):
-        return None
+def _outcome(server, job_id: str) -> Outcome | None:
+    return read_model(_job_files(server, job_id) / "outcome.json", Outcome)
 
 
-def _agreeing_outcome(server, job: dict, timeout: float = 60) -> dict:
+def _agreeing_outcome(server, job: dict, timeout: float = 60) -> Outcome:
     """The job's outcome file once it says what the API says (the driver, or the service once
     the driver is gone, writes it)."""
-    return wait_for(lambda: (o := _outcome(server, job["id"])) and o["state"] == job["state"]
-                    and o["error"] == job["error"] and o, timeout=timeout, interval=0.2)
+    return wait_for(lambda: (o := _outcome(server, job["id"])) and o.state == job["state"]
+                    and o.error == job["error"] and o, timeout=timeout, interval=0.2)
 
 
 def _still_answers_after_the_end(http, job: dict) -> None:
@@ -144,7 +143,7 @@ def _loopback(address: str) -> bool:
 
 
 def test_the_service_ray_listens_on_loopback_only_and_a_cancel_says_cancelled(service):
-    head = json.loads((service.store / ".fadrm-api" / "ray-head.json").read_text())
+    head = RayHead.model_validate_json((service.store / ".fadrm-api" / "ray-head.json").read_text())
     with service.client() as http:
         posted = http.post("/v1/distillations", json=request(classes=[4, 6], ipc=1, seed=72, **LONG))
         job_id = posted.json()["id"]
@@ -152,7 +151,7 @@ def test_the_service_ray_listens_on_loopback_only_and_a_cancel_says_cancelled(se
         # Once a distill actor is up, every kind of Ray process is: GCS, raylet, agents, workers, the driver.
         wait_for(lambda: raylet_children(service, "DistillWorker"), timeout=120, interval=0.5)
         driver = wait_for(lambda: _driver_pid(job_id), timeout=30, interval=0.2)
-        sockets = _sockets_of(_group(head["pid"]) + _group(driver))
+        sockets = _sockets_of(_group(head.pid) + _group(driver))
         assert len(sockets) >= 3, sockets  # GCS, raylet and workers at least: the check saw them
         exposed = {pid: [s for s in found if not _loopback(s[0])] for pid, found in sockets.items()}
         assert not any(exposed.values()), exposed
@@ -170,7 +169,7 @@ def test_the_service_ray_listens_on_loopback_only_and_a_cancel_says_cancelled(se
         job = wait_state(http, job_id)
         assert (job["state"], job["error"]) == ("cancelled", "cancelled by request")
         outcome = _agreeing_outcome(service, job)
-        assert "SystemExit" not in json.dumps(outcome)
+        assert "SystemExit" not in outcome.model_dump_json()
         wait_for(lambda: not raylet_children(service, "DistillWorker"), timeout=60, interval=0.5)
         _still_answers_after_the_end(http, job)
 

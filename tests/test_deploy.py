@@ -70,7 +70,7 @@ def pyproject_requirement(name: str):
 
 def command_args(module: str, argv: list[str]) -> argparse.Namespace:
     """`argv` parsed as the `fadrm` subcommand that entry point module `module` (tune.sweep_command,
-    api.cli) registers, by the real `fadrm` parser (common flags included)."""
+    api.serve_command) registers, by the real `fadrm` parser (common flags included)."""
     from fadrm_ray.commands import build_parser
 
     command = importlib.import_module(module).COMMAND
@@ -322,7 +322,7 @@ def test_api_deployment_talks_to_the_cluster_head_with_tokens_from_secrets():
 
 def test_api_command_is_a_valid_serve_command():
     container = load_docs(DEPLOY / "k8s" / "api.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
-    args = command_args("api.cli", api_serve_command(container)[2:])
+    args = command_args("api.serve_command", api_serve_command(container)[2:])
     assert args.host == "0.0.0.0" and int(args.port) == 8000
 
 
@@ -391,21 +391,21 @@ def named_modules() -> list[tuple[str, str]]:
             if module.split(".")[0] in PROJECT_PACKAGES:  # not `python -m pytest`
                 found.setdefault(module, path.name)
         for sub in re.findall(r"\bfadrm,? (serve|tune)\b", text):
-            found.setdefault({"serve": "api.cli", "tune": "tune.sweep_command"}[sub], path.name)
+            found.setdefault({"serve": "api.serve_command", "tune": "tune.sweep_command"}[sub], path.name)
     return sorted(found.items())
 
 
 def test_deploy_names_the_entry_points_it_should():
     modules = {m for m, _ in named_modules()}
-    assert {"actors.job", "tune.sweep", "api.cli"} <= modules
+    assert {"actors.job", "tune.sweep", "api.serve_command"} <= modules
 
 
 @pytest.mark.parametrize("module,where", named_modules())
 def test_every_module_named_in_deploy_imports(module, where):
     assert importlib.util.find_spec(module) is not None, f"{module} (named in {where}) is not importable"
     importlib.import_module(module)
-    if module.endswith(".cli"):  # a `fadrm SUBCOMMAND`: registered under that name
-        entry = {e.split(":")[0]: n for n, e in PYPROJECT["project"]["entry-points"]["fadrm.commands"].items()}
+    entry = {e.split(":")[0]: n for n, e in PYPROJECT["project"]["entry-points"]["fadrm.commands"].items()}
+    if module.endswith(".cli") or module in entry:  # a `fadrm SUBCOMMAND`: registered under that name
         assert module in entry
         assert importlib.import_module(module).COMMAND.name == entry[module]
 

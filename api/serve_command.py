@@ -6,6 +6,8 @@ import ipaddress
 import json
 import os
 
+from fadrm_ray.errors import InputError
+
 # What the service writes (job records, logs, the runs and files it serves) is for its own user
 # and group, never for every account on the machine.
 UMASK = 0o027
@@ -34,19 +36,19 @@ class ServeCommand:
 
         os.umask(UMASK)  # before anything is written, by this process or the ones it starts
         if not 0 < args.port < 65536:
-            raise ValueError(f"--port must be in 1..65535, got {args.port}")
+            raise InputError(f"--port must be in 1..65535, got {args.port}")
         if args.ssl_keyfile and not args.ssl_certfile:
-            raise ValueError("--ssl-keyfile needs --ssl-certfile")
+            raise InputError("--ssl-keyfile needs --ssl-certfile")
         if not (args.stop_ray or args.ssl_certfile or args.insecure or _loopback(args.host)):
-            raise ValueError(f"--host {args.host} is not a loopback address: the bearer token would cross the network "
+            raise InputError(f"--host {args.host} is not a loopback address: the bearer token would cross the network "
                              "in plain HTTP; give --ssl-certfile and --ssl-keyfile, or --insecure behind a proxy "
                              "that ends TLS")
         try:
             settings = ServiceSettings.load(args.config)
         except SettingsError as exc:
-            raise ValueError(str(exc)) from None
+            raise InputError(str(exc)) from None
         if args.stop_ray:
-            from api.executor import LocalRay
+            from api.local_ray import LocalRay
 
             stopped = LocalRay(settings.state_dir, settings.ray_cpus).stop()
             print(json.dumps({"stopped": stopped}) if args.json else ("stopped the local Ray head" if stopped

@@ -8,19 +8,19 @@ by its record (pid and start time) and reuses it, and finds each running job's d
 its record holds. The head is stopped by pid when the service stops with no job queued or
 running, or by `fadrm serve --stop-ray`.
 
-The local head binds to loopback only: Ray turns a loopback `--node-ip-address` into the
+The local head (`api.local_ray`) binds to loopback only: Ray turns a loopback `--node-ip-address` into the
 machine's routable address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode),
 and without that its GCS and raylet listen on every interface and its metrics endpoints answer
 anyone without a token. Metrics export is off (RAY_enable_metrics_collection=0); the monitor's
 and the minimal dashboard's metrics endpoints, which cannot be turned off, follow the node's
 loopback address. Drivers get the same variables, or they would look for the node elsewhere.
 
-The service also watches its local head (`Executor.keep_ray`, every RAY_WATCH_S seconds from a
+The service also watches its local head (`DriverSupervisor.keep_ray`, every RAY_WATCH_S seconds from a
 thread of its own): a head that died is started again at once, not when the next job starts,
 so `/readyz` is 200 again without a job. A job whose driver failed because the head it ran on
 went away says so in one line.
 
-`Executor.tick` is the scheduler, called about twice a second by the service: it settles the
+`DriverSupervisor.tick` is the scheduler, called about twice a second by the service: it settles the
 jobs whose driver ended (from the outcome file the driver writes, checked against the store:
 a run is complete only when its manifest says so), ends jobs running longer than the limit
 (`limits.job_seconds`, FADRM_MAX_JOB_SECONDS: failed, with that reason) and those whose driver's
@@ -33,30 +33,26 @@ itself where the driver could not (killed), or where it disagrees with the recor
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from fadrm_ray.fileio import read_json_object
+
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.runtime import heavy_process_env, proc_stat
+from fadrm_ray.runtime import heavy_process_env
 
 from api.config import ServiceSettings
 from api.errors import clean_line, job_error
 from api.files import private_append, private_write
-from api.jobs import JobDB, JobRecord
+from api.job_files import Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
+from api.job_records import JobDB, JobRecord, UnreadableJob
+from api.local_ray import START_TIMEOUT_S, LocalRay, alive, clean_env, proc_start, signal_group
 from api.leftovers import remove_added, remove_job_temporaries
 from api.requests import images_in_store, run_dir
 from api.runner import HEARTBEAT_S, DriverInput
@@ -64,128 +60,18 @@ from api.runner import HEARTBEAT_S, DriverInput
 log = logging.getLogger("fadrm.api")
 
 CANCEL_GRACE_S = 10.0
-START_TIMEOUT_S = 180.0
 CANCELLED = "cancelled by request"
+UNREADABLE = ("the job's record could not be read after an upgrade of the service (its plan is not in a shape this "
+              "version reads: {why}); submit the request again")
 HEAD_LOST = ("the service's Ray head stopped while the job ran (the service starts a new one); "
              "submit the request again")
-# Ray's single-machine mode (the node's address stays loopback) and no metrics export port.
-LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
 _REPO = Path(__file__).resolve().parents[1]
 
 
-def proc_start(pid: int | None) -> str | None:
-    """The start time of a live (not zombie) process, from /proc; None when it is gone."""
-    stat = proc_stat(pid) if pid else None
-    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
+class DriverSupervisor:
+    """Launches each job's driver process and watches it to its end (the module docstring): the
+    scheduler's `tick`, `cancel`, and the service's local Ray head they run on."""
 
-
-def alive(pid: int | None, started: str | None) -> bool:
-    now = proc_start(pid)
-    return now is not None and (started is None or now == started)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-class LocalRay:
-    """The service's own Ray head: started once, reused across restarts of the service."""
-
-    def __init__(self, state_dir: Path, cpus: int | None):
-        self.record = state_dir / "ray-head.json"
-        self.token = state_dir / "ray-auth-token"
-        self.cpus = cpus or os.cpu_count() or 1
-        self._starting = threading.Lock()  # one start at a time: the watch and a job's start
-
-    def env(self) -> dict[str, str]:
-        """What the head and every driver joining it run with (module docstring)."""
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token), **LOOPBACK_RAY_ENV}
-
-    def _read(self) -> dict | None:
-        try:
-            return json.loads(self.record.read_text())
-        except (OSError, ValueError):
-            return None
-
-    def running(self) -> dict | None:
-        """The record of the head if it is still up."""
-        head = self._read()
-        if head and alive(head.get("pid"), head.get("pid_start")):
-            return head
-        return None
-
-    def current_address(self) -> str | None:
-        """The address of the head that is up now, without starting one."""
-        head = self.running()
-        if head is None:
-            return None
-        with contextlib.suppress(OSError):
-            return (Path(head["temp_dir"]) / "ray_current_cluster").read_text().strip() or None
-        return None
-
-    def address(self, timeout: float = START_TIMEOUT_S) -> str:
-        """The head's address, starting the head first when none is up."""
-        with self._starting:
-            return self._address(timeout)
-
-    def _address(self, timeout: float) -> str:
-        head = self.running()
-        if head is None:
-            gone = self._read()
-            if gone and str(gone.get("temp_dir", "")).startswith(tempfile.gettempdir()):
-                shutil.rmtree(gone["temp_dir"], ignore_errors=True)  # what a head that died left
-            head = self._start()
-        address_file = Path(head["temp_dir"]) / "ray_current_cluster"
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if address_file.is_file() and address_file.read_text().strip():
-                return address_file.read_text().strip()
-            if not alive(head["pid"], head["pid_start"]):
-                raise RuntimeError(f"the local Ray head exited while starting; see {head['temp_dir']}/head.log")
-            time.sleep(0.5)
-        raise RuntimeError(f"the local Ray head did not start in {timeout:.0f} s")
-
-    def _start(self) -> dict:
-        if not self.token.is_file():
-            private_write(self.token, secrets.token_hex(32))
-        temp_dir = tempfile.mkdtemp(prefix="fadrm-ray-")  # short: Ray's socket paths have a length limit
-        log = private_append(Path(temp_dir) / "head.log")
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port=0",
-                 "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--num-cpus={self.cpus}",
-                 "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-                 f"--object-store-memory={512 * 1024 * 1024}", "--block"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**_clean_env(), **self.env()})
-        finally:
-            os.close(log)
-        head = {"pid": process.pid, "pid_start": proc_start(process.pid), "temp_dir": temp_dir}
-        private_write(self.record, json.dumps(head))
-        return head
-
-    def stop(self, timeout: float = 20.0) -> bool:
-        """Stop the head (its whole process group) and remove its folder; False when none was up."""
-        head = self.running()
-        if head is None:
-            return False
-        _signal_group(head["pid"], signal.SIGTERM)
-        deadline = time.time() + timeout
-        while time.time() < deadline and alive(head["pid"], head["pid_start"]):
-            time.sleep(0.2)
-        _signal_group(head["pid"], signal.SIGKILL)
-        shutil.rmtree(head["temp_dir"], ignore_errors=True)
-        self.record.unlink(missing_ok=True)
-        return True
-
-
-def _clean_env() -> dict[str, str]:
-    """This process's environment without the service's secret: drivers and Ray never see it."""
-    return {k: v for k, v in os.environ.items() if k != "FADRM_API_TOKEN"}
-
-
-class Executor:
     def __init__(self, settings: ServiceSettings, db: JobDB):
         self.settings = settings
         self.db = db
@@ -200,6 +86,20 @@ class Executor:
             job = db.get(marker.parent.name)
             if job is not None and job.state in ("failed", "cancelled"):
                 self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
+        # A plan becomes unreadable only across an upgrade, that is across a restart: settled here.
+        for old in db.unreadable("queued", "running"):
+            self._settle_unreadable(old)
+
+    def _settle_unreadable(self, job: UnreadableJob) -> None:
+        """Fail a queued or running job whose record this version cannot read (no driver of this
+        version can run its plan), and stop a driver of the earlier version still running it."""
+        error = clean_line(UNREADABLE.format(why=job.why))
+        if not self.db.update(job.id, only_from=("queued", "running"), state="failed", error=error,
+                              finished_at=time.time()):
+            return
+        log.warning("job %s: %s", job.id, error)
+        if job.state == "running":
+            self._stop(replace(job, state="failed", error=error))
 
     # ------------------------------------------------------------------ ray
     def ray_address(self) -> str:
@@ -219,7 +119,7 @@ class Executor:
     def ray_reachable(self) -> bool:
         if self.local is not None:
             head = self.local.running()
-            return bool(head) and (Path(head["temp_dir"]) / "ray_current_cluster").is_file()
+            return head is not None and (Path(head.temp_dir) / "ray_current_cluster").is_file()
         return _tcp_reachable(self.settings.ray_address)
 
     # ------------------------------------------------------------------ scheduling
@@ -240,7 +140,7 @@ class Executor:
         for job_id, (pid, start, kill_at) in list(self.ending.items()):
             if alive(pid, start):
                 if time.time() > kill_at:
-                    _signal_group(pid, signal.SIGKILL)
+                    signal_group(pid, signal.SIGKILL)
             elif self._tidy(job_id):
                 self.ending.pop(job_id, None)
         queued = self.db.in_state("queued")
@@ -273,17 +173,17 @@ class Executor:
     def _settle(self, job: JobRecord) -> bool:
         """Finish a running job whose driver has ended; True when it did."""
         files = self.db.files(job.id)
-        outcome = read_json_object(files.outcome)
+        outcome = read_model(files.outcome, Outcome)
         if outcome is None:
             if job.pid is None or alive(job.pid, job.pid_start):
                 if job.pid is None and job.started_at and time.time() - job.started_at > START_TIMEOUT_S:
                     return self._finish(job, "failed", "the job's driver did not start")
                 return False
-            outcome = read_json_object(files.outcome)  # it may have written it just before it ended
+            outcome = read_model(files.outcome, Outcome)  # it may have written it just before it ended
             if outcome is None:
                 return self._finish(job, "failed", HEAD_LOST if self._head_lost(job) else
                                     f"the job's driver ended without an outcome; see {files.log.name}")
-        state, error = outcome.get("state"), outcome.get("error")
+        state, error = outcome.state, outcome.error
         if state == "succeeded" and not images_in_store(self.settings, job.plan):
             state, error = "failed", "the driver ended, but the store's run is not complete"
         if state not in ("succeeded", "failed", "cancelled"):
@@ -307,26 +207,29 @@ class Executor:
         self._stop(self.db.get(job.id) or job)
         return True
 
-    def _stop(self, job: JobRecord) -> None:
+    def _stop(self, job: JobRecord | UnreadableJob) -> None:
         """Stop the driver of a job the service has ended: say why (its outcome repeats it), then
         SIGTERM it (it kills its actors and leaves Ray); SIGKILL after a grace period."""
         files = self.db.files(job.id)
         if files.root.is_dir():
-            private_write(files.stop, json.dumps({"state": job.state, "error": job.error}))
+            write_model(files.stop, StopOrder(state=job.state, error=job.error))
         if job.pid is not None and alive(job.pid, job.pid_start):
-            _signal_group(job.pid, signal.SIGTERM)
-            _signal_group(job.pid, signal.SIGCONT)  # a stopped driver wakes to handle it
+            signal_group(job.pid, signal.SIGTERM)
+            signal_group(job.pid, signal.SIGCONT)  # a stopped driver wakes to handle it
         self.ending[job.id] = (job.pid, job.pid_start, time.time() + CANCEL_GRACE_S)
 
     def _tidy(self, job_id: str) -> bool:
         """Once the driver of a job that did not succeed is gone: remove what it left and make
         its outcome file say what the record says. False to try again later (another running job
         evaluates the same run, and may be writing soft labels it would take for this one's)."""
-        job = self.db.get(job_id)
+        job = self.db.entry(job_id)
+        if isinstance(job, UnreadableJob):  # its plan cannot say what it added: only the marker goes
+            self.db.files(job_id).stop.unlink(missing_ok=True)
+            return True
         if job is None or job.state not in ("failed", "cancelled"):
             return True
         files = self.db.files(job.id)
-        before = read_json_object(files.soft_labels_before)
+        before = read_model(files.soft_labels_before, SoftLabelSnapshot)
         if before is not None:
             if any(other.plan.run_id == job.plan.run_id and other.plan.evaluate
                    for other in self.db.in_state("running")):
@@ -334,10 +237,10 @@ class Executor:
             remove_added(RunLayout(run_dir(self.settings, job.plan)).soft_labels, before)
             files.soft_labels_before.unlink(missing_ok=True)
         remove_job_temporaries(files.root)
-        outcome = read_json_object(files.outcome)
-        if files.root.is_dir() and (outcome is None or outcome.get("state") != job.state
-                                    or outcome.get("error") != job.error):
-            private_write(files.outcome, json.dumps({**(outcome or {}), "state": job.state, "error": job.error}))
+        outcome = read_model(files.outcome, Outcome)
+        if files.root.is_dir() and (outcome is None or outcome.state != job.state or outcome.error != job.error):
+            write_model(files.outcome, (outcome or Outcome(state=job.state)).model_copy(
+                update={"state": job.state, "error": job.error}))
         files.stop.unlink(missing_ok=True)
         return True
 
@@ -356,7 +259,7 @@ class Executor:
                                                   log_max_bytes=self.settings.driver_log_max_bytes,
                                                   heartbeat_s=min(HEARTBEAT_S, self.settings.driver_heartbeat_timeout / 4)
                                                   ).model_dump_json())
-            env = {**_clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
+            env = {**clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
             if self.local is not None:
                 env.update(self.local.env())

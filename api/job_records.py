@@ -3,23 +3,27 @@
 A record holds what was asked (the plan the driver runs), its state, and the driver process
 that runs it (pid and start time, so a reused pid is never taken for it). Records outlive the
 HTTP process: a restarted service lists every job with its state and picks up the drivers still
-running. Each job also has a folder (`JobFiles`) for what its driver and the service write:
-the plan, the driver's log and outcome, the dataset file, the preview. The database and every
+running. A record whose plan this version cannot read (stored by an earlier version: `read_plan`
+maps the old shapes it knows) is still a job: `entry` and `page_entries` give it as an
+`UnreadableJob` to show, and the service settles it when it was queued or running. Each job also has a folder (`api.job_files.JobFiles`) for what its driver and the service
+write: the plan, the driver's log and outcome, the dataset file, the preview. The database and every
 file there are the service's user's alone (mode 0600).
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from api.files import PRIVATE
+from api.job_files import JobFiles
 from api.requests import JobPlan
 
 _SCHEMA = """
@@ -66,68 +70,68 @@ class JobRecord:
     @classmethod
     def from_row(cls, row: tuple) -> "JobRecord":
         values = dict(zip(_COLUMNS, row))
-        values["plan"] = JobPlan.model_validate_json(values["plan"])
+        values["plan"] = read_plan(values["plan"])
         values["reused"] = bool(values["reused"])
         return cls(**values)
 
 
 @dataclass
-class JobFiles:
-    """The folder of one job: `STATE/jobs/<id>/`."""
+class UnreadableJob:
+    """A job record whose plan this version cannot read (nor map from a shape it knows): shown
+    from what can be read of it (`asked`), never run. `why` says what failed to validate."""
 
-    root: Path
-    paths: dict = field(default_factory=dict)
+    seq: int
+    id: str
+    fingerprint: str
+    idempotency_key: str | None
+    state: str
+    reused: bool
+    plan: str  # the stored text, as it is
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    error: str | None = None
+    why: str = ""
 
-    @property
-    def plan(self) -> Path:
-        return self.root / "plan.json"
+    @classmethod
+    def from_row(cls, row: tuple, why: str) -> "UnreadableJob":
+        values = dict(zip(_COLUMNS, row))
+        values["reused"] = bool(values["reused"])
+        return cls(**values, why=why)
 
-    @property
-    def outcome(self) -> Path:
-        """Written once by the driver when it ends: {state, error, result}."""
-        return self.root / "outcome.json"
+    def asked(self) -> dict:
+        """What can be read of the stored plan, as JSON values: top-level fields, and those in
+        its job's config, each only where it is a JSON object's value (the caller checks types)."""
+        try:
+            raw = json.loads(self.plan)
+        except ValueError:
+            return {}
+        if not isinstance(raw, dict):
+            return {}
+        job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
+        config = job.get("config") if isinstance(job.get("config"), dict) else {}
+        return {**config, **job, **raw}
 
-    @property
-    def stop(self) -> Path:
-        """Written by the service before it stops the driver: the state and error the job ends
-        with (cancelled, or failed past the time limit), which the driver's outcome repeats."""
-        return self.root / "stop.json"
 
-    @property
-    def soft_labels_before(self) -> Path:
-        """Written by the driver before an evaluation that stores soft labels: what the run's
-        soft-label folder held then, so a job that does not succeed can remove what it added."""
-        return self.root / "soft-labels-before.json"
+def read_plan(text: str) -> JobPlan:
+    """A stored plan: as this version writes it, or mapped from an earlier version's shape that
+    this one knows (`migrate_plan`); ValidationError (or ValueError) when it is neither."""
+    try:
+        return JobPlan.model_validate_json(text)
+    except ValidationError:
+        raw = json.loads(text)
+        migrated = migrate_plan(raw) if isinstance(raw, dict) else None
+        if migrated is None:
+            raise
+        return JobPlan.model_validate(migrated)
 
-    @property
-    def log(self) -> Path:
-        return self.root / "driver.log"
 
-    @property
-    def heartbeat(self) -> Path:
-        """Touched by the driver every few seconds while it runs (api.runner.HEARTBEAT_S)."""
-        return self.root / "heartbeat"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.root / "evaluation.json"
-
-    @property
-    def dataset(self) -> Path:
-        return self.root / "dataset.parquet"
-
-    @property
-    def soft_labels(self) -> Path:
-        """The stored soft labels of the job's evaluation, packed (built on the first request)."""
-        return self.root / "soft-labels.parquet"
-
-    @property
-    def imagefolder(self) -> Path:
-        return self.root / "imagefolder.zip"
-
-    @property
-    def preview(self) -> Path:
-        return self.root / "preview.png"
+def migrate_plan(raw: dict) -> dict | None:
+    """An earlier version's plan in this version's shape, or None when its shape is not one
+    this version knows how to map."""
+    return None
 
 
 class JobDB:
@@ -170,22 +174,37 @@ class JobDB:
     def files(self, job_id: str) -> JobFiles:
         return JobFiles(self.state_dir / "jobs" / job_id)
 
-    def _query(self, sql: str, args: tuple = ()) -> list[JobRecord]:
+    def _entries(self, sql: str, args: tuple = ()) -> list[JobRecord | UnreadableJob]:
         rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
-        records = []
+        records: list[JobRecord | UnreadableJob] = []
         for row in rows:
             try:
                 records.append(JobRecord.from_row(row))
-            except ValidationError:  # a record of an earlier version, whose plan this one cannot run
-                continue
+            except ValueError as exc:  # ValidationError included: a plan this version cannot read
+                records.append(UnreadableJob.from_row(row, _why(exc)))
         return records
+
+    def _query(self, sql: str, args: tuple = ()) -> list[JobRecord]:
+        """The records of `sql` this version can run (each with its plan)."""
+        return [r for r in self._entries(sql, args) if isinstance(r, JobRecord)]
+
+    def entry(self, job_id: str) -> JobRecord | UnreadableJob | None:
+        """The job, readable or not (what GET answers); None when there is no such record."""
+        found = self._entries("WHERE id = ?", (job_id,))
+        return found[0] if found else None
+
+    def unreadable(self, *states: str) -> list[UnreadableJob]:
+        marks = ", ".join("?" * len(states))
+        return [r for r in self._entries(f"WHERE state IN ({marks}) ORDER BY seq", states)
+                if isinstance(r, UnreadableJob)]
 
     def get(self, job_id: str) -> JobRecord | None:
         found = self._query("WHERE id = ?", (job_id,))
         return found[0] if found else None
 
-    def by_key(self, key: str) -> JobRecord | None:
-        found = self._query("WHERE idempotency_key = ?", (key,))
+    def by_key(self, key: str) -> JobRecord | UnreadableJob | None:
+        """The job an Idempotency-Key names, readable or not (the key is its while it is kept)."""
+        found = self._entries("WHERE idempotency_key = ?", (key,))
         return found[0] if found else None
 
     def live_with(self, fingerprint: str) -> JobRecord | None:
@@ -231,6 +250,11 @@ class JobDB:
         return gone
 
     def page(self, state: str | None, limit: int, before: int | None) -> list[JobRecord]:
+        """A page of the records this version can run (`page_entries`: every record)."""
+        return [r for r in self.page_entries(state, limit, before) if isinstance(r, JobRecord)]
+
+    def page_entries(self, state: str | None, limit: int, before: int | None) -> list[JobRecord | UnreadableJob]:
+        """A page of the listing, newest first: every record, readable or not."""
         where, args = [], []
         if state:
             where.append("state = ?")
@@ -239,7 +263,7 @@ class JobDB:
             where.append("seq < ?")
             args.append(before)
         clause = f"WHERE {' AND '.join(where)} " if where else ""
-        return self._query(f"{clause}ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return self._entries(f"{clause}ORDER BY seq DESC LIMIT ?", (*args, limit))
 
     def create(self, fingerprint: str, plan: JobPlan, state: str, *, key: str | None = None,
                reused: bool = False, max_queued: int | None = None) -> JobRecord | None:
@@ -276,3 +300,12 @@ class JobDB:
             sql += f" AND state IN ({', '.join('?' * len(only_from))})"
             args += list(only_from)
         return self._conn.execute(sql, args).rowcount == 1
+
+
+def _why(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(part) for part in first.get("loc", ())) or "plan"
+        return f"{where}: {first.get('msg', 'not valid')} ({len(errors)} error{'s' if len(errors) != 1 else ''})"
+    return f"not JSON: {exc}"

@@ -1,0 +1,192 @@
+"""/v1/distillations: submit a request, follow, list and cancel its job, and download what it made
+(the dataset, the preview, the report, the recipe, the stored soft labels, the teacher)."""
+from __future__ import annotations
+
+import base64
+import functools
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from fadrm_ray.settings import EvalConfig
+from fadrm_ray.soft_label_store import SoftLabelError
+
+from api.models import MAX_TEACHERS, STATES, DistillationRequest, Job, JobList, Problem, Report
+from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, report, stored_labels, write_dataset,
+                         write_imagefolder_zip, write_preview, write_soft_labels)
+from api.refusals import body_shape, utf8_body
+from api.requests import images_in_store, plan_request, run_dir
+from api.routes.common import AUTH, ERRORS, JOB_ERRORS, JobId, ServiceDep, json_response
+from api.service import Conflict
+
+RETRY_AFTER_S = 30
+# What api.refusals.body_shape checks of a POST body before pydantic does.
+REQUEST_FIELDS = frozenset(DistillationRequest.model_fields)
+REQUEST_LISTS = {"classes": (int, str)}
+request_shape = body_shape(REQUEST_FIELDS, REQUEST_LISTS)
+router = APIRouter()
+
+
+@router.post("/v1/distillations", status_code=202, tags=["distillations"], dependencies=[*AUTH, Depends(utf8_body), Depends(request_shape)],
+          responses={**ERRORS, 200: {"model": Job, "description": "the same request: the job made before"},
+                     400: {"model": Problem, "description": "a body that is not UTF-8 JSON text"},
+                     409: {"model": Problem, "description": "the Idempotency-Key was used for another request"},
+                     413: {"model": Problem},
+                     429: {"model": Problem, "description": "too many jobs waiting, or too many requests"}})
+def submit(body: DistillationRequest, service: ServiceDep,
+           idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
+    plan = plan_request(body, service.catalog, service.settings)
+    key = plan.fingerprint()
+    with service.submit_lock:
+        if idempotency_key is not None and (same := service.db.by_key(idempotency_key)) is not None:
+            if same.fingerprint != key:
+                return JSONResponse({"detail": f"Idempotency-Key {idempotency_key} was used for another request "
+                                               f"(job {same.id}); use a new key for a new request"},
+                                    status_code=409)
+            return _job_response(service.view(same), 200)
+        existing = service.db.live_with(key)
+        if existing is not None:
+            if idempotency_key is not None and existing.idempotency_key is None:
+                # The key now names this job: the same key with another body is a conflict,
+                # not a new job.
+                service.db.update(existing.id, idempotency_key=idempotency_key)
+            return _job_response(service.view(existing), 200)
+        if not plan.evaluate and images_in_store(service.settings, plan):
+            job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
+        else:
+            job = service.db.create(key, plan, "queued", key=idempotency_key, max_queued=service.settings.max_queued)
+    if job is None:
+        return JSONResponse({"detail": f"{service.settings.max_queued} jobs are waiting already; retry later"},
+                            status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+    if service.db.count() > service.settings.max_job_records:  # the oldest finished records go now
+        service.sweep()
+    return _job_response(service.view(job), 202)
+
+# The two endpoints clients poll run on the event loop (a few SQLite reads and a small file
+# read each), and answer with the model serialized once.
+@router.get("/v1/distillations", tags=["distillations"], dependencies=AUTH, responses=ERRORS,
+         response_model=JobList)
+async def list_jobs(service: ServiceDep, state: Literal[STATES] | None = None, limit: int = Query(20, ge=1, le=100),
+                    cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$")):
+    page = service.db.page_entries(state, limit + 1, int(cursor) if cursor else None)
+    more = len(page) > limit
+    page = page[:limit]
+    return json_response(JobList(jobs=[service.view(j) for j in page], next_cursor=str(page[-1].seq) if more else None))
+
+@router.get("/v1/distillations/{job_id}", tags=["distillations"], dependencies=AUTH, responses=JOB_ERRORS,
+         response_model=Job)
+async def get_job(service: ServiceDep, job_id: str = JobId):
+    return json_response(service.view(service.entry(job_id)))
+
+@router.delete("/v1/distillations/{job_id}", tags=["distillations"], dependencies=AUTH,
+            responses={**JOB_ERRORS, 409: {"model": Problem}})
+def cancel(service: ServiceDep, job_id: str = JobId) -> Job:
+    job = service.job(job_id)
+    if not service.drivers.cancel(job):
+        job = service.job(job_id)
+        raise Conflict(job, f"job {job.id} has already finished ({job.state}); only queued or running jobs "
+                             "can be cancelled")
+    return service.view(service.job(job_id))
+
+@router.get("/v1/distillations/{job_id}/dataset", tags=["results"], dependencies=AUTH, response_class=FileResponse,
+         responses={**JOB_ERRORS, 409: {"model": Problem},
+                    200: {"content": {"application/vnd.apache.parquet": {}, "application/zip": {}},
+                          "description": "the dataset file (Range requests resume it)"}})
+def dataset(service: ServiceDep, job_id: str = JobId, format: Literal["parquet", "imagefolder"] = "parquet"):
+    job = service.finished(job_id)
+    files = service.db.files(job.id)
+    if format == "imagefolder":
+        path = service.build(job, files.imagefolder, write_imagefolder_zip)
+        return FileResponse(path, media_type="application/zip", filename=f"{job.id}-imagefolder.zip")
+    path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id,
+                                                               evaluation_file=files.evaluation))
+    return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.parquet")
+
+@router.get("/v1/distillations/{job_id}/preview.png", tags=["results"], dependencies=AUTH,
+         response_class=FileResponse,
+         responses={**JOB_ERRORS, 409: {"model": Problem}, 200: {"content": {"image/png": {}}}})
+def preview(service: ServiceDep, job_id: str = JobId):
+    job = service.finished(job_id)
+    return FileResponse(service.build(job, service.db.files(job.id).preview, write_preview), media_type="image/png")
+
+@router.get("/v1/distillations/{job_id}/report", tags=["results"], dependencies=AUTH,
+         responses={**JOB_ERRORS, 409: {"model": Problem}})
+def job_report(service: ServiceDep, job_id: str = JobId) -> Report:
+    job = service.finished(job_id)
+    return Report(**report(run_dir(service.settings, job.plan), job.plan, service.db.files(job.id).evaluation))
+
+@router.get("/v1/distillations/{job_id}/recipe", tags=["results"], dependencies=AUTH, response_model=EvalConfig,
+         responses={**JOB_ERRORS, 409: {"model": Problem}})
+def recipe(service: ServiceDep, job_id: str = JobId):
+    """The student recipe of the report's top-1: students trained on the images with the
+    teachers' soft labels under these EvalConfig settings (those the job's evaluation ran
+    with, else the defaults resolved for its images)."""
+    job = service.finished(job_id)
+    return json_response(job_recipe(job.plan, service.db.files(job.id).evaluation))
+
+@router.get("/v1/distillations/{job_id}/soft-labels", tags=["results"], dependencies=AUTH,
+         response_class=FileResponse,
+         responses={**JOB_ERRORS, 409: {"model": Problem,
+                                        "description": "not finished, or its evaluation stored no soft labels"},
+                    200: {"content": {"application/vnd.apache.parquet": {}},
+                          "description": "the soft labels the job's students learnt from, one part per seed "
+                                         "(`fadrm train-student --soft-labels`)"}})
+def soft_labels(service: ServiceDep, job_id: str = JobId):
+    """The soft labels the job's evaluation stored (a request with `evaluate: true` and
+    `evaluation.soft_labels: stored`, with `soft_label_topk` and `soft_label_epochs` to keep
+    them small): what a client trains from where the teacher stays on the server."""
+    job = service.finished(job_id)
+    files = service.db.files(job.id)
+    if not stored_labels(job.plan, files.evaluation):
+        raise Conflict(job, f"job {job.id} stored no soft labels: submit with evaluate: true and evaluation "
+                             "{soft_labels: stored} (soft_label_topk and soft_label_epochs keep them small)")
+    try:
+        path = service.build(job, files.soft_labels,
+                             functools.partial(write_soft_labels, evaluation_file=files.evaluation))
+    except SoftLabelError:
+        raise Conflict(job, f"the soft labels of job {job.id} are no longer in the store (its run was "
+                             "evaluated again or cleaned); submit the request again") from None
+    return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.soft-labels.parquet")
+
+@router.get("/v1/distillations/{job_id}/teacher", tags=["results"], dependencies=AUTH, response_class=Response,
+         responses={**JOB_ERRORS,
+                    200: {"content": {"application/octet-stream": {}},
+                          "description": "the teacher checkpoint as it is (loads with torch.load(weights_only=True)"
+                                         "); ETag and Repr-Digest carry its sha256"},
+                    403: {"model": Problem, "description": "a wrong token, or the operator keeps teachers "
+                                                           "private (FADRM_PRIVATE_TEACHERS)"},
+                    404: {"model": Problem, "description": "no such job, or no teacher of that index"},
+                    409: {"model": Problem}, 410: {"model": Problem,
+                                                   "description": "the teacher file changed or went away"}})
+def teacher(service: ServiceDep, job_id: str = JobId,
+            index: int = Query(0, ge=0, le=MAX_TEACHERS - 1, description="which teacher of a committee")):
+    job = service.job(job_id)
+    if service.settings.private_teachers:
+        base = f"/v1/distillations/{job.id}"
+        raise HTTPException(403, "the operator of this service keeps teachers private (FADRM_PRIVATE_TEACHERS): "
+                                 f"the teacher of job {job.id} is not served; GET {base}/recipe still gives the "
+                                 "student recipe, and a request with evaluate: true reports the top-1 of students "
+                                 f"trained here with the teacher (GET {base}/report) and, with evaluation "
+                                 f"{{soft_labels: stored}}, the soft labels they learnt from (GET {base}/soft-labels)"
+                                 "; the dataset's hard labels alone reach less")
+    job = service.finished(job_id)
+    names, refs = job.plan.teachers, job.plan.job.teachers
+    if index >= len(refs):
+        raise HTTPException(404, f"job {job.id} has {len(refs)} teacher{'s' if len(refs) > 1 else ''} "
+                                 f"(index 0..{len(refs) - 1}); no teacher {index}")
+    name, ref = names[index], refs[index]
+    try:
+        f, size = open_teacher(ref.path, ref.sha256)
+    except TeacherChanged:
+        raise HTTPException(410, f"teacher {name} of job {job.id} is no longer the file the job was distilled "
+                                 f"with (sha256 {ref.sha256[:12]}...): the operator changed or removed it") from None
+    digest = base64.b64encode(bytes.fromhex(ref.sha256)).decode()
+    return StreamingResponse(file_chunks(f), media_type="application/octet-stream",
+                             headers={"Content-Length": str(size), "ETag": f'"{ref.sha256}"',
+                                      "Repr-Digest": f"sha-256=:{digest}:",
+                                      "Content-Disposition": f'attachment; filename="{name}.pt"'})
+
+
+def _job_response(job: Job, status: int) -> JSONResponse:
+    return JSONResponse(job.model_dump(mode="json"), status_code=status, headers={"Location": job.links.self})

@@ -1,0 +1,233 @@
+"""What the endpoints share (`Service`, on `app.state.service`): the settings, the catalog, the
+job records and the driver supervisor, with the threads that keep them going (the scheduler,
+with the retention sweep, and the watch of the local Ray head), and how a job is reported
+(`Service.view`).
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import shutil
+import threading
+import time
+
+from fastapi import HTTPException
+from pydantic import TypeAdapter
+
+from api.catalog import Catalog
+from api.config import ServiceSettings, SettingsError
+from api.drivers import DriverSupervisor
+from api.errors import clean_line
+from api.job_records import JobDB, JobRecord, UnreadableJob
+from api.models import FINAL_STATES, Job, JobAsked
+from api.outputs import progress
+from api.requests import run_dir
+
+log = logging.getLogger("fadrm.api")
+TICK_S = 0.5
+RAY_WATCH_S = 2.0  # how often the local Ray head is checked (and started again when it is gone)
+SWEEP_MAX_S = 60.0  # how often, at most, job records past their retention are removed
+
+
+class Scheduler(threading.Thread):
+    """Runs `drivers.tick` every TICK_S seconds, and `sweep` (retention) every `sweep_every`."""
+
+    def __init__(self, drivers: DriverSupervisor, sweep, sweep_every: float):
+        super().__init__(name="fadrm-scheduler", daemon=True)
+        self.drivers, self.stopping = drivers, threading.Event()
+        self.sweep, self.sweep_every = sweep, sweep_every
+
+    def run(self) -> None:
+        next_sweep = 0.0
+        while not self.stopping.wait(TICK_S):
+            try:
+                self.drivers.tick()
+            except Exception:  # keep scheduling; the next tick retries
+                log.exception("scheduler tick failed")
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.sweep_every
+                try:
+                    self.sweep()
+                except Exception:
+                    log.exception("removing expired job records failed")
+
+
+class RayWatch(threading.Thread):
+    """Keeps the service's local Ray head up: starts it at once (not at the first job), checks it
+    every RAY_WATCH_S seconds and starts it again when it is gone, waiting longer after each
+    start that fails (up to a minute) and logging one line for each."""
+
+    def __init__(self, drivers: DriverSupervisor):
+        super().__init__(name="fadrm-ray-watch", daemon=True)
+        self.drivers, self.stopping = drivers, threading.Event()
+        self.error: str | None = None  # why the last start failed, for /readyz
+
+    def run(self) -> None:
+        wait = 0.0
+        while not self.stopping.wait(wait):
+            try:
+                if self.drivers.local is None:
+                    return
+                self.drivers.keep_ray()
+                self.error, wait = None, RAY_WATCH_S
+            except Exception as exc:
+                self.error = clean_line(str(exc), 200)
+                log.warning("the local Ray head could not be started: %s", self.error)
+                wait = min(60.0, max(RAY_WATCH_S, 2 * wait))
+
+
+class Service:
+    """What the endpoints share: settings, catalog, job records, the driver supervisor."""
+
+    def __init__(self, settings: ServiceSettings):
+        self.settings = settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._server_lock = open(settings.state_dir / "server.lock", "w")
+        try:
+            fcntl.flock(self._server_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._server_lock.close()
+            raise SettingsError(f"another fadrm serve is using the store {settings.store}") from None
+        self.catalog = Catalog(settings)
+        self.db = JobDB(settings.state_dir)
+        self.drivers = DriverSupervisor(settings, self.db)
+        self.scheduler = Scheduler(self.drivers, self.sweep,
+                                   max(TICK_S, min(SWEEP_MAX_S, settings.job_retention / 4)))
+        self.ray_watch = RayWatch(self.drivers)
+        self.submit_lock = threading.Lock()
+        self.build_locks: dict[str, threading.Lock] = {}
+        self.final_progress: dict[str, tuple] = {}
+
+    def start(self) -> None:
+        self.ray_watch.start()
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.ray_watch.stopping.set()
+        self.scheduler.stopping.set()
+        self.scheduler.join(timeout=30)
+        self.ray_watch.join(timeout=30)
+        self.drivers.shutdown()
+        self.db.close()
+        self._server_lock.close()
+
+    def view(self, job: JobRecord | UnreadableJob) -> Job:
+        if isinstance(job, UnreadableJob):
+            return _unreadable_view(job)
+        plan = job.plan
+        if job.id in self.final_progress:  # a finished job's progress never changes
+            prog, eta = self.final_progress[job.id]
+        else:
+            prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
+            if job.state in FINAL_STATES:
+                self.final_progress[job.id] = (prog, eta)
+        asked = {name: getattr(plan, name) for name in JobAsked.model_fields}
+        return Job(id=job.id, state=job.state, run_id=plan.run_id, **asked, reused=job.reused, progress=prog,
+                   timings=_timings(job), eta_seconds=eta, error=job.error, links=_links(job.id))
+
+    def sweep(self) -> int:
+        """Remove the finished jobs past FADRM_JOB_RETENTION, and the oldest finished ones past
+        FADRM_MAX_JOB_RECORDS: their records and their folders (plan, log, outcome, the files
+        built for downloads), never a run in the store, which other jobs may share. A job whose
+        leftovers are not tidied yet stays until they are. How many went."""
+        spare = set(self.drivers.ending.copy())
+        gone = self.db.expired(time.time() - self.settings.job_retention, self.settings.max_job_records, spare)
+        if not gone:
+            return 0
+        self.db.delete(gone)
+        jobs_dir = self.settings.state_dir / "jobs"
+        for job_id in gone:
+            folder = self.db.files(job_id).root
+            if folder.parent == jobs_dir:
+                shutil.rmtree(folder, ignore_errors=True)
+            self.final_progress.pop(job_id, None)
+            self.build_locks.pop(job_id, None)
+        log.info("removed %d finished job record(s) past retention or the record cap", len(gone))
+        return len(gone)
+
+    def entry(self, job_id: str) -> JobRecord | UnreadableJob:
+        """The job, readable by this version or not; 404 when there is none."""
+        job = self.db.entry(job_id)
+        if job is None:
+            raise HTTPException(404, f"no job {job_id}")
+        return job
+
+    def job(self, job_id: str) -> JobRecord:
+        """The job with its plan; 409 for a record this version cannot read (nothing of it is served)."""
+        job = self.entry(job_id)
+        if isinstance(job, UnreadableJob):
+            raise Conflict(job, f"job {job.id}'s record could not be read after an upgrade of the service "
+                                 f"({clean_line(job.why, 200)}): it is only listed; submit the request again")
+        return job
+
+    def finished(self, job_id: str) -> JobRecord:
+        job = self.job(job_id)
+        if job.state in ("queued", "running"):
+            raise Conflict(job, f"job {job.id} is {job.state}: its results are served once it has succeeded")
+        if job.state != "succeeded":
+            raise Conflict(job, f"job {job.id} {job.state}: it has no results; submit the request again for a new job")
+        return job
+
+    def build(self, job: JobRecord, path, writer):
+        """A job's file, written once (one writer at a time) and then served as it is."""
+        lock = self.build_locks.setdefault(job.id, threading.Lock())
+        with lock:
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writer(run_dir(self.settings, job.plan), job.plan, path)
+        return path
+
+
+class Conflict(Exception):
+    """409: the job is not in a state the request needs; `message` says which and why."""
+
+    def __init__(self, job: JobRecord | UnreadableJob, message: str):
+        super().__init__(message)
+        self.job, self.message = job, message
+
+
+def _timings(job: JobRecord | UnreadableJob) -> dict:
+    end = job.finished_at
+    return {"created_at": _iso(job.created_at), "started_at": _iso(job.started_at), "finished_at": _iso(end),
+            "queued_seconds": _span(job.created_at, job.started_at or end),
+            "running_seconds": _span(job.started_at, end) if job.started_at else None}
+
+
+def _links(job_id: str) -> dict:
+    base = f"/v1/distillations/{job_id}"
+    return {"self": base, "dataset": f"{base}/dataset", "preview": f"{base}/preview.png", "report": f"{base}/report",
+            "teacher": f"{base}/teacher", "recipe": f"{base}/recipe"}
+
+
+# What a record this version cannot read shows for each field of the request it cannot read.
+_UNKNOWN_ASKED = {"dataset": "", "teachers": [], "classes": [], "class_names": [], "ipc": 0, "preset": "", "seed": 0,
+                  "evaluate": False, "baselines": False}
+
+
+def _unreadable_view(job: UnreadableJob) -> Job:
+    """A job whose record this version cannot read: what can be read of its request, each field
+    where it has the type the field needs, else empty; its error says why nothing else is."""
+    raw = job.asked()
+    asked = {}
+    for name, empty in _UNKNOWN_ASKED.items():
+        try:
+            asked[name] = TypeAdapter(JobAsked.model_fields[name].annotation).validate_python(raw.get(name, empty))
+        except ValueError:
+            asked[name] = empty
+    run_id = raw.get("run_id") if isinstance(raw.get("run_id"), str) else ""
+    error = job.error or (f"this job's record could not be read after an upgrade of the service "
+                          f"({clean_line(job.why, 200)}); it is only listed")
+    return Job(id=job.id, state=job.state, run_id=run_id, **asked, reused=job.reused, progress={},
+               timings=_timings(job), error=error, links=_links(job.id))
+
+
+def _iso(t: float | None) -> str | None:
+    import datetime as dt
+
+    return None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    import time
+
+    return None if a is None else round((b or time.time()) - a, 3)
