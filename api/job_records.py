@@ -17,7 +17,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -52,14 +52,15 @@ _COLUMNS = ("seq", "id", "fingerprint", "idempotency_key", "state", "reused", "p
 
 
 @dataclass
-class JobRecord:
+class _Columns:
+    """The columns every stored job record has, whatever its plan."""
+
     seq: int
     id: str
     fingerprint: str
     idempotency_key: str | None
     state: str
     reused: bool
-    plan: JobPlan
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -67,39 +68,36 @@ class JobRecord:
     pid_start: str | None = None
     error: str | None = None
 
+    @staticmethod
+    def values(row: tuple) -> dict:
+        """A row of the table by column name, `reused` as the bool it stands for."""
+        values = dict(zip(_COLUMNS, row))
+        values["reused"] = bool(values["reused"])
+        return values
+
+
+@dataclass
+class JobRecord(_Columns):
+    plan: JobPlan = field(kw_only=True)
+
     @classmethod
     def from_row(cls, row: tuple) -> "JobRecord":
-        values = dict(zip(_COLUMNS, row))
+        values = cls.values(row)
         values["plan"] = read_plan(values["plan"])
-        values["reused"] = bool(values["reused"])
         return cls(**values)
 
 
 @dataclass
-class UnreadableJob:
+class UnreadableJob(_Columns):
     """A job record whose plan this version cannot read (nor map from a shape it knows): shown
     from what can be read of it (`asked`), never run. `why` says what failed to validate."""
 
-    seq: int
-    id: str
-    fingerprint: str
-    idempotency_key: str | None
-    state: str
-    reused: bool
-    plan: str  # the stored text, as it is
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    pid: int | None = None
-    pid_start: str | None = None
-    error: str | None = None
-    why: str = ""
+    plan: str = field(kw_only=True)  # the stored text, as it is
+    why: str = field(kw_only=True, default="")
 
     @classmethod
     def from_row(cls, row: tuple, why: str) -> "UnreadableJob":
-        values = dict(zip(_COLUMNS, row))
-        values["reused"] = bool(values["reused"])
-        return cls(**values, why=why)
+        return cls(**cls.values(row), why=why)
 
     def asked(self) -> dict:
         """What can be read of the stored plan, as JSON values: top-level fields, and those in
