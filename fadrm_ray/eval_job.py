@@ -1,6 +1,6 @@
 """EvalJob: one evaluation's settings, built once by whichever door asked for it.
 
-The evaluation side's counterpart of `DistillJob` and `JobParts` (job.py). A door (`fadrm
+The evaluation side's counterpart of `DistillJob` and `JobParts` (run/job.py). A door (`fadrm
 evaluate`, `fadrm train-student`, the service's runner, a sweep's trainable, a benchmark) turns
 what its user said into one frozen `EvalJob`: the student recipe (`EvalConfig`), how the students
 run (device, torch threads, a progress bar), what they see (augmented views or the images as they

@@ -1,4 +1,4 @@
-"""The automatic cut of a run into units and packs (fadrm_ray/packing.py, distill.plan_units)."""
+"""The automatic cut of a run into units and packs (fadrm_ray/packing.py, run.units.plan_units)."""
 import pytest
 
 from fadrm_ray.config import DistillConfig, make_config
