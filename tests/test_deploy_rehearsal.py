@@ -151,6 +151,6 @@ def test_readme_service_serves_a_class_subset(cluster, tmp_path):
 
 
 def readme_command_list(name: str) -> list[list[str]]:
-    from tests.test_deploy import shell_commands
+    from bench.deploy_rehearsal import shell_commands
 
     return shell_commands(readme_blocks()[name])

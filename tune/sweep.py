@@ -300,17 +300,16 @@ def random_reference(p: Prepared, blobs: list[bytes]):
 def mark_below_random(rows: list[TrialRow], reference, interrupted: bool) -> str:
     """Each finished row's gain over random real images, seed by seed (`vs_random`, a
     `baselines.gain_text`), and `below_random` where it is clearly below them (more than two
-    standard errors); returns one line on what was compared. An interrupted sweep does not wait
-    for those students: the same command, resuming, compares."""
+    standard errors); returns one line on what was compared. An interrupted sweep does not train
+    those students: the same command, resuming, compares."""
     import ray
 
     from fadrm_ray.baselines import gain_text, paired_gain
 
+    if interrupted:
+        return "not compared: the sweep was interrupted (resuming it compares)"
     if reference is None:
         return "not compared: the trials sweep the seed or the classes, so random real images differ between them"
-    if interrupted:
-        ray.cancel(reference, force=True)
-        return "not compared: the sweep was interrupted (resuming it compares)"
     try:
         random_top1 = ray.get(reference)
     except Exception as exc:  # noqa: BLE001 - the sweep's results stand without the comparison
@@ -412,13 +411,15 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
         resources = {"cpu": req.cpus_per_trial, "gpu": req.gpus_per_trial}
     trainable = tune.with_resources(trainable, resources)
     restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
-    reference = random_reference(p, blobs)  # started beside the trials, read after them
     progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()
     with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
         grid = _tuner(p, trainable, restore, progress).fit()
     rows = collect_rows(grid, p, progress.statuses)
     states = {s: sum(r.state == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
     interrupted = bool(states["interrupted"] or states["pending"])
+    # After the trials, not beside them: started first, its students would hold a trial's
+    # resources while the first trials wait for them.
+    reference = None if interrupted else random_reference(p, blobs)
     random_note = mark_below_random(rows, reference, interrupted)
     files, best = write_results(p, rows, interrupted)
     summary = {"out": str(p.out), "experiment": str(p.out / EXPERIMENT), "store": str(p.store), "resumed": restore,
