@@ -3,11 +3,12 @@
 A record holds what was asked (the plan the driver runs), its state, and the driver process
 that runs it (pid and start time, so a reused pid is never taken for it). Records outlive the
 HTTP process: a restarted service lists every job with its state and picks up the drivers still
-running. A record whose plan this version cannot read (stored by an earlier version: `read_plan`
-maps the old shapes it knows) is still a job: `entry` and `page_entries` give it as an
-`UnreadableJob` to show, and the service settles it when it was queued or running. Each job also has a folder (`api.job_files.JobFiles`) for what its driver and the service
-write: the plan, the driver's log and outcome, the dataset file, the preview. The database and every
-file there are the service's user's alone (mode 0600).
+running. A record whose plan this version cannot read (stored by an earlier version in a shape
+`JobPlan` does not map) is still a job: `entry` and `page_entries` give it as an `UnreadableJob`
+to show, and the service settles it when it was queued or running. Each job also has a folder
+(`api.job_files.JobFiles`) for what its driver and the service write: the plan, the driver's log
+and outcome, the dataset file, the preview. The database and every file there are the service's
+user's alone (mode 0600).
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class JobRecord(_Columns):
     @classmethod
     def from_row(cls, row: tuple) -> "JobRecord":
         values = cls.values(row)
-        values["plan"] = read_plan(values["plan"])
+        values["plan"] = JobPlan.model_validate_json(values["plan"])
         return cls(**values)
 
 
@@ -111,25 +112,6 @@ class UnreadableJob(_Columns):
         job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
         config = job.get("config") if isinstance(job.get("config"), dict) else {}
         return {**config, **job, **raw}
-
-
-def read_plan(text: str) -> JobPlan:
-    """A stored plan: as this version writes it, or mapped from an earlier version's shape that
-    this one knows (`migrate_plan`); ValidationError (or ValueError) when it is neither."""
-    try:
-        return JobPlan.model_validate_json(text)
-    except ValidationError:
-        raw = json.loads(text)
-        migrated = migrate_plan(raw) if isinstance(raw, dict) else None
-        if migrated is None:
-            raise
-        return JobPlan.model_validate(migrated)
-
-
-def migrate_plan(raw: dict) -> dict | None:
-    """An earlier version's plan in this version's shape, or None when its shape is not one
-    this version knows how to map."""
-    return None
 
 
 class JobDB:

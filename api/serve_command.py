@@ -32,7 +32,7 @@ class ServeCommand:
                             help="stop the local Ray head this store's service started, then exit")
 
     def run(self, args: argparse.Namespace) -> None:
-        from api.config import ServiceSettings, SettingsError
+        from api.config import ServiceSettings
 
         os.umask(UMASK)  # before anything is written, by this process or the ones it starts
         if not 0 < args.port < 65536:
@@ -43,10 +43,7 @@ class ServeCommand:
             raise InputError(f"--host {args.host} is not a loopback address: the bearer token would cross the network "
                              "in plain HTTP; give --ssl-certfile and --ssl-keyfile, or --insecure behind a proxy "
                              "that ends TLS")
-        try:
-            settings = ServiceSettings.load(args.config)
-        except SettingsError as exc:
-            raise InputError(str(exc)) from None
+        settings = ServiceSettings.load(args.config)  # a bad setting: SettingsError, an InputError
         if args.stop_ray:
             from api.local_ray import LocalRay
 

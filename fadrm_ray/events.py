@@ -122,21 +122,29 @@ _ENTRY = TypeAdapter(LedgerEntry)
 E = TypeVar("E", bound=_Entry)
 
 
+def _append(path: str | Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def _lines(path: str | Path) -> list[str]:
+    """The lines of a log; none for a missing one."""
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
 def append_entry(path: str | Path, entry: LedgerEntry) -> None:
     """Append one ledger entry as a line of JSON."""
-    with open(path, "a") as f:
-        f.write(entry.model_dump_json() + "\n")
+    _append(path, entry.model_dump_json())
 
 
 def read_ledger(path: str | Path, kind: type[E] | None = None) -> Iterator[E]:
     """The entries of a ledger in order (only those of model `kind`, if given). A line still being
     written, or one that is no entry of this version (an unknown event, missing fields), is
     skipped; a missing ledger has none."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
+    for line in _lines(path):
         try:
             entry = _ENTRY.validate_json(line)
         except ValidationError:
@@ -147,19 +155,13 @@ def read_ledger(path: str | Path, kind: type[E] | None = None) -> Iterator[E]:
 
 def append_event(path: str | Path, event: str, **fields: Any) -> None:
     """Append one event (with its time `t`) as a line of JSON."""
-    line = json.dumps({"t": time.time(), "event": str(event), **fields}, default=str)
-    with open(path, "a") as f:
-        f.write(line + "\n")
+    _append(path, json.dumps({"t": time.time(), "event": str(event), **fields}, default=str))
 
 
 def read_events(path: str | Path, event: str | None = None) -> Iterator[dict]:
     """The events of a log in order (only those named `event`, if given); a line still being
     written, or not an object, is skipped; a missing log has none."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
+    for line in _lines(path):
         try:
             item = json.loads(line)
         except ValueError:
