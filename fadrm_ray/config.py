@@ -45,6 +45,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cda": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 4000, "crop_curriculum": True},
     "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
     "rded": {**_NO_ARC, **_RDED_PATCHES, "iterations": 0},
+    # A run's starting patches as a set of their own (the baseline of baselines.py): the run's
+    # patch settings, which it sets, at zero recover iterations; stored as `patches-<hash>`.
+    "patches": {**_NO_ARC, "iterations": 0},
     "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
     # docs/method.md section 7c. G-VBSM (its released CIFAR-100 recover script): noise init,
     # several backbones in turn, BN + convolution statistics at one weight 0.01, lr 0.05, 4000
@@ -134,7 +137,7 @@ def recipe_to_try(name: str, image_size: int, channels: int) -> str:
 
 
 # Fields that change how fast a run goes but not its images (beyond float rounding).
-SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile")
+SPEED_FIELDS = ("ipc_per_unit", "pack", "channels_last", "compile", "cuda_graphs")
 # Left out of the run id: the speed fields, the IPC (a run grows or is read at any IPC) and the
 # recipe (a record of where the "auto" values came from; the values themselves are in the id).
 NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc", "recipe")
@@ -144,7 +147,7 @@ NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc", "recipe")
 # took the small-grey values.
 LATER_FIELDS = {"bound": "clamp", "patch_group": 4, "recipe": "small-grey",
                 "r_conv": 0.0, "committee": "round-robin", "committee_temperature": 5.0,
-                "bn_category": 0.0}
+                "bn_category": 0.0, "cuda_graphs": False}
 
 
 def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +235,9 @@ class DistillConfig(Settings):
     pack: Count | Literal["auto"] = "auto"          # IPC batches optimized together in one forward/backward
     channels_last: Flag = True           # channels-last activations (faster convs and pooling on CPU)
     compile: Flag = False                # torch.compile the teacher's loss (compiled once per input shape)
+    # With compile on CUDA: replay the compiled forward and backward as CUDA graphs (torch.compile's
+    # "reduce-overhead" mode), which removes the launch cost of every kernel; ignored on a CPU.
+    cuda_graphs: Flag = False
 
     @model_validator(mode="after")
     def _fits_together(self) -> "DistillConfig":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -31,13 +31,15 @@ from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
-from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats, bn_layers
+from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats, StatisticsLoss, bn_layers
 from fadrm_ray.committee import committee_weights
 from fadrm_ray.errors import InputError
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
 # a pixel that starts saturated is written back as 0 or 255.
 EDGE = 1.0 / 1024
+# Layers autocast runs in its low precision, casting their weights (FrozenTeacher.weights_in).
+AUTOCAST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
 # --------------------------------------------------------------------------- teachers
@@ -59,30 +61,33 @@ class FrozenTeacher:
         self.first_bn_weight = first_bn_weight
         self.prior = prior           # test accuracy in percent: a committee's vote (committee.py)
         self.conv: ConvStatistics | None = None  # the convolution-statistics loss, once attached
-        self.category: ClassStatistics | None = None  # class-wise BN targets (EDC), once attached
-        self._labels: torch.Tensor | None = None  # the batch's labels, for the class-wise targets
         self.bn_layers = bn_layers(model)
         if not self.bn_layers:
             raise InputError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
+        # The BN loss, taken in one pass over the statistics the hooks measure.
+        self.matching = StatisticsLoss([(bn.running_mean, bn.running_var) for bn in self.bn_layers], first_bn_weight)
         self._groups = 0             # > 0 only inside __call__: other callers of the model pay nothing
-        self._bn_loss: torch.Tensor | None = None
         self._memory_format = torch.contiguous_format
         self._compiled: dict = {}    # compiled loss functions (recover's `compile`), by memory format
         self._hooks = [bn.register_forward_hook(self._make_hook(i)) for i, bn in enumerate(self.bn_layers)]
+        # The layers whose weights autocast casts on every call, and their cast copies (weights_in).
+        self._cast_layers = [m for m in model.modules() if type(m) in AUTOCAST_LAYERS]
+        self._casts: dict[torch.dtype, dict[int, torch.Tensor]] = {}
 
     def _make_hook(self, index: int):
-        weight = self.first_bn_weight if index == 0 else 1.0
-
         def hook(module, inputs, output):
-            if not self._groups:  # a forward of the same model from elsewhere (another FrozenTeacher)
-                return
-            mean, var = GroupStats.apply(inputs[0], self._groups)
-            loss = (torch.linalg.vector_norm(mean - module.running_mean, dim=1)
-                    + torch.linalg.vector_norm(var - module.running_var, dim=1))
-            if self.category is not None and self._labels is not None:
-                loss = self.category.blend(index, mean, var, loss, self._labels)
-            self._bn_loss = weight * loss if self._bn_loss is None else self._bn_loss + weight * loss
+            if self._groups:  # else a forward of the same model from elsewhere (another FrozenTeacher)
+                self.matching.add(index, *GroupStats.apply(inputs[0], self._groups))
         return hook
+
+    @property
+    def category(self) -> ClassStatistics | None:
+        """EDC's class-wise BN targets, once attached (statistics.attach_class_targets)."""
+        return self.matching.category
+
+    @category.setter
+    def category(self, value: ClassStatistics | None) -> None:
+        self.matching.category = value
 
     def __call__(self, x: torch.Tensor, groups: int = 1,
                  labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,13 +95,13 @@ class FrozenTeacher:
         select the class-wise targets where they are attached."""
         if self.in_chans is not None:
             x = match_channels(x, self.in_chans)  # grey images into a 3-channel teacher
-        self._groups, self._bn_loss, self._labels = groups, None, labels
+        self._groups = groups
+        self.matching.clear()
         try:
             logits = self.model(x)
         finally:
-            self._groups, self._labels = 0, None
-        bn_loss, self._bn_loss = self._bn_loss, None
-        return logits, bn_loss
+            self._groups = 0
+        return logits, self.matching.loss(labels)
 
     def measure(self, x: torch.Tensor, groups: int = 1,
                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -104,13 +109,13 @@ class FrozenTeacher:
         (None otherwise). Only recover's steps pay for the convolution hooks."""
         if self.conv is None:
             return (*self(x, groups, labels), None)
-        self.conv.groups, self.conv.loss = groups, None
+        self.conv.groups = groups
+        self.conv.matching.clear()
         try:
             logits, bn_loss = self(x, groups, labels)
         finally:
             self.conv.groups = 0
-        conv_loss, self.conv.loss = self.conv.loss, None
-        return logits, bn_loss, conv_loss
+        return logits, bn_loss, self.conv.finish()
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Plain logits, with the BN-statistics hooks idle (patch scoring needs no BN loss)."""
@@ -124,6 +129,40 @@ class FrozenTeacher:
         if memory_format != self._memory_format:
             self.model.to(memory_format=memory_format)
             self._memory_format = memory_format
+            self._casts.clear()  # made in the other layout
+
+    @contextmanager
+    def weights_in(self, dtype: torch.dtype | None):
+        """Inside the block, the weights and biases of the convolutions and linear layers are
+        held in `dtype` (None or fp32: nothing changes).
+
+        Under autocast these layers run in the low precision, and autocast casts their fp32
+        weights on every call: frozen weights need no gradient, so its cast cache does not keep
+        them, and on a CPU the casts of a ResNet-18 cost a tenth of a step. Holding the cast
+        weights for a stage gives the same values (autocast's cast is the same rounding), so the
+        step's results are bit-identical. Only exactly these layer types are cast: a subclass
+        (timm's weight-standardized convolutions) may compute on its weight before the call.
+        """
+        if dtype is None or dtype == torch.float32:
+            yield
+            return
+        # The cast copies are made once and kept (the weights are frozen), so every stage holds
+        # the same storage: a captured CUDA graph finds its weights where it left them.
+        casts = self._casts.setdefault(dtype, {})
+        saved = []
+        for layer in self._cast_layers:
+            for param in (layer.weight, layer.bias):
+                if param is not None and param.dtype == torch.float32:
+                    cast = casts.get(id(param))
+                    if cast is None or cast.device != param.device:  # a model moved since is cast again
+                        casts[id(param)] = param.data.to(dtype)
+                    saved.append((param, param.data))
+                    param.data = casts[id(param)]
+        try:
+            yield
+        finally:
+            for param, data in saved:
+                param.data = data
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -265,37 +304,41 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     curves = torch.zeros(budget, 2, device=device)  # per-step mean CE and BN loss, read once at the end
     started = time.perf_counter()
     steps = 0
-    while steps < budget:
-        t = state.iteration
-        opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
-        scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
-        view = augment(normalized(x), groups, gens, res, scale_min, flip, jitter)
-        with autocast():
-            if votes is None:  # FADRM+ and G-VBSM: the teachers take turns (section 5)
-                ce, bn, stat = step_loss(losses[t % len(teachers)], view, labels, groups, cfg)
-            else:  # CV-DD: every teacher votes, weighted by its prior (section 7c)
-                parts = [step_loss(fn, view, labels, groups, cfg) for fn in losses]
-                ce, bn, stat = (sum(w * p[i] for w, p in zip(votes, parts)) for i in range(3))
-        loss = (ce + stat).sum()  # a sum over groups keeps each group's gradient its own
-        opt.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            if not sigmoid:
-                x.clamp_(lo, hi)
-            curves[steps, 0] = ce.mean()
-            curves[steps, 1] = bn.mean()
-        state.iteration += 1
-        steps += 1
-        if on_step is not None:
-            on_step(1)
-        if converge and ce.max() < cfg.arc_ce_threshold and bn.max() < cfg.arc_bn_threshold:
-            break  # adaptive ARC timing: the stage has converged, merge now (section 4)
+    held = ExitStack()
+    for teacher in teachers:  # the low-precision weights autocast would cast every step
+        held.enter_context(teacher.weights_in(low_precision_dtype(cfg.precision)))
+    with held:
+        while steps < budget:
+            t = state.iteration
+            opt.param_groups[0]["lr"] = cosine(cfg.lr, t, state.total_iterations)
+            scale_min = cda_scale_min(cfg.crop_scale_min, t, state.total_iterations) if cfg.crop_curriculum else cfg.crop_scale_min
+            view = augment(normalized(x), groups, gens, res, scale_min, flip, jitter)
+            with autocast():
+                if votes is None:  # FADRM+ and G-VBSM: the teachers take turns (section 5)
+                    ce, bn, stat = step_loss(losses[t % len(teachers)], view, labels, groups, cfg)
+                else:  # CV-DD: every teacher votes, weighted by its prior (section 7c)
+                    parts = [step_loss(fn, view, labels, groups, cfg) for fn in losses]
+                    ce, bn, stat = (sum(w * p[i] for w, p in zip(votes, parts)) for i in range(3))
+            loss = (ce + stat).sum()  # a sum over groups keeps each group's gradient its own
+            opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                if not sigmoid:
+                    x.clamp_(lo, hi)
+                curves[steps, 0] = ce.mean()
+                curves[steps, 1] = bn.mean()
+            state.iteration += 1
+            steps += 1
+            if on_step is not None:
+                on_step(1)
+            if converge and ce.max() < cfg.arc_ce_threshold and bn.max() < cfg.arc_bn_threshold:
+                break  # adaptive ARC timing: the stage has converged, merge now (section 4)
 
     if steps < budget:  # the iterations a converged stage did not use go to the next stage
         state.budgets[s + 1] += budget - steps
@@ -343,6 +386,10 @@ def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
     """
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     teacher.set_memory_format(memory_format)
+    device = teacher.bn_layers[0].running_mean.device
+    teacher.matching.prepare(device)
+    if teacher.conv is not None:
+        teacher.conv.matching.prepare(device)
 
     def loss(view: torch.Tensor, labels: torch.Tensor, groups: int):
         logits, bn, conv = teacher.measure(view.contiguous(memory_format=memory_format), groups, labels)
@@ -351,34 +398,42 @@ def teacher_loss(teacher: FrozenTeacher, cfg: DistillConfig):
 
     if not cfg.compile:
         return loss
-    key = str(memory_format)
+    graphs = cfg.cuda_graphs and teacher.bn_layers[0].running_mean.device.type == "cuda"
+    key = (str(memory_format), graphs)
     if key not in teacher._compiled:
-        teacher._compiled[key] = _compile(loss, teacher.model)
+        teacher._compiled[key] = _compile(loss, teacher.model, graphs)
     return teacher._compiled[key]
 
 
-def _compile(fn: Callable, model: nn.Module) -> Callable:
-    """torch.compile `fn`, after routing one op around an Inductor bug.
+def _compile(fn: Callable, model: nn.Module, cuda_graphs: bool = False) -> Callable:
+    """torch.compile `fn` (as CUDA graphs with `cuda_graphs`: the "reduce-overhead" mode), after
+    routing one op around an Inductor bug.
 
     Inductor's backward of a ceil_mode average pool divides the overhanging last window by the
     whole kernel (pytorch/pytorch#198119, open for torch 2.14 on CPU and CUDA). convnet-bn pools
     that way, so at an odd size (the 7-px map of a 28-px image) the compiled gradient would be
     silently wrong. Inductor is told to call the eager kernel for that op instead; where that
-    is not possible, a model with such a pool runs eagerly. The on-disk graph cache is bypassed:
-    its key does not see the fallback, so it could hand back a graph compiled without it.
+    is not possible, a model with such a pool runs eagerly. For such a model the on-disk graph
+    cache is bypassed: its key does not see the fallback, so it could hand back a graph compiled
+    without it. Other models (ResNets pool with a max pool and an adaptive average) use the
+    cache, so a second process compiles the same step in seconds.
     """
     global _POOL_FALLBACK
+    pools = any(isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)) and m.ceil_mode for m in model.modules())
     if not _POOL_FALLBACK:
         try:
             from torch._inductor import lowering
             lowering.make_fallback(torch.ops.aten.avg_pool2d_backward, warn=False)
             _POOL_FALLBACK = True
         except Exception as exc:  # an internal API: it may move in another torch version
-            if any(isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)) and m.ceil_mode for m in model.modules()):
+            if pools:
                 warnings.warn(f"compile is off for this teacher: its ceil_mode average pooling has a wrong "
                               f"compiled gradient in this torch, and the workaround failed ({exc})")
                 return fn
-    return torch.compile(fn, dynamic=False, options={"fx_graph_cache": False})
+    options = {"fx_graph_cache": False} if pools else {}
+    if cuda_graphs:
+        options["triton.cudagraphs"] = True  # what mode="reduce-overhead" sets
+    return torch.compile(fn, dynamic=False, options=options or None)
 
 
 _POOL_FALLBACK = False
@@ -450,6 +505,11 @@ def resize(x: torch.Tensor, size: int) -> torch.Tensor:
     if x.shape[-1] == size and x.shape[-2] == size:
         return x
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def low_precision_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast computes in at `precision` (None for fp32)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 def mixed_precision(precision: str, device: torch.device):

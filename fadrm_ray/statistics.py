@@ -73,6 +73,76 @@ class GroupStats(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
+class StatisticsLoss:
+    """The statistics-matching loss of a set of layers, taken in one pass after the forward.
+
+    Per group: sum over layers l of w_l * (||mean_l - target_mean_l||_2 + ||var_l - target_var_l||_2),
+    w_0 = `first_weight`, every other w_l = 1 (docs/method.md section 3). The hooks only measure
+    each layer's (G, C_l) statistics (`GroupStats`) and hand them to `add`; `loss` then scatters
+    the differences of every layer into one zero-padded (G, layers, C_max) tensor and takes all
+    the norms at once, instead of a dozen small ops per layer on every step. The zero padding
+    adds nothing to a norm, and the norm's gradient at zero is zero, so a layer that matches its
+    target exactly stays harmless. EDC's class-wise targets (`ClassStatistics`) blend in per layer.
+    A layer seen twice in one forward counts twice, as each of its inputs does.
+    """
+
+    def __init__(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], first_weight: float = 10.0):
+        self.sizes = [int(m.numel()) for m, _ in targets]
+        self.first_weight = float(first_weight)
+        self.targets = [(m.detach().float().reshape(-1), v.detach().float().reshape(-1)) for m, v in targets]
+        self.category: "ClassStatistics | None" = None
+        self._seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._plans: dict[tuple, tuple] = {}
+
+    def prepare(self, device: str | torch.device) -> None:
+        """Build the gather plan of a forward that runs every layer once, in order, on `device`,
+        outside any compiled region (a plan built while torch.compile traces would recompile)."""
+        self._plan(tuple(range(len(self.sizes))), torch.device(device))
+
+    def add(self, index: int, mean: torch.Tensor, var: torch.Tensor) -> None:
+        """Layer `index`'s per-group statistics of this forward, (G, C) each."""
+        self._seen.append((index, mean, var))
+
+    def clear(self) -> None:
+        self._seen = []
+
+    def loss(self, labels: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The per-group loss (G,) of the statistics added since the last call (None if none);
+        `labels` (G * B,) select the class-wise targets where they are attached."""
+        seen, self._seen = self._seen, []
+        if not seen:
+            return None
+        order = tuple(i for i, _, _ in seen)
+        device = seen[0][1].device
+        positions, t_mean, t_var, weights, width = self._plan(order, device)
+        means = torch.cat([m for _, m, _ in seen], dim=1)
+        variances = torch.cat([v for _, _, v in seen], dim=1)
+        running = self._norms(means - t_mean, positions, len(order), width) + \
+            self._norms(variances - t_var, positions, len(order), width)
+        if self.category is not None and labels is not None:
+            c_mean, c_var = self.category.targets_of(order, labels, means.shape[0], device)
+            per_class = self._norms(means - c_mean, positions, len(order), width) + \
+                self._norms(variances - c_var, positions, len(order), width)
+            running = (1 - self.category.weight) * running + self.category.weight * per_class
+        return (running * weights).sum(dim=1)
+
+    @staticmethod
+    def _norms(diff: torch.Tensor, positions: torch.Tensor, entries: int, width: int) -> torch.Tensor:
+        padded = diff.new_zeros(diff.shape[0], entries * width).index_copy(1, positions, diff)
+        return torch.linalg.vector_norm(padded.view(diff.shape[0], entries, width), dim=2)
+
+    def _plan(self, order: tuple[int, ...], device: torch.device) -> tuple:
+        key = (order, str(device))
+        if key not in self._plans:
+            width = max(self.sizes[i] for i in order)
+            positions = torch.cat([torch.arange(self.sizes[i]) + e * width for e, i in enumerate(order)])
+            t_mean = torch.cat([self.targets[i][0] for i in order])
+            t_var = torch.cat([self.targets[i][1] for i in order])
+            weights = torch.tensor([self.first_weight if i == 0 else 1.0 for i in order])
+            self._plans[key] = (positions.to(device), t_mean.to(device), t_var.to(device), weights.to(device), width)
+        return self._plans[key]
+
+
 def _grouped(a: torch.Tensor, groups: int) -> tuple[torch.Tensor, bool]:
     """A (G, M, C, K) view of an activation whose statistics reduce over dims 1 and 3, without a
     copy for both contiguous and channels-last activations; and whether it was channels-last."""
@@ -133,21 +203,18 @@ class ConvStatistics:
         self.targets = [(m.float(), v.float()) for m, v in targets]
         self.first_weight = first_weight
         self.groups = 0              # > 0 only while the owning teacher measures a view
-        self.loss: torch.Tensor | None = None
+        self.matching = StatisticsLoss(self.targets, first_weight)
         self._hooks = [layer.register_forward_hook(self._make_hook(i)) for i, layer in enumerate(self.layers)]
 
     def _make_hook(self, index: int):
-        weight = self.first_weight if index == 0 else 1.0
-
         def hook(module, inputs, output):
-            if not self.groups:
-                return
-            mean, var = GroupStats.apply(inputs[0], self.groups)
-            t_mean, t_var = self.targets[index]
-            loss = (torch.linalg.vector_norm(mean - t_mean.to(mean.device), dim=1)
-                    + torch.linalg.vector_norm(var - t_var.to(var.device), dim=1))
-            self.loss = weight * loss if self.loss is None else self.loss + weight * loss
+            if self.groups:
+                self.matching.add(index, *GroupStats.apply(inputs[0], self.groups))
         return hook
+
+    def finish(self) -> torch.Tensor | None:
+        """The per-group loss of the view measured since the last call (None if none was)."""
+        return self.matching.loss()
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -236,19 +303,20 @@ class ClassStatistics:
             raise InputError(f"the class-wise share of the BN loss must be in (0, 1], got {weight}")
         self.targets = [(m.float(), v.float()) for m, v in targets]
         self.weight = float(weight)
+        self._joined: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def blend(self, index: int, mean: torch.Tensor, var: torch.Tensor, running_loss: torch.Tensor,
-              labels: torch.Tensor) -> torch.Tensor:
-        """(1 - w) * the running-statistics loss + w * the loss against the average class target
-        of each group's labels; `mean`, `var` are (G, C) and `labels` (G * B,)."""
-        c_mean, c_var = self.targets[index]
-        if c_mean.device != mean.device:  # once: the targets then live where the activations do
-            c_mean, c_var = self.targets[index] = (c_mean.to(mean.device), c_var.to(mean.device))
-        picks = labels.view(mean.shape[0], -1).to(mean.device)
-        t_mean, t_var = c_mean[picks].mean(dim=1), c_var[picks].mean(dim=1)
-        class_loss = (torch.linalg.vector_norm(mean - t_mean, dim=1)
-                      + torch.linalg.vector_norm(var - t_var, dim=1))
-        return (1 - self.weight) * running_loss + self.weight * class_loss
+    def targets_of(self, order: Sequence[int], labels: torch.Tensor, groups: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The average class target of each group's labels for the layers `order`, concatenated
+        as `StatisticsLoss` concatenates the statistics: (G, sum of C) each; `labels` (G * B,).
+        The loss blends (1 - w) * the running-statistics loss + w * the loss against these."""
+        key = (tuple(order), str(device))
+        if key not in self._joined:  # once: the targets then live where the activations do
+            self._joined[key] = (torch.cat([self.targets[i][0] for i in order], dim=1).to(device),
+                                 torch.cat([self.targets[i][1] for i in order], dim=1).to(device))
+        c_mean, c_var = self._joined[key]
+        picks = labels.view(groups, -1).to(device)
+        return c_mean[picks].mean(dim=1), c_var[picks].mean(dim=1)
 
 
 @torch.no_grad()

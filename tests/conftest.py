@@ -5,6 +5,10 @@ import os
 import tempfile
 
 import pytest
+# setuptools before anything imports pip: test_deploy_checks parses pip commands with pip's own
+# parser, and once pip is imported setuptools' distutils shim stands aside, so the setuptools that
+# torch.compile's C++ builder imports later would fail its own check of distutils.
+import setuptools  # noqa: F401
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

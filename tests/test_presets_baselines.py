@@ -77,7 +77,7 @@ def test_conv_loss_falls_as_the_images_match_the_targets():
     _, _, after = teacher.measure(x, 1)
     assert after.item() < first.item()
     assert teacher(x, 1)[1].shape == (1,)  # plain calls leave the convolution hooks idle
-    assert teacher.conv.loss is None
+    assert teacher.conv.finish() is None  # nothing was measured
 
 
 def test_r_conv_without_targets_is_refused():
@@ -209,13 +209,20 @@ def test_category_matching_is_part_of_the_objective():
 
 
 def test_category_blend_weights_the_two_losses():
-    from fadrm_ray.statistics import ClassStatistics
-    targets = [(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]]))]
-    stats = ClassStatistics(targets, 0.25)
-    mean, var = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
-    # The batch holds classes 0 and 1: target mean (1, 0), var (1, 2); class loss 0 + 1 = 1.
-    loss = stats.blend(0, mean, var, torch.tensor([4.0]), torch.tensor([0, 1]))
-    assert loss.tolist() == pytest.approx([0.75 * 4.0 + 0.25 * 1.0])
+    from fadrm_ray.statistics import ClassStatistics, StatisticsLoss
+    # Layer 0 (weight 2) has running statistics mean (1, 4), var (1, 1); layer 1 (weight 1) has
+    # three channels whose running statistics the batch matches exactly.
+    matching = StatisticsLoss([(torch.tensor([1.0, 4.0]), torch.tensor([1.0, 1.0])),
+                               (torch.zeros(3), torch.ones(3))], first_weight=2.0)
+    matching.category = ClassStatistics([(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]])),
+                                         (torch.zeros(2, 3), torch.ones(2, 3))], 0.25)
+    matching.add(0, torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]]))
+    matching.add(1, torch.zeros(1, 3), torch.ones(1, 3))
+    # The batch holds classes 0 and 1: layer 0's class target is mean (1, 0), var (1, 2): class
+    # loss 0 + 1 = 1 against the running loss 4 + 0 = 4; layer 1 matches both.
+    loss = matching.loss(torch.tensor([0, 1]))
+    assert loss.tolist() == pytest.approx([2.0 * (0.75 * 4.0 + 0.25 * 1.0)])
+    assert matching.loss() is None  # each forward's statistics are taken once
 
 
 def test_bn_category_without_targets_is_refused():

@@ -261,6 +261,10 @@ def test_gpu_check_script_dry_run(tmp_path):
                           capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["dry_run"] and result["ray"]["images"] == 20
+    assert result["dry_run"] and result["end_to_end"]["images"] == 20 and result["end_to_end"]["workers"] == 2
+    assert result["end_to_end"]["student_seconds_per_epoch"] > 0
     assert {r["precision"] for r in result["precision_paths"]} == {"bf16", "fp32"}
-    assert all(r["finite"] for r in result["imagenet"])
+    assert all(r["finite"] for r in result["imagenet"]) and [r["pack"] for r in result["imagenet"]] == [1, 2]
+    sbs = result["side_by_side"]
+    assert sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0 and set(sbs["profiles"]) >= {"ours-eager-pack1"}
+    assert result["student_speed"]["runs"][0]["seconds_per_epoch"] > 0 and result["share"]["processes"] == 2

@@ -1,0 +1,170 @@
+"""The engine's fast path (`packing.fast_path`: the teacher's loss compiled, as CUDA graphs on a
+GPU) and the eager step's held low-precision weights change speed, not what a run computes.
+
+- weights held in the autocast dtype for a stage give bit-identical logits, losses and input
+  gradients, and are handed back as they were;
+- the statistics-matching loss taken in one pass equals the per-layer formula, with its gradient;
+- on the fast path: a run equals the eager run within float tolerance; a group's images do not
+  depend on the groups it is packed with; a stage resumed in another process continues exactly.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torchvision
+
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.models import create_model
+from fadrm_ray.packing import fast_path
+from fadrm_ray.recover import FrozenTeacher, init_state, low_precision_dtype, recover, run_stage
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MEAN, STD = [0.3], [0.37]
+CLASSES = list(range(10))
+
+
+def small_teacher() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
+    model.train()
+    with torch.no_grad():  # non-trivial running statistics
+        for _ in range(10):
+            model(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
+    return model.eval()
+
+
+def cfg_for(**kw) -> DistillConfig:
+    base = dict(iterations=8, ipc=3, precision="fp32", k=1, alpha=0.5, stage_resolutions=[8, 8], lr=0.25,
+                crop_scale_min=0.08)
+    return DistillConfig(**{**base, **kw}).resolve(8, 10, hflip=True, channels=1)
+
+
+def patches(groups: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    return torch.randint(0, 256, (groups, 10, 1, 8, 8), dtype=torch.uint8, generator=gen)
+
+
+def recovered(cfg, teacher, ipc_indices, all_patches):
+    state = init_state(cfg, CLASSES, ipc_indices, all_patches[ipc_indices], 8, 1, MEAN, STD)
+    return recover(state, [teacher], cfg)
+
+
+def test_low_precision_weights_held_for_a_stage_are_bit_identical_to_autocast():
+    torch.manual_seed(1)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    teacher = FrozenTeacher(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x0 = torch.randn(6, 3, 32, 32)
+    results = []
+    for hold in (False, True):
+        x = x0.clone().requires_grad_(True)
+        with teacher.weights_in(low_precision_dtype("bf16") if hold else None):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits, bn = teacher(x, groups=2)
+            (logits.float().sum() + bn.sum()).backward()
+        results.append((logits, bn, x.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    after = model.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    held = []
+    for _ in range(2):  # each stage holds the same cast copies (a captured CUDA graph's weights stay put)
+        with teacher.weights_in(torch.bfloat16):
+            held.append(model.conv1.weight.data_ptr())
+            assert model.conv1.weight.dtype == torch.bfloat16 and model.bn1.weight.dtype == torch.float32
+    assert held[0] == held[1] != model.conv1.weight.data_ptr()
+    assert low_precision_dtype("fp32") is None and low_precision_dtype("fp16") == torch.float16
+
+
+def test_the_statistics_loss_in_one_pass_equals_the_per_layer_formula():
+    torch.manual_seed(2)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):  # running statistics far from an untrained net's
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    teacher = FrozenTeacher(model, first_bn_weight=10.0)
+    x = torch.randn(6, 3, 32, 32, requires_grad=True)
+    _, fused = teacher(x, groups=3)
+    fused.sum().backward()
+    teacher.remove_hooks()
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append((m, i[0]))) for m in teacher.bn_layers]
+    y = x.detach().clone().requires_grad_(True)
+    model(y)
+    for h in hooks:
+        h.remove()
+    plain = 0
+    for i, (m, a) in enumerate(seen):
+        a = a.reshape(3, 2, *a.shape[1:])
+        mean, var = a.mean(dim=(1, 3, 4)), a.var(dim=(1, 3, 4), unbiased=False)
+        plain = plain + (10.0 if i == 0 else 1.0) * (torch.linalg.vector_norm(mean - m.running_mean, dim=1)
+                                                     + torch.linalg.vector_norm(var - m.running_var, dim=1))
+    plain.sum().backward()
+    assert torch.allclose(fused, plain, rtol=1e-5)
+    assert torch.allclose(x.grad, y.grad, rtol=1e-4, atol=1e-6 * y.grad.abs().max())
+
+
+def test_the_fast_path_compiles_and_on_cuda_replays_graphs():
+    assert fast_path("cpu") == {"compile": True, "cuda_graphs": False}
+    assert fast_path("cuda") == {"compile": True, "cuda_graphs": True}
+    cfg = DistillConfig(**fast_path("cuda"))
+    assert cfg.identity() == DistillConfig().identity()  # speed settings: the same run
+
+
+def test_a_run_on_the_fast_path_equals_the_eager_run():
+    teacher = FrozenTeacher(small_teacher())
+    p = patches(3)
+    eager = recovered(cfg_for(), teacher, [0, 1, 2], p)
+    fast = recovered(cfg_for(**fast_path("cpu")), teacher, [0, 1, 2], p)
+    # Compiled kernels fuse and reorder float sums: equal to rounding, not bit for bit.
+    assert torch.allclose(eager.x, fast.x, atol=1e-4)
+    for e, f in zip(eager.history, fast.history):
+        assert f["ce"] == pytest.approx(e["ce"], rel=1e-4) and f["bn"] == pytest.approx(e["bn"], rel=1e-4)
+
+
+def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path():
+    teacher = FrozenTeacher(small_teacher())
+    p = patches(3)
+    cfg = cfg_for(**fast_path("cpu"))
+    packed = recovered(cfg, teacher, [0, 1, 2], p)
+    alone = recovered(cfg, teacher, [1], p)
+    assert torch.allclose(packed.x[10:20], alone.x, atol=1e-4)
+    assert not torch.allclose(packed.x[0:10], alone.x, atol=1e-2)  # the groups are different images
+
+
+def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(tmp_path):
+    model = small_teacher()
+    torch.save(model.state_dict(), tmp_path / "teacher.pt")
+    cfg = cfg_for(**fast_path("cpu"))
+    teacher = FrozenTeacher(model)
+    p = patches(2)
+    state = init_state(cfg, CLASSES, [0, 1], p[[0, 1]], 8, 1, MEAN, STD)
+    run_stage(state, [teacher], cfg)
+    torch.save(state.to_dict(), tmp_path / "state.pt")
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    here = run_stage(state, [teacher], cfg)
+    code = textwrap.dedent(f"""
+        import torch
+        from fadrm_ray.config import DistillConfig
+        from fadrm_ray.models import create_model
+        from fadrm_ray.recover import FrozenTeacher, RecoverState, run_stage
+        torch.set_num_threads(1)
+        model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
+        model.load_state_dict(torch.load({str(tmp_path / "teacher.pt")!r}))
+        cfg = DistillConfig.model_validate_json(open({str(tmp_path / "cfg.json")!r}).read())
+        state = RecoverState.from_dict(torch.load({str(tmp_path / "state.pt")!r}, weights_only=True))
+        run_stage(state, [FrozenTeacher(model.eval())], cfg)
+        torch.save(state.to_dict(), {str(tmp_path / "resumed.pt")!r})
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+    there = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert torch.equal(there["x"], here.x)
+    assert there["iteration"] == here.iteration and there["stage"] == here.stage
+    assert all(torch.equal(a, b) for a, b in zip(there["rng_states"], here.rng_states))
+    assert there["history"][-1]["ce"] == here.history[-1]["ce"]

@@ -1,0 +1,46 @@
+"""bench.side_by_side: the published recover loop and ours, each in its own process, on one device.
+
+The tiny form runs ours alone (the published code is not part of this project); with a checkout
+of it in $FADRM_OFFICIAL, its loop runs beside ours at a CPU size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def side_by_side(*flags: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--device", "cpu", "--size", "16", "--batch", "4",
+                          "--steps", "8", "--rounds", "2", "--json", *flags], cwd=ROOT, check=True,
+                         stdout=subprocess.PIPE, text=True, timeout=600).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_ours_alone_reports_per_step_figures_without_the_published_code():
+    out = side_by_side("--no-official", "--ours", "ours-eager-pack1")
+    assert out["official_ms"] is None and out["ratio_pack1"] is None
+    row = out["contenders"]["ours-eager-pack1"]
+    assert row["pack"] == 1 and row["finite"] and len(row["rounds_ms"]) == 2
+    assert out["ours_pack1_ms"] == out["ours_best_ms"] == row["ms_per_step"] > 0
+    assert row["seconds_per_image_at_T2000"] == pytest.approx(row["ms_per_step"] / 1000 * 2000 / 4)
+    assert out["device"] == "cpu" and out["torch"] and out["cpu"]
+
+
+def test_the_published_code_is_asked_for_by_name():
+    bad = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--official", str(ROOT / "tests")], cwd=ROOT,
+                         stderr=subprocess.PIPE, text=True)
+    assert bad.returncode == 2 and "recover/utils_recover.py" in bad.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("FADRM_OFFICIAL"), reason="no checkout of the published code in $FADRM_OFFICIAL")
+def test_the_published_loop_runs_beside_ours():
+    out = side_by_side("--official", os.environ["FADRM_OFFICIAL"], "--ours", "ours-eager-pack1")
+    assert out["official_ms"] > 0 and out["contenders"]["official"]["finite"]
+    assert out["ratio_pack1"] == pytest.approx(out["official_ms"] / out["ours_pack1_ms"])
