@@ -30,6 +30,14 @@ from fadrm_ray.runtime import heavy_process_env
 from fadrm_ray.store import RunStore
 
 
+def gpu_share(gpus_per_worker: float | None) -> float | None:
+    """The GPU share of one worker on the connected cluster: as asked, or where unset one GPU
+    per worker when the cluster has GPUs (none otherwise)."""
+    if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
+        return 1.0
+    return gpus_per_worker
+
+
 class WorkerPool:
     """DistillWorker actors with their resources, and the retries of lost work (module docstring)."""
 
@@ -37,8 +45,7 @@ class WorkerPool:
                  max_attempts: int = 3, progress: bool = True, share_patches: bool = True):
         if workers is not None and workers < 1:
             raise InputError(f"workers must be >= 1, got {workers}")
-        if gpus_per_worker is None and ray.cluster_resources().get("GPU", 0) > 0:
-            gpus_per_worker = 1.0  # one worker per GPU by default
+        gpus_per_worker = gpu_share(gpus_per_worker)
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts      # attempts of one task before the run fails

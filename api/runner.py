@@ -3,7 +3,8 @@
 The service starts it as a process of its own session, so it outlives a restart of the HTTP
 process. It reads the job the request built (`DriverInput`: the plan and its execution spec),
 runs it through the coordinator on the Ray cluster the spec names (`actors.coordinator.run_on_ray`;
-the job is neither resolved again nor given a new run id), evaluates when asked, and ends by writing the
+the job is neither resolved again nor given a new run id), evaluates when asked (a Ray task on the
+resources of one of the job's workers, a GPU share on a GPU cluster: `actors.evaluation`), and ends by writing the
 job's outcome file once: succeeded (with the result), failed (with one line saying why:
 `api.errors.job_error`) or cancelled. SIGTERM stops the run: the coordinator's cleanup kills its
 actors and leaves the Ray session, and finished units stay in the store for a later request.
@@ -105,32 +106,24 @@ def bounded_output(path: Path, max_bytes: int) -> threading.Thread:
 
 
 def run(files: JobFiles) -> Outcome:
-    from actors.coordinator import run_on_ray
+    from actors.coordinator import ray_session, run_on_ray
     from fadrm_ray.runtime import torch_threads
 
     given = DriverInput.model_validate_json(files.plan.read_text())
     plan, spec = given.plan, given.execution
-    with torch_threads(spec.threads):
+    with torch_threads(spec.threads), ray_session(spec.address):
         result = run_on_ray(plan.job, spec)
         outcome = Outcome(state="succeeded", result=result.to_dict())
         if plan.evaluate:
-            from fadrm_ray.evaluate import evaluate_run
+            from actors.evaluation import evaluate_on_ray
+            from fadrm_ray.eval_job import EvalJob
             from fadrm_ray.layout import RunLayout
 
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
-            from fadrm_ray.baselines import evaluate_with_baselines
-            from fadrm_ray.eval_job import EvalJob
-            from fadrm_ray.ranking import hard_label_ranking
-
-            eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc, threads=spec.threads, progress=False)
-            if plan.baselines:  # random real images and the starting patches, beside it in the store
-                evaluation = evaluate_with_baselines(result.run_dir, eval_job, ranking=False)
-            else:
-                evaluation = evaluate_run(result.run_dir, eval_job)
-            # What the images reach with their hard labels alone, beside the soft-label top-1.
-            ranking = hard_label_ranking(result.run_dir, evaluation, num_threads=spec.threads, ipc=plan.ipc)
-            evaluation = evaluation.model_copy(update={"ranking": ranking})
+            # On the cluster, where the job's workers ran: a GPU share on a GPU cluster.
+            eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc, progress=False)
+            evaluation = evaluate_on_ray(result.run_dir, eval_job, spec, baselines=plan.baselines)
             private_write(files.evaluation, evaluation.model_dump_json())
             files.soft_labels_before.unlink(missing_ok=True)  # the labels are the finished evaluation's
     return outcome

@@ -4,8 +4,8 @@ A distillation is worth its compute only if its images train a better student th
 
 - **random real images** at the same IPC, classes and seed (preset `random-real`): the floor
   every method must beat, and
-- **its own starting patches** (its config at zero recover iterations, preset `rded` with the
-  run's patch settings): what the recover loop added, or took away.
+- **its own starting patches** (its config at zero recover iterations, preset `patches` with the
+  run's patch settings, stored as `patches-<hash>`): what the recover loop added, or took away.
 
 Both are ordinary store runs, distilled beside the run they judge (content-addressed, so every
 run of the same classes, IPC, seed and teachers shares them) and evaluated with the very same
@@ -44,7 +44,7 @@ def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, Dist
     out = {"random_real": make_config("random-real", overrides=common)}
     if cfg.init == "real":
         patch = {k: getattr(cfg, k) for k in _PATCH_KEYS}
-        out["starting_patches"] = make_config("rded", overrides={**common, **patch})
+        out["starting_patches"] = make_config("patches", overrides={**common, **patch})
     return out
 
 
@@ -110,7 +110,7 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts 
     training split.
     """
     parts = parts or EvalParts()
-    device, num_threads, ipc, teacher_copies = job.device, job.threads, job.ipc, job.teacher_copies
+    device, num_threads, ipc, teacher_copies = job.on_device(), job.threads, job.ipc, job.teacher_copies
     reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
     dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
     parts = replace(parts, dataset=dataset)

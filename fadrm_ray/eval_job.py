@@ -47,7 +47,8 @@ class EvalJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     config: EvalConfig = EvalConfig()     # the students' recipe (its seeds are the students trained)
-    device: str = "cpu"                   # where the students (and the teachers labelling) run
+    device: str | None = None             # where the students (and the teachers labelling) run; None: cuda
+                                          # where the process that trains them has it (on_device)
     threads: int | None = None            # torch threads while they train; None: leave the count alone
     progress: bool = True                 # a progress bar per student
     augment: bool = True                  # False: students see the images as they are (no crop, flip, CutMix)
@@ -68,6 +69,12 @@ class EvalJob(BaseModel):
     def _copy_paths(cls, value: Any) -> tuple[str, ...]:
         return _paths(value) or ()
 
+    def on_device(self) -> str:
+        """The device the students train on in this process (runtime.resolve_device)."""
+        from fadrm_ray.runtime import resolve_device
+
+        return resolve_device(self.device)
+
     def with_config(self, config: EvalConfig) -> "EvalJob":
         """The same job under another recipe (a resolved one, a baseline's, a plain student's)."""
         return self.model_copy(update={"config": config})
@@ -85,3 +92,5 @@ class EvalParts:
     known: "Mapping[int, StudentScore] | None" = None  # students already trained, by seed
     on_eval: Callable[[int, int, int, float], None] | None = None  # (seed, epoch, epochs, top1) per test
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
+    on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
+    progress_label: str | None = None          # what a student's progress bar calls it (default: its model, seed)

@@ -53,6 +53,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.models import create_model, evaluate_top1
+from fadrm_ray.recover import mixed_precision
 from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
 from fadrm_ray.soft_label_store import soft_label_source
 from fadrm_ray.runtime import torch_threads, tune_allocator
@@ -173,7 +174,9 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
         n = images_uint8.shape[0]
         cfg = resolve_protocol(cfg, n, images_per_class(None, n, dataset.num_classes))
     epochs = cfg.epochs
-    device_t = torch.device(job.device)
+    device_t = torch.device(job.on_device())
+    autocast, scaler = student_precision(device_t)
+    layout = torch.channels_last if device_t.type == "cuda" else torch.contiguous_format
     if targets is None:
         # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
         spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
@@ -189,7 +192,7 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the student's initial weights depend on the seed only
         model = create_model(cfg.student, dataset.num_classes, in_chans=dataset.channels,
-                             image_size=dataset.image_size, **cfg.student_kwargs).to(device_t)
+                             image_size=dataset.image_size, **cfg.student_kwargs).to(device_t, memory_format=layout)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     # Stepped once per epoch: the rate of epoch e is cfg.lr * cosine_factor(e, ...).
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -203,15 +206,23 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
     curve: list[tuple[int, float]] = []
     steps = 0
     started = time.perf_counter()
-    bar = tqdm(range(epochs), desc=f"student {cfg.student} seed {seed}", unit="epoch", disable=not progress, leave=False)
+    bar = tqdm(range(epochs), desc=parts.progress_label or f"student {cfg.student} seed {seed}", unit="epoch",
+               disable=not progress, leave=False)
     for epoch in bar:
         model.train()
         for step in source.epoch(epoch):
-            x = (step.view01.to(device_t) - mean) / std
-            loss = loss_of(model(x), step)
+            x = ((step.view01.to(device_t) - mean) / std).contiguous(memory_format=layout)
+            with autocast():
+                logits = model(x)
+            loss = loss_of(logits.float(), step)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            if scaler is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
             steps += 1
         scheduler.step()
         if epoch in evaluate_at:
@@ -224,6 +235,15 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
     score = StudentScore(seed=seed, final_top1=curve[-1][1], best_top1=max(v for _, v in curve), curve=curve,
                          epochs=epochs, steps=steps, seconds=time.perf_counter() - started)
     return (score, model) if return_model else score
+
+
+def student_precision(device: torch.device):
+    """How students compute: on CUDA under autocast (bf16 where the GPU has it, else fp16 with a
+    gradient scaler) with channels-last activations; on a CPU in fp32, as the recorded results
+    were trained. Returns (autocast context factory, GradScaler or None)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext, None
+    return mixed_precision("bf16" if torch.cuda.is_bf16_supported() else "fp16", device)
 
 
 def _as_dataset(dataset: ImageDataset | str) -> ImageDataset:
@@ -287,7 +307,7 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
     known = {s: r for s, r in (parts.known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
     with torch_threads(job.threads):
-        labeler = _as_labeler(teachers, dataset, job.device) if targets is None or teachers else None
+        labeler = _as_labeler(teachers, dataset, job.on_device()) if targets is None or teachers else None
         student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
         for s in cfg.seed_list:
             if s not in per_seed:
@@ -433,7 +453,7 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = No
     students that see the images as they are (`train_student`).
     """
     parts = parts or EvalParts()
-    device, cache, augment, ipc = job.device, job.cache, job.augment, job.ipc
+    device, cache, augment, ipc = job.on_device(), job.cache, job.augment, job.ipc
     reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
     dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
     teachers = parts.labeler

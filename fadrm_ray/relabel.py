@@ -206,6 +206,7 @@ class SoftLabeler:
 
     @torch.no_grad()
     def __call__(self, view01: torch.Tensor) -> torch.Tensor:
+        """The averaged fp32 logits of a [0, 1] view, on the teachers' device."""
         view01 = view01.to(self.device)
         total = None
         for model, mean, std, chans in zip(self.models, self.means, self.stds, self.in_chans):
@@ -213,7 +214,7 @@ class SoftLabeler:
             with batch_statistics(model) if self.batch_statistics else contextlib.nullcontext():
                 logits = model(x).float()
             total = logits if total is None else total + logits
-        return (total / len(self.models)).cpu()
+        return total / len(self.models)
 
 
 @contextlib.contextmanager
@@ -264,7 +265,8 @@ class OnlineSoftLabels:
                  batch_size: int, seed: int):
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        self.images_uint8, self.images01 = images_uint8, to_unit(images_uint8)
+        # The views are cut where the teachers run: on a GPU, a step never waits on the CPU.
+        self.images_uint8, self.images01 = images_uint8, to_unit(images_uint8).to(labeler.device)
         self.labeler, self.spec, self.batch_size, self.seed = labeler, spec, int(batch_size), int(seed)
 
     @property

@@ -20,7 +20,7 @@ from typing import Sequence
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.run.execute import LocalExecutor, run_job
-from fadrm_ray.run.stages import default_device
+from fadrm_ray.runtime import resolve_device
 from fadrm_ray.evaluate import GIVE_DATASET, GIVE_TEACHERS, run_dataset, run_teachers
 from fadrm_ray.run.job import prepare_job
 from fadrm_ray.layout import RunLayout
@@ -70,7 +70,7 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
     dataset = run_dataset(recorded, dataset)
     teacher_paths = run_teachers(recorded, teachers)
-    executor = LocalExecutor(device or default_device(), progress)
+    executor = LocalExecutor(resolve_device(device), progress)
     # By its name, which build_job records as the spec that reopens it from where it is now.
     job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, layout.run_dir.parent, executor.device)
     if job.run_id != layout.run_id:

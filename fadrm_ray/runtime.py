@@ -93,6 +93,28 @@ def tune_allocator() -> bool:
     return _tuned
 
 
+# --------------------------------------------------------------------------- the device
+def resolve_device(device: str | None = None) -> str:
+    """The device a phase runs on: `device` as given ("cpu", "cuda", "cuda:1"), or None for cuda
+    where torch sees a CUDA device, else cpu. A device torch cannot use is refused here, in one
+    line, before any work starts (InputError)."""
+    import torch
+
+    from fadrm_ray.errors import InputError
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise InputError(f"device {device!r} is not a device: use cpu or cuda (cuda:N for one GPU)") from None
+    if kind not in ("cpu", "cuda"):
+        raise InputError(f"device {device!r}: fadrm runs on cpu or cuda")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r}: torch sees no CUDA device here (torch {torch.__version__}); use cpu")
+    return str(device)
+
+
 # --------------------------------------------------------------------------- OpenMP and heavy processes
 OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 

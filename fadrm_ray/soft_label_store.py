@@ -149,7 +149,7 @@ def _plan_table(steps: list[Step], storage: LabelStorage) -> pa.Table:
                 cols[name].append(int(v))
             cols["lam"].append(float(p.lam))
     arrays = {k: pa.array(v, type=_column_type(k, v)) for k, v in cols.items()}
-    logits = torch.cat([step.logits.float() for step in steps])
+    logits = torch.cat([step.logits.float().cpu() for step in steps])
     kept = storage.kept(logits.shape[1])
     if kept is None:
         values = logits

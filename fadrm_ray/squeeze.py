@@ -25,7 +25,7 @@ from .data.parallel import prefetch
 from .fileio import OutputError, check_output_dir
 from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
                      model_in_chans, save_teacher)
-from .runtime import torch_threads, tune_allocator
+from .runtime import resolve_device, torch_threads, tune_allocator
 from .settings import ConfigError, SqueezeConfig
 from .errors import InputError
 
@@ -111,7 +111,7 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
     if n == 0:
         raise InputError(f"dataset {dataset.name} has an empty training split")
     model_kwargs = dict(cfg.model_kwargs)
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(resolve_device(device))
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset, cfg.model)
 
     with torch_threads(num_threads):

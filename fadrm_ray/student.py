@@ -148,7 +148,7 @@ def train_from_files(data: str | Path, job: EvalJob, parts: EvalParts | None = N
     from fadrm_ray.relabel import SoftLabeler
 
     file = read_distilled(data)
-    cfg, device, teachers = job.config, job.device, job.teachers or ()
+    cfg, device, teachers = job.config, job.on_device(), job.teachers or ()
     test = parts.dataset if parts is not None and parts.dataset is not None else job.dataset
     if not teachers and soft_labels is None:
         raise EvaluationError("a teacher checkpoint (--teacher FILE) or a soft-label file (--soft-labels FILE) is "

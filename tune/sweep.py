@@ -100,6 +100,9 @@ class SweepRequest(BaseModel):
     max_concurrent: Count | None = None
     cpus_per_trial: float = Field(1.0, gt=0)
     gpus_per_trial: float = Field(0.0, ge=0)
+    # Where the trials distill and train their students: cuda gives each trial a whole GPU unless
+    # --gpus-per-trial says its share; None: cuda when --gpus-per-trial gives the trials GPUs.
+    device: Literal["cpu", "cuda"] | None = None
     workers_per_trial: Count = 1
     address: str | None = None
     store: Folder | None = None         # default OUT/store
@@ -112,6 +115,16 @@ class SweepRequest(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise ConfigError(_request_error(exc, data), error_loc(exc)) from None
+
+    @property
+    def trial_device(self) -> str:
+        """Where each trial runs: cuda when it is given a GPU share."""
+        return "cuda" if self.trial_gpus > 0 else "cpu"
+
+    @property
+    def trial_gpus(self) -> float:
+        """The GPU share of each trial: --gpus-per-trial, or one GPU for --device cuda."""
+        return self.gpus_per_trial or (1.0 if self.device == "cuda" else 0.0)
 
     @property
     def sample_count(self) -> int:
@@ -188,6 +201,9 @@ def prepare(req: SweepRequest) -> Prepared:
     from fadrm_ray.settings import layered
 
     _check_search(req)
+    if req.device == "cpu" and req.gpus_per_trial > 0:
+        raise ConfigError(f"--device cpu with --gpus-per-trial {req.gpus_per_trial}: a CPU trial holds no GPU; "
+                          f"drop one of them", ("device",))
     out = check_output_dir(Path(req.out).absolute(), "--out")
     store = Path(req.store).absolute() if req.store else out / "store"
     check_output_dir(store, "--store")
@@ -208,7 +224,7 @@ def prepare(req: SweepRequest) -> Prepared:
 
     data_root = str(Path(req.data_root).absolute()) if req.data_root else None
     dataset = get_dataset(req.dataset, root=data_root)
-    device = "cuda" if req.gpus_per_trial > 0 else "cpu"
+    device = req.trial_device
     checked = validate_space(base, swept, dataset, device)
     return Prepared(req, out, store, [Path(t).absolute() for t in req.teachers], data_root, dataset, base, swept,
                     eval_cfg, device, checked, trial_count(swept, req.search, req.sample_count))
@@ -234,7 +250,7 @@ def trial_settings(p: Prepared) -> TrialSettings:
     return TrialSettings(base=p.base, eval=p.eval_cfg, dataset=req.dataset, data_root=p.data_root,
                          teachers=[str(t) for t in p.teachers], store=str(p.store), device=p.device,
                          threads=max(1, int(req.cpus_per_trial)), workers_per_trial=req.workers_per_trial,
-                         cpus_per_worker=req.cpus_per_trial, gpus_per_worker=req.gpus_per_trial or None,
+                         cpus_per_worker=req.cpus_per_trial, gpus_per_worker=req.trial_gpus or None,
                          events=str(p.out / "events.jsonl"))
 
 
@@ -263,7 +279,7 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
             wanted[key] = (wanted.get(key, (cfg,))[0], sorted(labels | set(wanted.get(key, (None, []))[1])))
     out, cost, pending = {}, {"keys": len(wanted), "scored": 0, "seconds": 0.0}, {}
     folder = p.out / "patches"
-    task = ray.remote(score_patches).options(num_cpus=req.cpus_per_trial, num_gpus=req.gpus_per_trial)
+    task = ray.remote(score_patches).options(num_cpus=req.cpus_per_trial, num_gpus=req.trial_gpus)
     for key, (cfg, labels) in wanted.items():
         saved = folder / f"{key}.json"
         if saved.is_file():
@@ -293,7 +309,7 @@ def random_reference(p: Prepared, blobs: list[bytes]):
     if {"seed", "classes"} & set(p.swept):
         return None
     req = p.request
-    task = ray.remote(random_real_top1).options(num_cpus=req.cpus_per_trial, num_gpus=req.gpus_per_trial)
+    task = ray.remote(random_real_top1).options(num_cpus=req.cpus_per_trial, num_gpus=req.trial_gpus)
     return task.remote(trial_settings(p), p.dataset, blobs)
 
 
@@ -404,11 +420,11 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
     trainable = tune.with_parameters(run_trial, sweep=trial_settings(p), **shared)
     if req.workers_per_trial > 1:
         # One bundle for the trial itself (it evaluates the student), one per DistillWorker.
-        bundle = {k: v for k, v in {"CPU": req.cpus_per_trial, "GPU": req.gpus_per_trial}.items() if v}
+        bundle = {k: v for k, v in {"CPU": req.cpus_per_trial, "GPU": req.trial_gpus}.items() if v}
         bundles = [dict(bundle) for _ in range(req.workers_per_trial + 1)]
         resources = tune.PlacementGroupFactory(bundles)
     else:
-        resources = {"cpu": req.cpus_per_trial, "gpu": req.gpus_per_trial}
+        resources = {"cpu": req.cpus_per_trial, "gpu": req.trial_gpus}
     trainable = tune.with_resources(trainable, resources)
     restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
     progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()

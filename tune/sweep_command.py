@@ -59,7 +59,11 @@ class TuneCommand:
                        help="override one EvalConfig value of the students (repeatable)")
         p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as resources allow)")
         p.add_argument("--cpus-per-trial", type=float, default=1.0)
-        p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPU share per trial (fractions allowed)")
+        p.add_argument("--gpus-per-trial", type=float, default=0.0,
+                       help="GPU share per trial (fractions allowed; default 0, or 1 with --device cuda)")
+        p.add_argument("--device", default=None, choices=("cpu", "cuda"),
+                       help="where trials distill and train their students (default: cuda when --gpus-per-trial "
+                            "gives them GPUs, else cpu)")
         p.add_argument("--workers-per-trial", type=int, default=1,
                        help="DistillWorker actors per trial, in the trial's placement group (default 1: in the trial)")
         p.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
@@ -78,7 +82,7 @@ class TuneCommand:
             samples=args.samples, search=args.search, scheduler=args.scheduler, metric=args.metric,
             student=args.student, seeds=args.seeds, epochs=args.epochs, protocol=args.protocol,
             eval_set=args.eval_set, max_concurrent=args.max_concurrent, cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial, workers_per_trial=args.workers_per_trial, address=args.address,
+            gpus_per_trial=args.gpus_per_trial, device=args.device, workers_per_trial=args.workers_per_trial, address=args.address,
             store=args.store, data_root=args.data_root, progress=not args.quiet)
         try:
             summary = run_sweep(request)

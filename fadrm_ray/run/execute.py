@@ -17,9 +17,9 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.run.job import DistillJob, JobParts, prepare_job
-from fadrm_ray.run.stages import default_device, distill_unit, frozen_teachers, prepare_patches
+from fadrm_ray.run.stages import distill_unit, frozen_teachers, prepare_patches
 from fadrm_ray.run.units import Unit, checkpointed_units, plan_units, request_images, steps_of
-from fadrm_ray.runtime import tune_allocator
+from fadrm_ray.runtime import resolve_device, tune_allocator
 from fadrm_ray.store import RunStore
 
 
@@ -120,7 +120,7 @@ class LocalExecutor:
     parallelism = 1
 
     def __init__(self, device: str | None = None, progress: bool = True):
-        self.device = device or default_device()
+        self.device = resolve_device(device)
         self.device_type = torch.device(self.device).type
         self.progress = progress
 

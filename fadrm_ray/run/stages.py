@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
@@ -26,10 +25,6 @@ from fadrm_ray.run.job import JobParts
 from fadrm_ray.run.units import Unit, chunks
 from fadrm_ray.store import ImageRecord, RunStore
 from fadrm_ray.errors import InputError
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def frozen_teachers(parts: JobParts, cfg: DistillConfig) -> list[FrozenTeacher]:
