@@ -14,10 +14,10 @@ from fadrm_ray import commands as fadrm_commands
 from fadrm_ray.runtime import ensure_process_env
 
 
-def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec):
+def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=None):
     from actors.coordinator import distill_on_ray  # Ray is imported only when a run uses it
 
-    return distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec)
+    return distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=dataset)
 
 
 def commands() -> list[fadrm_commands.Command]:

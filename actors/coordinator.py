@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import ray
 
@@ -23,6 +23,8 @@ from fadrm_ray.run.execute import DistillResult, run_job
 from fadrm_ray.run.job import DistillJob, ExecutionSpec, prepare_job
 from fadrm_ray.runtime import ALLOCATOR_ENV
 
+if TYPE_CHECKING:
+    from fadrm_ray.data.base import ImageDataset
 
 
 @contextlib.contextmanager
@@ -61,13 +63,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
 
 def distill_on_ray(cfg: DistillConfig | DistillJob, dataset_spec: str | None = None,
                    teacher_paths: Sequence[str | Path] = (), out_root: str | Path | None = None,
-                   spec: ExecutionSpec | None = None, **options) -> DistillResult:
+                   spec: ExecutionSpec | None = None, dataset: "ImageDataset | None" = None,
+                   **options) -> DistillResult:
     """Run a distillation through Ray: on the cluster at `spec.address`, or on an embedded local
     Ray (`options` go to the WorkerPool).
 
-    `cfg` is either a config, whose job is built here from `dataset_spec`, `teacher_paths` and
-    `out_root` (the CLI, benchmarks, tests), or a `DistillJob` built elsewhere (a service request,
-    `run_on_ray`), which is run as it is.
+    `cfg` is either a config, whose job is built here from `dataset_spec` (or the `dataset` the
+    caller loaded from it), `teacher_paths` and `out_root` (the CLI, benchmarks, tests), or a
+    `DistillJob` built elsewhere (a service request, `run_on_ray`), which is run as it is.
     """
     spec = spec or ExecutionSpec()
     built_elsewhere = isinstance(cfg, DistillJob)
@@ -81,8 +84,10 @@ def distill_on_ray(cfg: DistillConfig | DistillJob, dataset_spec: str | None = N
             if built_elsewhere:
                 return run_job(cfg, pool)
             # The driver checks the teachers on its CPU; the config resolves for the workers' device.
-            job, parts = prepare_job(cfg, get_dataset(dataset_spec, root=spec.data_root), dataset_spec, teacher_paths,
-                                     out_root, device="cpu", device_type=pool.device_type, data_root=spec.data_root)
+            if dataset is None:
+                dataset = get_dataset(dataset_spec, root=spec.data_root)
+            job, parts = prepare_job(cfg, dataset, dataset_spec, teacher_paths, out_root, device="cpu",
+                                     device_type=pool.device_type, data_root=spec.data_root)
             return run_job(job, pool, parts)
         finally:
             pool.close()  # idempotent: also when run_job fails before executing

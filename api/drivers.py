@@ -295,8 +295,15 @@ class DriverSupervisor:
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         """Stop the local head unless jobs still need it (a restarted service reuses it)."""
-        if self.local is not None and not self.db.in_state("queued", "running"):
-            self.local.stop()
+        if self.local is None:
+            return
+        if self.db.in_state("queued", "running"):
+            log.info("stopping: the local Ray head stays up for the jobs still queued or running")
+            return
+        started = time.monotonic()
+        log.info("stopping the local Ray head (SIGTERM, SIGKILL after 5 s)")
+        self.local.stop()
+        log.info("the local Ray head stopped in %.1f s", time.monotonic() - started)
 
 
 def _tcp_reachable(address: str | None) -> bool:

@@ -131,8 +131,10 @@ class LocalRay:
         write_model(self.record, head)
         return head
 
-    def stop(self, timeout: float = 20.0) -> bool:
-        """Stop the head (its whole process group) and remove its folder; False when none was up."""
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop the head (its whole process group: SIGTERM, SIGKILL to what is left after
+        `timeout` seconds) and remove its folder; False when none was up. No job runs on it when
+        it is stopped, so nothing of value is lost to the SIGKILL."""
         head = self.running()
         if head is None:
             return False

@@ -144,6 +144,7 @@ class DatasetInfo(BaseModel):
     channels: int
     train_size: int
     test_size: int
+    test_split: str = "the data's own"   # how its test split was made where the data brings none
 
 
 class TeacherInfo(BaseModel):

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from fadrm_ray.run.execute import DistillResult
     from fadrm_ray.run.job import ExecutionSpec
 
-    # ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec) -> DistillResult
-    RayDistill = Callable[[DistillConfig, str, Sequence[str], str, ExecutionSpec], DistillResult]
+    # ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=LOADED) -> DistillResult
+    RayDistill = Callable[..., DistillResult]
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -65,8 +65,25 @@ class CLIError(Exception):
     """A user error the CLI reports in one line."""
 
 
+class _Defaults(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth saying (not None, not
+    a flag's False) and the help does not say it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: {default})" if text else f"(default: {default})"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors in the CLI's form: one line, status 2, no usage block."""
+    """argparse, with its errors in the CLI's form (one line, status 2, no usage block), and
+    every subcommand's help showing its defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Defaults)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
@@ -122,6 +139,12 @@ def _warn_incomplete(args, reader_complete: bool) -> None:
               f"using the units written so far", file=sys.stderr)
 
 
+def _say_split(dataset) -> None:
+    """One line on stderr where the project made the dataset's test split itself."""
+    if dataset.split_note is not None:
+        print(f"fadrm: note: {dataset.split_note}", file=sys.stderr)
+
+
 def _emit(args, payload: dict, human: str) -> None:
     if args.json:
         print(json.dumps(payload, default=str))
@@ -143,6 +166,7 @@ def cmd_squeeze(args) -> None:
     cfg = layered(SqueezeConfig, parse_overrides(args.set or [], SqueezeConfig),
                   flags={"model": args.model, "epochs": args.epochs, "seed": args.seed})
     dataset = get_dataset(args.dataset, root=args.data_root)
+    _say_split(dataset)
     result = squeeze(dataset, cfg, out_dir=args.out, num_threads=args.threads, progress=not args.quiet)
     payload = {"teacher": str(result.path), "model": cfg.model, "dataset": dataset.name,
                "test_accuracy": result.test_accuracy, "train_seconds": result.train_seconds,
@@ -162,21 +186,27 @@ def build_config(args) -> "DistillConfig":
 def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     from fadrm_ray.data import get_dataset
     from fadrm_ray.fileio import check_output_dir
+    from fadrm_ray.run.job import prepare_job
 
     _check_teachers(args.teacher)
     check_output_dir(args.out, "--out store")
     cfg = build_config(args)
     spec = execution_spec(args)
-    if spec.local:
+    ray = None if spec.local else _needs_ray(ray_distill)
+    # Everything the input decides is checked here, in this process, before any cluster starts:
+    # the dataset, the classes and every setting against it, the teachers against the dataset.
+    dataset = get_dataset(args.dataset, root=spec.data_root)
+    _say_split(dataset)
+    prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, device="cpu", data_root=spec.data_root)
+    if ray is None:
         from fadrm_ray.run.execute import distill_local
         if spec.threads:
             import torch
             torch.set_num_threads(spec.threads)
-        dataset = get_dataset(args.dataset, root=spec.data_root)
         result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress,
                               dataset_spec=args.dataset, data_root=spec.data_root)
     else:
-        result = _needs_ray(ray_distill)(cfg, args.dataset, args.teacher, args.out, spec)
+        result = ray(cfg, args.dataset, args.teacher, args.out, spec, dataset=dataset)
     from fadrm_ray.runtime import process_info
 
     from fadrm_ray.config import RECIPE_FIELDS
@@ -256,7 +286,7 @@ def cmd_evaluate(args) -> None:
     from fadrm_ray.eval_job import EvalJob
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
-    from fadrm_ray.runtime import process_info
+    from fadrm_ray.runtime import process_info, resolve_device
     from fadrm_ray.settings import EvalConfig, layered
 
     from fadrm_ray.fileio import check_output_dir
@@ -273,13 +303,20 @@ def cmd_evaluate(args) -> None:
     reader.verify()  # before a dataset is loaded or a teacher read
     # The run's own data and teachers: where it records them, or where --dataset/--teacher say
     # they are now (checked by fingerprint and sha256 either way).
-    job = EvalJob(config=cfg, threads=args.threads, progress=not args.quiet, incomplete=args.incomplete,
-                  ipc=args.ipc, dataset=args.dataset, teacher_copies=args.teacher)
+    job = EvalJob(config=cfg, device=resolve_device(args.device), threads=args.threads, progress=not args.quiet,
+                  incomplete=args.incomplete, ipc=args.ipc, dataset=args.dataset, teacher_copies=args.teacher)
+    from fadrm_ray.eval_job import EvalParts
+
+    parts = EvalParts(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True))
     if args.baselines:
-        result = evaluate_with_baselines(args.run, job, ranking=args.ranking, ars=args.ars)
+        result = evaluate_with_baselines(args.run, job, parts, ranking=args.ranking, ars=args.ars)
     else:
-        result = evaluate_run(args.run, job)
+        result = evaluate_run(args.run, job, parts)
     report = write_report(args.run, evaluation=result, incomplete=args.incomplete)
+    made = (reader.provenance.get("dataset") or {}).get("test_split")
+    if made and made != "the data's own":
+        print(f"fadrm: note: the run's dataset has no test split of its own: its test images were {made}",
+              file=sys.stderr)
     per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
     tested = "" if result.classes is None else f", tested on its {len(result.classes)} classes ({result.test_size} images)"
     lines = [f"student {result.student} on {args.run}: top-1 {result.top1_mean:.2f} "
@@ -291,14 +328,13 @@ def cmd_evaluate(args) -> None:
             lines.append(f"  {BASELINES[name]}: {base.top1_mean:.2f} ± {base.top1_std:.2f}% "
                          f"(gain {gain_text(result.paired_gains[name])})")
     if result.ranking is not None:
-        from fadrm_ray.ranking import ranking_text
+        from fadrm_ray.ranking import hard_label_line, ranking_text
 
         lines.append(f"  DD-Ranking: {ranking_text(result.ranking)}")
         lines.extend(f"    not measured: {why}" for why in result.ranking.missing)
-        hard = result.ranking.hard_label_text()
+        hard = hard_label_line(result.ranking, result.top1_mean)
         if hard is not None:
-            lines.append(f"  the images with their hard labels only: {hard} (the top-1 above needs the teacher's "
-                         f"soft labels: `fadrm export --with-teacher` or `--soft-labels` ships them)")
+            lines.append(f"  {hard}")
     lines.extend(f"  warning: {line}" for line in result.warnings)
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
     result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
@@ -416,17 +452,22 @@ def cmd_import_teacher(args) -> None:
                               std=_floats(args.std, "--std"), model_kwargs=_model_args(args.model_arg or []),
                               accept_chance=args.accept_chance, device=args.device, data_root=args.data_root)
     result = import_teacher(settings)
+    if result.split_note is not None:
+        print(f"fadrm: note: {result.split_note}", file=sys.stderr)
     record = result.record
     trained = "" if record.trained_size is None else f"; the weights were trained at {record.trained_size} px"
     warn = ""
     if record.trained_size is not None and record.trained_size != result.image_size:
         warn = f"\nwarning: the dataset is {result.image_size} px, the weights were trained at {record.trained_size} px"
     names = "" if record.display_names is None else f"; class names: {', '.join(record.display_names[:3])}, ..."
+    measured = "".join(f"\n  {c.name}: mean {list(c.mean)} std {list(c.std)}: test top-1 {c.top1:.2f}%"
+                       for c in record.measured)
+    warn += "".join(f"\nwarning: {line}" for line in result.warnings)
     _emit(args, result.model_dump(mode="json"),
           f"teacher {result.model} on {result.dataset}: test top-1 {result.top1:.2f}% on {record.eval_images} images "
           f"(chance {result.chance:.2f}%)\n"
           f"weights: {record.source}\n"
-          f"normalization: mean {list(result.mean)} std {list(result.std)}, from {record.normalization}\n"
+          f"normalization: mean {list(result.mean)} std {list(result.std)}, from {record.normalization}{measured}\n"
           f"input: {result.image_size} px (the dataset's){trained}{names}{warn}\n"
           f"written to {result.path}")
 
@@ -435,7 +476,7 @@ def cmd_train_student(args) -> None:
     """Students trained from downloaded files alone: the images, the teacher(s), the recipe."""
     import math
 
-    from fadrm_ray.runtime import process_info
+    from fadrm_ray.runtime import process_info, resolve_device
     from fadrm_ray.eval_job import EvalJob
     from fadrm_ray.student import read_recipe, train_from_files
 
@@ -443,9 +484,17 @@ def cmd_train_student(args) -> None:
     if args.soft_labels is not None and not Path(args.soft_labels).is_file():
         raise CLIError(f"soft-label file {args.soft_labels} does not exist")
     recipe = read_recipe(args.recipe)
-    if args.seed is not None:
-        recipe = recipe.model_copy(update={"seeds": [args.seed]})
-    job = EvalJob(config=recipe, teachers=args.teacher or [], dataset=args.test, device=args.device or "cpu",
+    if args.seed is not None and args.seeds is not None:
+        raise CLIError("--seed trains one student with that seed, --seeds N the recipe's first N: give one of them")
+    if args.seeds is not None and args.seeds < 1:
+        raise CLIError(f"--seeds must be at least 1, got {args.seeds}")
+    # One student unless more are asked for: the recipe lists the seeds its report averaged.
+    seeds = [args.seed] if args.seed is not None else recipe.seed_list[:args.seeds or 1]
+    if args.seeds is not None and args.seeds > len(recipe.seed_list):
+        seeds = recipe.seed_list + list(range(max(recipe.seed_list) + 1, max(recipe.seed_list) + 1 + args.seeds
+                                              - len(recipe.seed_list)))
+    recipe = recipe.model_copy(update={"seeds": seeds})
+    job = EvalJob(config=recipe, teachers=args.teacher or [], dataset=args.test, device=resolve_device(args.device),
                   threads=args.threads, progress=not args.quiet)
     result = train_from_files(args.data, job, soft_labels=args.soft_labels, data_root=args.data_root)
     tested = not math.isnan(result.top1_mean)
@@ -462,6 +511,8 @@ def cmd_train_student(args) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
+                       "torch sees a GPU); on CUDA in mixed precision, channels-last")
 def build_parser(ray_distill: "RayDistill | None" = None,
                  commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     from fadrm_ray.config import PRESETS
@@ -477,7 +528,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     execution.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
     execution.add_argument("--workers", type=int, default=None,
                            help="distill actors (default: one per GPU, else one per --cpus-per-worker CPUs)")
-    execution.add_argument("--cpus-per-worker", type=float, default=1.0)
+    execution.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each distill actor holds")
     execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
 
     parser = _Parser(prog="fadrm", description="FADRM dataset distillation.")
@@ -509,7 +560,8 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--eval-images", type=int, default=None,
                    help="measure top-1 on this many test images spread over the classes (default: all of them)")
     p.add_argument("--mean", default=None, help="normalization mean per channel, e.g. 0.485,0.456,0.406 "
-                                                "(default: the weights' metadata, else the dataset's)")
+                                                "(default: the weights' metadata, else measured: ImageNet's or "
+                                                "the dataset's, whichever scores better)")
     p.add_argument("--std", default=None, help="normalization std per channel (with --mean)")
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
                    help="a keyword of the model's builder, e.g. width=32 for convnet-bn (repeatable)")
@@ -529,8 +581,11 @@ def build_parser(ray_distill: "RayDistill | None" = None,
                    help="stored soft labels instead of a teacher (`fadrm export --soft-labels`, GET .../soft-labels)")
     p.add_argument("--recipe", default=None, help="the student recipe, an EvalConfig as JSON (default: the defaults)")
     p.add_argument("--test", default=None, help=f"score on this dataset's test images of the file's classes: {DATASET_HELP}")
-    p.add_argument("--seed", type=int, default=None, help="train one student with this seed (default: the recipe's seeds)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
+    p.add_argument("--seed", type=int, default=None, help="train one student with this seed")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="train N students, the recipe's first N seeds (default 1: the recipe's first seed; the "
+                        "report's figure is the mean over the recipe's seeds)")
+    p.add_argument("--device", default=None, help=STUDENT_DEVICE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--data-root", default=None, help="where downloadable datasets live")
     p.set_defaults(func=cmd_train_student)
@@ -538,14 +593,18 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p = sub.add_parser("distill", parents=[common, execution], help="distill a dataset into a store run")
     p.add_argument("--dataset", required=True, help=DATASET_HELP)
     p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
-    p.add_argument("--preset", default="fadrm", choices=list(PRESETS))
-    p.add_argument("--ipc", type=int, default=None, help="images per class")
+    p.add_argument("--preset", default="fadrm", choices=list(PRESETS), metavar="PRESET",
+                   help=f"the method, one of {', '.join(PRESETS)} (docs/method.md section 7)")
+    p.add_argument("--ipc", type=int, default=None, help="images per class (default 10)")
     p.add_argument("--classes", default=None, help="comma-separated class indices, e.g. 0,3,7 (default: all)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="the run's seed: the same seed, settings and data give "
+                                                               "the same images (default 0)")
     p.add_argument("--config", default=None, help="YAML file of config values")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value (repeatable)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one DistillConfig value, e.g. alpha=0.6 (repeatable); every key is listed in "
+                        "docs/architecture.md#configuration, and a wrong key's error lists them all")
     p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
-    p.add_argument("--data-root", default=None)
+    p.add_argument("--data-root", default=None, help="where downloadable datasets (cifar10, cifar100) live")
     p.set_defaults(func=functools.partial(cmd_distill, ray_distill=ray_distill))
 
     p = sub.add_parser("export", parents=[common], help="export a run as an ImageFolder, a Parquet or a tensor file")
@@ -593,6 +652,7 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--teacher", action="append", default=None,
                    help="where one of the run's teachers is now, if not where the run records it (checked by "
                         "sha256; repeatable)")
+    p.add_argument("--device", default=None, help=STUDENT_DEVICE_HELP)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--incomplete", action="store_true", help="allow a run that was not finished")
     p.set_defaults(func=cmd_evaluate)

@@ -216,17 +216,29 @@ def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_s
     return 100.0 * correct / n
 
 
+class NormalizationCandidate(BaseModel):
+    """One normalization an import measured the weights under: its name, values and test top-1."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    name: str                           # e.g. "ImageNet's mean/std", "the dataset's own statistics"
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    top1: float                         # percent, on the import's test images
+
+
 class ImportRecord(BaseModel):
     """Where an imported teacher's weights came from, and what decided its normalization."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     source: str                         # e.g. "torchvision ResNet18_Weights.IMAGENET1K_V1 (...)", "file /abs/w.pth"
     weights_sha256: str | None = None   # of the weights file read
-    normalization: str                  # where mean/std came from: flags, the weights' metadata, the dataset
+    normalization: str                  # where mean/std came from: flags, the weights' metadata, a measurement
     trained_size: int | None = None     # the input size the weights were trained at, where their metadata says
     eval_images: int                    # test images its top-1 was measured on
     chance: float                       # chance top-1 on them, percent
     display_names: list[str] | None = None  # human-readable class names the weights carry, in class order
+    # Where nothing said the normalization: each candidate measured (the kept one first).
+    measured: list[NormalizationCandidate] = []
 
 
 @dataclass

@@ -44,7 +44,8 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluate import EVALUATION_CACHE_VERSION, epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.relabel import epoch_batches, epoch_generator
+from fadrm_ray.data.parallel import prefetch
+from fadrm_ray.relabel import epoch_batches, epoch_generator, steps_per_epoch
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.scores import Evaluation, Ranking, StudentScore
 from fadrm_ray.settings import EvalConfig
@@ -126,6 +127,27 @@ class _Batches:
             yield _Batch(self.images[idx].float().div_(255.0), idx)
 
 
+class _SplitBatches:
+    """A split in a shuffled order per (seed, epoch), read batch by batch through its loader (the
+    parallel decoder), the next batch decoding while the student trains on this one: a whole
+    training split is never held in memory."""
+
+    def __init__(self, split, batch_size: int, seed: int):
+        self.split, self.batch_size, self.seed = split, int(batch_size), int(seed)
+
+    def epoch(self, epoch: int):
+        gen = epoch_generator(self.seed, epoch)
+        for idx, images in prefetch(self.split.load, epoch_batches(len(self.split), self.batch_size, gen)):
+            yield _Batch(images.float().div_(255.0), idx)
+
+
+class _Count:
+    """What `train_student` needs of a streamed split in place of its images: how many."""
+
+    def __init__(self, n: int):
+        self.shape = (n,)
+
+
 class HardLabels:
     """`evaluate.Targets` for hard-label students: cross-entropy on each image's class, images
     unaugmented (DD-Ranking's default for hard labels)."""
@@ -142,6 +164,18 @@ class HardLabels:
 
     def loss(self, logits: torch.Tensor, step: _Batch) -> torch.Tensor:
         return F.cross_entropy(logits, self.labels[step.indices].to(logits.device))
+
+
+class StreamedHardLabels(HardLabels):
+    """`HardLabels` of a whole split, its images read batch by batch (`_SplitBatches`) in the
+    order and batches `HardLabels` gives loaded images: the same student, in bounded memory."""
+
+    def __init__(self, split):
+        super().__init__(split.labels)
+        self.split = split
+
+    def source(self, images_uint8, batch_size: int, seed: int) -> _SplitBatches:
+        return _SplitBatches(self.split, batch_size, seed)
 
 
 def _digest(source: dict) -> str:
@@ -167,11 +201,22 @@ def full_data_config(cfg: EvalConfig, num_images: int) -> EvalConfig:
                                   "seeds": [0]})
 
 
+class FullReference(NamedTuple):
+    top1: float
+    source: str  # what the figure is: a full-data student (kept where), or the teachers' record
+
+
 def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | Path, *,
-                      classes: Sequence[int] | None = None, device: str = "cpu",
-                      progress: bool = False) -> StudentScore:
+                      classes: Sequence[int] | None = None, device: str = "cpu", progress: bool = False,
+                      teacher_top1: Sequence[float] = (), on_note=None) -> FullReference:
     """A student trained on the whole training split (of `classes`) with hard labels, tested like
-    the set's; kept in `references` by dataset, classes, student and protocol (module docstring)."""
+    the set's; kept in `references` by dataset, classes, student and protocol (module docstring).
+
+    One that is not kept yet costs `full_data_config`'s epochs over the split, said beforehand
+    through `on_note`; where that is more than `cfg.reference_steps` steps, the best of
+    `teacher_top1` (the teachers' recorded test top-1, a model trained on the same data) stands in
+    for it, and where no teacher recorded one, ValueError names the budget. The split is read
+    batch by batch, never whole."""
     split = dataset.train.of_classes(classes)
     full = full_data_config(cfg, len(split))
     key = {"kind": "full-data hard labels", "data": dataset.fingerprint(), "student": full.student,
@@ -179,13 +224,31 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
            "batch_size": full.batch_size, "lr": full.lr, "weight_decay": full.weight_decay,
            "classes": None if classes is None else sorted(int(c) for c in classes),
            "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
-
-    def train() -> StudentScore:
-        images = split.load(torch.arange(len(split)))
-        return train_student(images, 0, EvalJob(config=full, device=device, progress=progress),
-                             EvalParts(dataset=dataset, classes=classes, targets=HardLabels(split.labels)))
-
-    return _cached_student(Path(references) / f"full-hard-{_digest(key)}.json", train)
+    path = Path(references) / f"full-hard-{_digest(key)}.json"
+    what = f"a {full.student} trained with hard labels on the {len(split):,} training images"
+    with contextlib.suppress(OSError, ValueError):
+        kept = StudentScore.model_validate_json(path.read_bytes())
+        return FullReference(kept.final_top1, f"{what} (kept in {path.parent})")
+    steps = full.epochs * steps_per_epoch(len(split), full.batch_size)
+    note = on_note or (lambda line: None)
+    if steps > cfg.reference_steps:
+        over = (f"DD-Ranking's full-data reference would train {what} for {full.epochs} epochs ({steps:,} steps), "
+                f"over the budget of {cfg.reference_steps:,} steps (--set reference_steps=N raises it)")
+        usable = [t for t in teacher_top1 if t == t]
+        if not usable:
+            raise ValueError(f"{over}, and no teacher records a test top-1 to stand in for it")
+        note(f"{over}: the teacher's recorded test top-1 ({max(usable):.2f}%) stands in for it")
+        return FullReference(max(usable), "the teacher's recorded test top-1 (trained on the whole split; the "
+                                          "reference student was over the step budget)")
+    note(f"DD-Ranking's full-data reference: {what} for {full.epochs} epochs ({steps:,} steps of "
+         f"{full.batch_size}), once for this data, kept in {path.parent}; --no-ranking skips it")
+    job = EvalJob(config=full, device=device, progress=progress)
+    parts = EvalParts(dataset=dataset, classes=classes, targets=StreamedHardLabels(split),
+                      progress_label=f"DD-Ranking full-data reference ({len(split):,} images)")
+    student = train_student(_Count(len(split)), 0, job, parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, student.model_dump_json())
+    return FullReference(student.final_top1, f"{what} (kept in {path.parent})")
 
 
 def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset,
@@ -193,7 +256,7 @@ def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: Im
     """One hard-label student per seed of `evaluation` on the run's images read at `job.ipc` (as
     `evaluate_run` reads them), with its settings (epochs included), each kept in the run's
     evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
-    device, progress = job.device, job.progress
+    device, progress = job.on_device(), job.progress
     reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
     images, labels, _ = reader.read()
     classes = run_classes(reader.config, dataset.num_classes)
@@ -216,17 +279,22 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
     built): HLR, IOR and LRS, and ARS with `ars` (students of `job.teachers`, or of the runs' own
     teachers, without augmentation). What cannot be measured is named in `missing`, with why,
     instead of failing the evaluation."""
-    dataset, device, progress = parts.dataset, job.device, job.progress
+    dataset, device, progress = parts.dataset, job.on_device(), job.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
     if random_real is None:
         missing.append("IOR, LRS and ARS: no random real images to compare with")
     store = Path(run_dir).parent
     classes = result.classes
+    teachers = (open_run(run_dir, incomplete=True).provenance or {}).get("teachers") or []
+    recorded = [float(t["test_accuracy"]) for t in teachers
+                if isinstance(t, dict) and isinstance(t.get("test_accuracy"), (int, float))]
+    full_source = None
     with torch_threads(job.threads):
         try:
-            full_top1 = full_data_student(dataset, result.config, store / REFERENCES, classes=classes, device=device,
-                                          progress=progress).final_top1
+            full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES, classes=classes,
+                                                       device=device, progress=progress, teacher_top1=recorded,
+                                                       on_note=parts.on_note)
             hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
@@ -240,7 +308,8 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
                 missing.append(f"ARS: {exc}")
         elif not ars:
             missing.append("ARS: not asked for (two more evaluations without augmentation; --ars)")
-    return ranking_scores(result.top1_per_seed, random_top1, full_top1, hard, plain, plain_random, missing=missing)
+    ranking = ranking_scores(result.top1_per_seed, random_top1, full_top1, hard, plain, plain_random, missing=missing)
+    return ranking.model_copy(update={"full_source": full_source})
 
 
 def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDataset | None = None, *,
@@ -260,12 +329,30 @@ def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDa
                           missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
 
 
+def hard_label_line(ranking: Ranking, soft_top1: float) -> str | None:
+    """What the images reach with their hard labels alone, beside `soft_top1` (the soft-label
+    top-1 of the same students' seeds), in words that follow the sign of the difference; None
+    where it was not measured."""
+    hard = ranking.hard_label_text()
+    if hard is None:
+        return None
+    gap = statistics.fmean(ranking.hard_top1_per_seed) - soft_top1
+    if gap < 0:
+        return (f"the images with their hard labels only: {hard}, {-gap:.2f} points below the soft-label top-1 "
+                f"above: the images need the teacher's soft labels (`fadrm export --with-teacher` or "
+                f"`--soft-labels` ships them)")
+    return (f"the images with their hard labels only: {hard}, {gap:.2f} points at or above the soft-label top-1 "
+            f"above: these images teach as well without the teacher")
+
+
 def ranking_text(ranking: Ranking) -> str:
     """'HLR 3.10 (full data, hard labels: 99.72%), IOR +0.54, LRS 0.4900' (and ARS), for the
     scores that were measured."""
     parts = []
     if ranking.hlr is not None:
-        parts.append(f"HLR {ranking.hlr:.2f} (full data, hard labels: {ranking.full_hard_top1:.2f}%)")
+        against = "the teacher's recorded top-1" if (ranking.full_source or "").startswith("the teacher") else \
+            "full data, hard labels"
+        parts.append(f"HLR {ranking.hlr:.2f} ({against}: {ranking.full_hard_top1:.2f}%)")
     if ranking.ior is not None:
         parts.append(f"IOR {ranking.ior:+.2f}")
     for name in ("lrs", "ars"):

@@ -170,6 +170,25 @@ def loss_curves(run_dir: str | Path, *, incomplete: bool = False) -> dict:
             "units": len(ce_runs)}
 
 
+def trend(y: np.ndarray, stages: list, fraction: float = 0.05) -> np.ndarray:
+    """A moving mean of the per-step losses `y` over a window of about `fraction` of the run (at
+    least 5 steps), taken within each stage (`stages`: (start, end, resolution), end exclusive)
+    so that an ARC merge's jump stays a jump; the window shrinks at a stage's ends."""
+    y = np.asarray(y, dtype=float)
+    out = np.full_like(y, np.nan)
+    half = max(2, int(len(y) * fraction) // 2)
+    for start, end, _ in stages or [(0, len(y), None)]:
+        seg = y[start:end]
+        ok = np.isfinite(seg)
+        sums = np.concatenate([[0.0], np.cumsum(np.where(ok, seg, 0.0))])
+        counts = np.concatenate([[0], np.cumsum(ok)])
+        lo = np.clip(np.arange(len(seg)) - half, 0, len(seg))
+        hi = np.clip(np.arange(len(seg)) + half + 1, 0, len(seg))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[start:end] = (sums[hi] - sums[lo]) / (counts[hi] - counts[lo])
+    return out
+
+
 def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = False) -> Path:
     plt = pyplot()
     curves = loss_curves(run_dir, incomplete=incomplete)
@@ -181,7 +200,8 @@ def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = Fa
     for ax, key, label, color in ((axes[0], "ce", "teacher cross-entropy", "tab:blue"),
                                   (axes[1], "bn", "BN statistics loss", "tab:orange")):
         y = curves[key]
-        ax.plot(x, y, color=color, lw=0.8)
+        ax.plot(x, y, color=color, lw=0.6, alpha=0.3, label="each step")
+        ax.plot(x, trend(y, curves["stages"]), color=color, lw=1.6, label="trend (moving mean, per stage)")
         if np.all(y[np.isfinite(y)] > 0):
             ax.set_yscale("log")
         ax.set_ylabel(label)
@@ -191,8 +211,7 @@ def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = Fa
     for start, end, res in curves["stages"]:
         axes[0].annotate(f"{res}px", xy=((start + end) / 2 + 0.5, 1.0), xycoords=("data", "axes fraction"),
                          ha="center", va="bottom", fontsize=7)
-    if curves["merges"]:
-        axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("iteration (stages concatenated)")
     fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {Path(run_dir).name}", fontsize=9)
     return save_figure(fig, path)
@@ -255,10 +274,11 @@ def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScor
             gain, text = labels[key]
             ax.annotate(text, (i, tops[i]), xytext=(0, 5), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:green" if gain >= 0 else "tab:red")
-    lows = [ev.top1_mean - (ev.top1_std or 0) for _, ev, _ in rows]
-    low = max(0.0, min(lows) - 10)
-    # Room above the highest error bar or seed for its gain's label (about a tenth of the span).
-    ax.set_ylim(low, min(105.0, max(tops) + max(4.0, 0.12 * (max(tops) - low))))
+    for i, (_, ev, _) in enumerate(rows):  # the value itself, inside its bar
+        ax.annotate(f"{ev.top1_mean:.1f}", (i, ev.top1_mean / 2), ha="center", va="center", fontsize=8, color="white")
+    # The axis starts at zero: a bar's height is its accuracy, so gaps look as large as they are.
+    # Room above the highest error bar or seed for its gain's label.
+    ax.set_ylim(0.0, min(108.0, max(tops) + max(6.0, 0.08 * max(tops))))
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=8, rotation=15)
     ax.set_title("final top-1 against the baselines\n(this run minus the baseline, seed by seed: mean ± s.e.)",

@@ -72,6 +72,7 @@ class Ranking(_Score):
     measured; `missing` says which and why."""
 
     full_hard_top1: float | None = None   # a student on the whole training split, hard labels
+    full_source: str | None = None        # where that figure comes from: a student, or the teachers' record
     hard_top1_per_seed: list[float] = []  # students on the set, hard labels
     hlr: float | None = None              # hard-label recovery: full_hard_top1 minus the set's hard-label top-1
     ior: float | None = None              # improvement over random: the set minus random real images

@@ -190,7 +190,8 @@ def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, An
 
 # --------------------------------------------------------------------------- evaluate and squeeze
 # EvalConfig fields added after evaluations were cached, with the value those evaluations had.
-EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_label_epochs": None}
+EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_label_epochs": None,
+                     "reference_steps": 5000}
 
 
 class LabelStorage(BaseModel):
@@ -240,6 +241,10 @@ class EvalConfig(Settings):
     # their running statistics, or with the batch's own (CV-DD's batch-specific soft labels,
     # docs/method.md section 7c).
     teacher_bn: Literal["running", "batch"] = "running"
+    # The most optimizer steps DD-Ranking's full-data reference (ranking.py) may take when it is
+    # not kept yet; where training on the whole split would take more, the teachers' recorded
+    # test top-1 stands in for it, and the evaluation says so.
+    reference_steps: Count = 5000
 
     def key_values(self) -> dict[str, Any]:
         """The settings as they name a cached evaluation: a field added later, at the value that

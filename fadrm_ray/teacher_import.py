@@ -9,9 +9,13 @@ a wrapping `state_dict`/`model` key and a `module.` prefix are taken off).
 
 The teacher takes the dataset's class order (ImageNet's sorted WordNet ids are torchvision's and
 timm's index order) and its image size; the weights must have one output per class. Its
-normalization comes from `--mean/--std`, else from the weights' metadata (torchvision's weights
-enum, timm's pretrained config), else from the dataset, and the checkpoint says which
-(`ImportRecord`). Every phase then normalizes images for it with that mean/std
+normalization comes from `--mean/--std`, else from the weights' own metadata (a torchvision
+weights enum member, found by name or by its published file name; timm's `pretrained` weights),
+else it is measured: the test top-1 under each candidate (ImageNet's mean/std, which torchvision
+and timm users train with, and timm's default config where it differs, for those
+architectures; the dataset's own statistics) and the best kept, every figure printed and
+recorded (`ImportRecord.measured`), with a warning where they differ by more than two binomial
+standard errors. The checkpoint says which and why (`ImportRecord`). Every phase then normalizes images for it with that mean/std
 (`models.teacher_view`). The teacher's top-1 is measured on the dataset's test split (all of
 it, or `eval_images` spread evenly over the classes) and recorded; a teacher no better than
 chance (the sign of a class order or normalization that does not fit) is refused and nothing
@@ -31,8 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.fileio import check_new_output, sha256_file
-from fadrm_ray.models import (ImportRecord, ModelError, TeacherInfo, create_model, evaluate_top1, save_teacher,
-                              teacher_view)
+from fadrm_ray.runtime import resolve_device
+from fadrm_ray.models import (ImportRecord, ModelError, NormalizationCandidate, TeacherInfo, create_model,
+                              evaluate_top1, save_teacher, teacher_view)
 
 # A teacher is refused when its top-1 is within this many binomial standard deviations of chance.
 CHANCE_SIGMAS = 3.0
@@ -72,6 +77,8 @@ class ImportResult(BaseModel):
     mean: tuple[float, ...]
     std: tuple[float, ...]
     seconds: float
+    warnings: list[str] = []
+    split_note: str | None = None  # where the test split was made here (ImageDataset.split_note)
 
 
 class _Weights(BaseModel):
@@ -183,6 +190,12 @@ def _timm_meta(arch: str) -> dict:
             "meta_from": f"timm's pretrained config of {cfg.architecture}" + (f".{cfg.tag}" if cfg.tag else "")}
 
 
+def _timm_default_normalization(arch: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The mean/std of timm's default config for `arch` (what its training scripts use), if any."""
+    meta = _timm_meta(arch)
+    return (meta["mean"], meta["std"]) if meta else None
+
+
 def _timm_weights(arch: str, source: str) -> _Weights:
     import timm
 
@@ -197,9 +210,8 @@ def _timm_weights(arch: str, source: str) -> _Weights:
                              f"({first}); pass a weights file as --weights") from None
         state = {k: v for k, v in model.state_dict().items()}
         return _Weights(state_dict=state, described=f"timm {arch} pretrained (Hugging Face cache)", **_timm_meta(arch))
-    path = Path(source).expanduser()
-    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path),
-                    **_timm_meta(arch))
+    path = Path(source).expanduser()  # a file of the user's: timm's config says how timm trains, not how it was
+    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
 
 
 def find_weights(model: str, source: str) -> _Weights:
@@ -276,6 +288,37 @@ def spread_sample(split: Split, num_classes: int, count: int | None) -> Split:
     return split.subset(torch.sort(torch.cat(keep)).values, f"spread{count}")
 
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def normalization_candidates(model: str, dataset: ImageDataset) -> list[tuple[str, tuple, tuple]]:
+    """What an import measures where nothing says the normalization: for a torchvision or timm
+    architecture ImageNet's mean/std (and timm's default config where it differs), then the
+    dataset's own statistics; the first wins a tie."""
+    prefix, sep, arch = model.partition(":")
+    out = []
+    if sep and prefix in ("torchvision", "timm"):
+        out.append(("ImageNet's mean/std", IMAGENET_MEAN, IMAGENET_STD))
+        timm_default = _timm_default_normalization(arch) if prefix == "timm" else None
+        if timm_default is not None and tuple(map(tuple, timm_default)) != (IMAGENET_MEAN, IMAGENET_STD):
+            out.append((f"timm's default config for {arch}", *timm_default))
+    out.append((f"the dataset's own statistics ({dataset.name})", tuple(dataset.mean), tuple(dataset.std)))
+    return out
+
+
+def _for_channels(mean: tuple, std: tuple, channels: int) -> tuple[tuple, tuple]:
+    """Three-channel constants averaged for grey images (which an RGB model sees repeated)."""
+    if len(mean) == 3 and channels == 1:
+        return (sum(mean) / 3,), (sum(std) / 3,)
+    return tuple(mean), tuple(std)
+
+
+def binomial_se(top1: float, count: int) -> float:
+    """The standard error, in points, of a top-1 of `top1` percent measured on `count` images."""
+    p = min(max(top1 / 100.0, 1.0 / max(count, 1)), 1 - 1.0 / max(count, 1))
+    return 100.0 * math.sqrt(p * (1 - p) / max(count, 1))
+
+
 def chance_bar(num_classes: int, count: int) -> tuple[float, float]:
     """Chance top-1 and the top-1 a teacher must exceed (CHANCE_SIGMAS binomial deviations above it), percent."""
     p = 1.0 / num_classes
@@ -297,34 +340,59 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
     weights = find_weights(settings.model, settings.weights)
     model, in_chans = build_model(settings.model, weights, dataset, dict(settings.model_kwargs))
     if settings.mean is not None:
-        mean, std, norm_from = settings.mean, settings.std, "flags"
+        candidates = [("flags", settings.mean, settings.std)]
     elif weights.mean is not None:
-        mean, std, norm_from = weights.mean, weights.std, f"the weights' metadata ({weights.meta_from})"
+        candidates = [(f"the weights' metadata ({weights.meta_from})", weights.mean, weights.std)]
     else:
-        mean, std, norm_from = dataset.mean, dataset.std, f"the dataset {dataset.name} (no metadata in the weights)"
-    if len(mean) == 3 and dataset.channels == 1 and settings.mean is None:  # grey images into an RGB model
-        mean, std = (sum(mean) / 3,), (sum(std) / 3,)
-        norm_from += ", averaged over its 3 channels for grey images"
-    if len(mean) != dataset.channels:
-        raise ModelError(f"the normalization ({norm_from}) has {len(mean)} channels, dataset {dataset.name} has "
-                         f"{dataset.channels}; pass --mean and --std with {dataset.channels} value(s)")
+        candidates = normalization_candidates(settings.model, dataset)
+    if settings.mean is None:  # RGB constants for grey images
+        candidates = [(name + (", averaged over its 3 channels for grey images" if len(mean) != dataset.channels
+                               and dataset.channels == 1 else ""), *_for_channels(mean, std, dataset.channels))
+                      for name, mean, std in candidates]
+    for name, mean, std in candidates:
+        if len(mean) != dataset.channels:
+            raise ModelError(f"the normalization ({name}) has {len(mean)} channels, dataset {dataset.name} has "
+                             f"{dataset.channels}; pass --mean and --std with {dataset.channels} value(s)")
     categories = weights.categories if weights.categories and len(weights.categories) == dataset.num_classes else None
-    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(settings.device)
     model.to(device)
     test = spread_sample(dataset.test, dataset.num_classes, settings.eval_images)
     if len(test) == 0:
         raise ModelError(f"dataset {dataset.name} has no test images to measure the teacher on")
     chance, bar = chance_bar(dataset.num_classes, len(test))
-    record = ImportRecord(source=weights.described, weights_sha256=weights.weights_sha256, normalization=norm_from,
-                          trained_size=weights.trained_size, eval_images=len(test), chance=round(chance, 4),
-                          display_names=categories)
-    info = TeacherInfo(model_name=settings.model, model_kwargs=dict(settings.model_kwargs),
-                       num_classes=dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
-                       mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std),
-                       class_names=list(dataset.class_names), dataset=dataset.name,
-                       dataset_fingerprint=dataset.fingerprint(), imported=record.model_dump(mode="json"))
-    view = teacher_view(dataset, [info])
-    top1 = evaluate_top1(model, test, view, batch_size=256 if device == "cpu" else 512)
+
+    def teacher_info(mean, std, record) -> TeacherInfo:
+        return TeacherInfo(model_name=settings.model, model_kwargs=dict(settings.model_kwargs),
+                           num_classes=dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
+                           mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std),
+                           class_names=list(dataset.class_names), dataset=dataset.name,
+                           dataset_fingerprint=dataset.fingerprint(), imported=record.model_dump(mode="json"))
+
+    base = ImportRecord(source=weights.described, weights_sha256=weights.weights_sha256, normalization="",
+                        trained_size=weights.trained_size, eval_images=len(test), chance=round(chance, 4),
+                        display_names=categories)
+    measured = []
+    for name, mean, std in candidates:
+        view = teacher_view(dataset, [teacher_info(mean, std, base)])
+        top1 = evaluate_top1(model, test, view, batch_size=256 if device == "cpu" else 512)
+        measured.append(NormalizationCandidate(name=name, mean=mean, std=std, top1=round(float(top1), 4)))
+    kept = max(measured, key=lambda c: c.top1)  # the first of equals: candidates are in order of preference
+    warnings = []
+    if len(measured) == 1:
+        norm_from = kept.name
+        measured = []
+    else:
+        norm_from = f"measured: {kept.name} gave the best test top-1 (no --mean/--std, no metadata in the weights)"
+        measured = [kept] + [c for c in measured if c is not kept]
+        worst = min(measured, key=lambda c: c.top1)
+        if kept.top1 - worst.top1 > 2 * binomial_se(kept.top1, len(test)):
+            warnings.append(f"the normalization matters for these weights: {kept.name} gives {kept.top1:.2f}%, "
+                            f"{worst.name} {worst.top1:.2f}% (more than two standard errors apart on {len(test)} "
+                            f"images); kept the better. Pass --mean/--std if you know what the weights were trained "
+                            f"with")
+    record = base.model_copy(update={"normalization": norm_from, "measured": measured})
+    info = teacher_info(kept.mean, kept.std, record)
+    top1 = kept.top1
     if top1 <= bar and not settings.accept_chance:
         raise ModelError(f"the teacher's top-1 on {len(test)} test images of {dataset.name} is {top1:.2f}% (chance "
                          f"{chance:.2f}%, a teacher must exceed {bar:.2f}%): the weights' class order or "
@@ -335,4 +403,5 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
     return ImportResult(path=str(Path(out).resolve()), sha256=digest, model=settings.model, dataset=dataset.name,
                         num_classes=dataset.num_classes, image_size=dataset.image_size, top1=round(float(top1), 4),
                         chance=round(chance, 4), bar=round(bar, 4), record=record, mean=info.mean, std=info.std,
-                        seconds=round(time.perf_counter() - started, 2))
+                        seconds=round(time.perf_counter() - started, 2), warnings=warnings,
+                        split_note=dataset.split_note)

@@ -73,7 +73,7 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
     real, patches = configs["random_real"], configs["starting_patches"]
     assert (real.preset, real.patch_selection, real.iterations) == ("random-real", "whole", 0)
     assert (patches.preset, patches.iterations, patches.patch_selection, patches.patch_crop_scale) == \
-        ("rded", 0, "medium", (1.0, 1.0))
+        ("patches", 0, "medium", (1.0, 1.0))
     for b in (real, patches):
         assert (b.ipc, b.seed, b.classes) == (3, 5, [1, 2])
     noise = make_config("sre2l", overrides={"ipc": 3})

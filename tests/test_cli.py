@@ -147,7 +147,8 @@ def test_flags_are_the_last_layer_and_configs_round_trip(digits, digits_teacher,
 def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher, tmp_path, capsys):
     calls = []
 
-    def fake_ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec):
+    def fake_ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=None):
+        assert dataset is not None and dataset.name == "digits"  # loaded and checked before any cluster
         calls.append((cfg, dataset_spec, list(teacher_paths), out_root, spec))
         return DistillResult(run_id="run", run_dir=tmp_path / "run", images=0)
 

@@ -33,11 +33,13 @@ def _train_outside(model: torch.nn.Module, digits, steps: int, seed: int = 0) ->
 
 @pytest.fixture(scope="module")
 def torchvision_weights(digits, tmp_path_factory):
-    """A torchvision ResNet-18 trained briefly on digits, saved as a plain `.pth` state dict."""
+    """A torchvision ResNet-18 trained on digits (with digits' mean/std), saved as a plain `.pth`
+    state dict. Long enough for its BatchNorm running statistics to settle: an eval-mode model
+    whose statistics are still at their initial values scores at random under any normalization."""
     from torchvision.models import resnet18
 
     with torch_threads(1):
-        model = _train_outside(resnet18(num_classes=10), digits, steps=8)
+        model = _train_outside(resnet18(num_classes=10), digits, steps=60)
     path = tmp_path_factory.mktemp("tv") / "r18-digits.pth"
     torch.save(model.state_dict(), path)
     return path, model
@@ -74,7 +76,9 @@ def test_torchvision_state_dict_round_trip(torchvision_weights, digits, tmp_path
     assert main(["import-teacher", "--model", "torchvision:resnet18", "--weights", str(path), "--dataset", "digits",
                  "--out", str(out), "--eval-images", "200"]) == 0
     said = capsys.readouterr().out
-    assert "normalization: mean [0.306] std [0.3763], from the dataset digits" in said
+    # No metadata in the file: both normalizations are measured and the one it was trained with wins.
+    assert "normalization: mean [0.306] std [0.3763], from measured: the dataset's own statistics (digits)" in said
+    assert "ImageNet's mean/std, averaged over its 3 channels for grey images: mean [0.449] std [0.226]" in said
     assert _logits_gap(out, original, digits) <= 1e-5
     _, info = load_teacher(out)
     assert info.model_name == "torchvision:resnet18" and info.class_names == digits.class_names
@@ -211,3 +215,67 @@ def test_the_service_offers_and_distills_with_an_imported_teacher(api_service, t
             assert data.status_code == 200 and data.content[:4] == b"PAR1"
     finally:
         out.unlink()
+
+
+def _colour_folder(root, classes: int = 4, per_class: int = (40, 15), size: int = 32):
+    """An ImageNet-shaped folder (train/<class>/, val/<class>/) of bright, low-contrast colour
+    images whose class is a small shift of hue: its own statistics are far from ImageNet's."""
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(5)
+    for split, count in zip(("train", "val"), per_class):
+        for c in range(classes):
+            folder = root / split / f"n0000{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                base = torch.full((3, 1, 1), 0.82)
+                base[c % 3] += 0.06 * (1 if c < 3 else -1)
+                x = (base + 0.03 * torch.randn(3, size, size, generator=gen)).clamp(0, 1)
+                Image.fromarray((x * 255).round().byte().permute(1, 2, 0).numpy()).save(folder / f"{i}.png")
+    return root
+
+
+def test_a_torchvision_model_trained_with_imagenet_statistics_is_imported_at_its_own_top1(tmp_path, capsys):
+    """A user's torchvision ResNet-18 trained by a plain loop on their colour folder with the usual
+    ImageNet mean/std, its state dict carrying no metadata: imported without flags, the teacher
+    normalizes as it was trained and scores what the model scores, and the output says why."""
+    import json
+
+    from torchvision.models import resnet18
+
+    from fadrm_ray.data import get_dataset
+
+    folder = _colour_folder(tmp_path / "colour")
+    data = get_dataset(f"imagefolder:{folder}")
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    x = (data.train.load(torch.arange(len(data.train))).float() / 255 - mean) / std
+    y = data.train.labels
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with torch_threads(2):
+        for step in range(60):
+            i = torch.randint(0, len(y), (32,), generator=torch.Generator().manual_seed(step))
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            xt = (data.test.load(torch.arange(len(data.test))).float() / 255 - mean) / std
+            own = 100.0 * float((model(xt).argmax(1) == data.test.labels).float().mean())
+    weights = tmp_path / "r18-colour.pth"
+    torch.save(model.state_dict(), weights)
+    out = tmp_path / "r18.pt"
+    assert main(["import-teacher", "--model", "torchvision:resnet18", "--weights", str(weights), "--dataset",
+                 f"imagefolder:{folder}", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["top1"] == pytest.approx(own, abs=1e-6) and own > 60
+    assert result["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    record = result["record"]
+    assert record["normalization"].startswith("measured: ImageNet's mean/std")
+    kept, other = record["measured"]
+    assert other["name"].startswith("the dataset's own statistics") and other["top1"] < kept["top1"] - 10
+    assert any("the normalization matters" in w for w in result["warnings"])
+    _, info = load_teacher(out)
+    assert info.mean == pytest.approx((0.485, 0.456, 0.406)) and info.test_accuracy == pytest.approx(own)

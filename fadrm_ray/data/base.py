@@ -101,6 +101,17 @@ class ImageDataset:
             h.update(b"\0")
         return h.hexdigest()[:16]
 
+    @property
+    def split_note(self) -> str | None:
+        """One line where this project made the test split (the data brings none): how, and how
+        large; None where the data has a test split of its own."""
+        made = self.info.get("test_split")
+        if not made:
+            return None
+        return (f"{self.name} has no test split of its own: its test images are {len(self.test)} of its "
+                f"{len(self.train) + len(self.test)} images, {made}; the teacher and the students never train "
+                f"on them")
+
     def normalize(self, images_uint8: torch.Tensor) -> torch.Tensor:
         """uint8 (n, C, H, W) -> float32 normalized with the dataset mean/std."""
         x = images_uint8.float().div_(255.0)
@@ -121,6 +132,7 @@ class ImageDataset:
             "test_size": len(self.test),
             "hflip": self.hflip,
             "fingerprint": self.fingerprint(),
+            "test_split": self.info.get("test_split") or "the data's own",
         }
 
 

@@ -15,6 +15,8 @@ from .parallel import prefetch
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2
+# What a dataset records (`ImageDataset.info["test_split"]`) when its test split is made here.
+MADE_SPLIT = f"held out per class by a fixed stratified split ({TEST_FRACTION:.0%} of each class)"
 
 
 def stratified_split(labels: torch.Tensor, test_fraction: float = TEST_FRACTION,

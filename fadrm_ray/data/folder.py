@@ -21,7 +21,7 @@ import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .common import MADE_SPLIT, all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
 from .imagenet_val import SOLUTION_CSV, find_solution, label_flat_files
 from .listing import FolderListing, SplitListing, load_listing, save_listing, settled, stat_key
 from .parallel import parallel_map
@@ -286,6 +286,7 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
         raise DatasetError(f"image folder not found: {root}")
     if not root.is_dir():
         raise DatasetError(f"image folder is not a directory: {root}")
+    _refuse_a_split_folder(root)
 
     listing = load_listing(root)
     keep = listing is not None
@@ -310,4 +311,17 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
     return ImageDataset(name=f"imagefolder:{root.resolve().name}", class_names=listing.classes, image_size=image_size,
                         channels=listing.channels, mean=mean, std=std, train=train, test=test, hflip=True,
                         info={"source": "imagefolder", "path": str(root.resolve()), "layout": listing.layout,
-                              "stats_images": used, "listing": listing.source})
+                              "stats_images": used, "listing": listing.source,
+                              "test_split": MADE_SPLIT if "80/20 split" in listing.layout else None})
+
+
+def _refuse_a_split_folder(root: Path) -> None:
+    """`imagefolder:X/train` beside `X/val` or `X/test` (the torchvision habit of naming the
+    training folder) would be split again here and its test images never used: name X instead."""
+    if root.name.lower() not in ("train", "training"):
+        return
+    siblings = [p.name for p in sorted(root.parent.iterdir()) if p.is_dir() and p.name.lower() in ("val", "test",
+                                                                                                     "validation")]
+    if siblings:
+        raise DatasetError(f"{root} is the training folder of {root.parent}, which holds {'/ and '.join(siblings)}/ "
+                           f"too: name the parent, imagefolder:{root.parent}, and its {siblings[0]}/ is the test split")

@@ -15,7 +15,7 @@ import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .common import MADE_SPLIT, all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
 from .parallel import parallel_map
 
 DEFAULT_SIZE = 224
@@ -263,4 +263,5 @@ def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
                         channels=channels, mean=mean, std=std, train=train, test=test,
                         hflip=True if hflip is None else hflip,
                         info={"source": "parquet", "path": str(root.resolve()), "files": len(files),
-                              "layout": layout, "stats_images": used})
+                              "layout": layout, "stats_images": used,
+                              "test_split": MADE_SPLIT if layout == "80/20 split" else None})

@@ -365,7 +365,8 @@ class RunReader:
         return {
             "run_id": self.run_id,
             "run_dir": str(self.run_dir),
-            "ipc": self.ipc,
+            # the IPC every class holds (or the one it is read at)
+            "ipc": self.ipc if self.ipc is not None else min(per_class.values(), default=0),
             "complete": self.complete,
             "verified": all(p.sha256 is not None for p in self._parts),
             "writer": _writer(self.layout),
