@@ -9,6 +9,7 @@ changes).
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -19,14 +20,20 @@ from fadrm_ray.fileio import read_yaml_mapping
 from fadrm_ray.models import TeacherInfo, load_teacher
 
 from api.config import ServiceSettings, SettingsError
+from api.errors import scrub
 from api.models import NAME_PATTERN
 
 BUILTIN_DATASETS = {"digits": "digits", "mnist-sample": "mnist-sample"}
 _NAME = re.compile(NAME_PATTERN)
+log = logging.getLogger("fadrm.api")
 
 
 class UnknownName(LookupError):
     """A dataset or teacher the operator does not offer."""
+
+
+class UnusableTeacher(LookupError):
+    """A teacher file of the operator's that does not load (said without its path)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,10 @@ class Catalog:
         if settings.datasets is not None:
             self.dataset_specs.update(_read_dataset_specs(settings.datasets))
         self._datasets: dict[str, ImageDataset] = {}
-        self._teachers: dict[Path, tuple[tuple[int, int], Teacher]] = {}
+        # Each teacher file as last read: the file's identity (inode, size, mtime), and the
+        # teacher, or why it does not load: a broken file is read once, not on every listing.
+        self._teachers: dict[Path, tuple[tuple[int, int, int], Teacher | str]] = {}
+        self._reading: dict[Path, threading.Lock] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ datasets
@@ -59,24 +69,55 @@ class Catalog:
             return self._datasets[name]
 
     # ------------------------------------------------------------------ teachers
-    def teacher_names(self) -> list[str]:
+    def _files(self) -> list[str]:
         folder = self.settings.teachers
         return sorted(p.stem for p in folder.glob("*.pt") if p.is_file() and _NAME.match(p.stem))
 
-    def teacher(self, name: str) -> Teacher:
-        """The teacher `name` from the operator's folder (its info read weights-only, kept until the file changes)."""
-        if not _NAME.match(name) or name not in self.teacher_names():
-            raise UnknownName(f"unknown teacher {name!r}; this service offers: {', '.join(self.teacher_names()) or 'none'}")
+    def teacher_names(self) -> list[str]:
+        """The teachers offered: the files of the folder that load as teachers."""
+        return [name for name in self._files() if isinstance(self._entry(name), Teacher)]
+
+    def _entry(self, name: str) -> Teacher | str:
+        """The teacher of `name`'s file, or why it does not load: read once per version of the
+        file (its inode, size and mtime), one reader at a time per file, outside the catalog's
+        lock, so a large broken file neither is read again nor holds up other requests."""
         path = self.settings.teachers / f"{name}.pt"
-        stat = path.stat()
-        key = (stat.st_mtime_ns, stat.st_size)
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"teacher {name!r} is gone from the teacher folder"
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         with self._lock:
             cached = self._teachers.get(path)
-            if cached is None or cached[0] != key:
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            gate = self._reading.setdefault(path, threading.Lock())
+        with gate:
+            with self._lock:
+                cached = self._teachers.get(path)
+                if cached is not None and cached[0] == key:
+                    return cached[1]
+            try:
                 _, info = load_teacher(path)
-                cached = (key, Teacher(name, path, info))
-                self._teachers[path] = cached
-            return cached[1]
+                entry: Teacher | str = Teacher(name, path, info)
+            except Exception as exc:  # not a readable fadrm checkpoint: refused for what it is, never offered
+                log.warning("teacher %s is not offered: %s", name, scrub(str(exc)))
+                entry = (f"teacher {name!r} cannot be used: its file is not a readable fadrm teacher checkpoint "
+                         f"({type(exc).__name__}); the operator's log says more")
+            with self._lock:
+                self._teachers[path] = (key, entry)
+            return entry
+
+    def teacher(self, name: str) -> Teacher:
+        """The teacher `name` from the operator's folder (its info read weights-only, kept until the
+        file changes): UnknownName for a name not in the folder, UnusableTeacher for a file that
+        does not load."""
+        if not _NAME.match(name) or name not in self._files():
+            raise UnknownName(f"unknown teacher {name!r}; this service offers: {', '.join(self.teacher_names()) or 'none'}")
+        entry = self._entry(name)
+        if isinstance(entry, str):
+            raise UnusableTeacher(entry)
+        return entry
 
 
 def _read_dataset_specs(path: Path) -> dict[str, str]:

@@ -87,11 +87,11 @@ SUMMARY_S = 60.0
 
 
 class AddressLimit:
-    """ASGI middleware: the rate limit of requests without the service's token, per client
-    address, before anything else runs (routing, the body, the endpoint). Past it such a request
-    is refused as it would be without the limit, 401 (no token) or 403 (a wrong one), from an
-    answer made here, with Retry-After, and is left out of the access log: one line a minute per
-    address counts them instead. So a flood of them costs a dictionary lookup each and a bounded
+    """ASGI middleware: the token check of every request but the `exempt` paths, before anything
+    else runs (routing, the body, the endpoint): 401 (no token) or 403 (a wrong one), answered
+    here, so a body that is not JSON is refused for its missing token, not for its JSON. Past the
+    per-address rate limit of such requests the answer adds Retry-After and is left out of the
+    access log: one line a minute per address counts them instead. So a flood of them costs a dictionary lookup each and a bounded
     amount of log. Requests with the token, and `exempt` paths (/healthz), are not counted.
     Behind a proxy every client has the proxy's address: size the limit for that."""
 
@@ -129,19 +129,22 @@ class AddressLimit:
         token = self._token(scope)
         if token:
             return await self.app(scope, receive, send)
-        address = str((scope.get("client") or ("", 0))[0])
-        wait = self.limiter.retry_after(address)
-        if wait is None:
-            return await self.app(scope, receive, send)
-        self._count(address)
+        # Without the token nothing of the request is read: no route, no body, no endpoint.
         status, detail = ((403, b"the bearer token is not valid for this service") if token is False else
                           (401, b"missing bearer token (Authorization: Bearer <token>)"))
-        body = b'{"detail":"%s; too many such requests from this address, retry in %d s"}' % (detail, wait)
-        headers = [(b"content-type", b"application/json"), (b"retry-after", str(wait).encode()),
-                   (b"content-length", str(len(body)).encode())]
+        address = str((scope.get("client") or ("", 0))[0])
+        wait = self.limiter.retry_after(address)
+        headers = [(b"content-type", b"application/json")]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        QUIET.set(True)  # this task's context: the access log line of this answer is dropped
+        if wait is None:
+            body = b'{"detail":"%s"}' % detail
+        else:
+            self._count(address)
+            body = b'{"detail":"%s; too many such requests from this address, retry in %d s"}' % (detail, wait)
+            headers.append((b"retry-after", str(wait).encode()))
+            QUIET.set(True)  # this task's context: the access log line of this answer is dropped
+        headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import queue
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from pydantic import ValidationError
 
@@ -114,9 +117,14 @@ class UnreadableJob(_Columns):
         return {**config, **job, **raw}
 
 
+POOL_SIZE = 8  # SQLite connections of one service: open files do not grow with threads
+
+
 class JobDB:
-    """The job records. Each thread (the event loop, the request pool, the scheduler) has its own
-    connection, so readers never wait for a writer (WAL) or for a Python lock held by another."""
+    """The job records, read and written through a pool of at most POOL_SIZE connections (WAL:
+    readers never wait for a writer). A thread borrows a connection for one statement or one
+    transaction and hands it back, so the open files stay bounded however many threads the
+    server's pools start and retire."""
 
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
@@ -127,35 +135,59 @@ class JobDB:
         for path in (self.path, self.path.with_name("jobs.sqlite-wal"), self.path.with_name("jobs.sqlite-shm")):
             if path.exists():  # those of an earlier version, made with the umask's mode
                 os.chmod(path, PRIVATE)
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        self._conn.executescript(_SCHEMA)
+        self._idle: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        self._opened = 0
+        self._open_lock = threading.Lock()
+        self._closed = False
+        with self._connection() as conn:
+            conn.executescript(_SCHEMA)
 
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    def close(self) -> None:
-        with self._all_lock:
-            for conn in self._all:
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """A connection of the pool for the block (one opened while fewer than POOL_SIZE are)."""
+        try:
+            conn = self._idle.get_nowait()
+        except queue.Empty:
+            with self._open_lock:
+                opening = self._opened < POOL_SIZE
+                self._opened += opening
+            conn = self._open() if opening else self._idle.get(timeout=60)
+        try:
+            yield conn
+        finally:
+            if self._closed:
                 conn.close()
-            self._all.clear()
-        self._local = threading.local()
+            else:
+                self._idle.put(conn)
+
+    def _execute(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """The rows of one statement, fetched before its connection goes back to the pool."""
+        with self._connection() as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def _changed(self, sql: str, args: tuple | list = ()) -> int:
+        with self._connection() as conn:
+            return conn.execute(sql, args).rowcount
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                break
 
     def files(self, job_id: str) -> JobFiles:
         return JobFiles(self.state_dir / "jobs" / job_id)
 
     def _entries(self, sql: str, args: tuple = ()) -> list[JobRecord | UnreadableJob]:
-        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args).fetchall()
+        rows = self._execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", args)
         records: list[JobRecord | UnreadableJob] = []
         for row in rows:
             try:
@@ -199,21 +231,21 @@ class JobDB:
 
     def count(self, state: str | None = None) -> int:
         if state is None:
-            return self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
-        return self._conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
+            return self._execute("SELECT COUNT(*) FROM jobs")[0][0]
+        return self._execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,))[0][0]
 
     def expired(self, finished_before: float, keep: int, spare: set[str] = frozenset()) -> list[str]:
         """Ids of the finished jobs to remove: those that finished before `finished_before`, then
         the oldest finished ones while more than `keep` records would stay. Jobs in `spare` (not
         tidied yet) stay; queued and running jobs always do."""
         marks = ", ".join("?" * len(FINISHED))
-        old = [row[0] for row in self._conn.execute(
+        old = [row[0] for row in self._execute(
             f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at < ? ORDER BY seq",
             (*FINISHED, finished_before))]
         old = [job_id for job_id in old if job_id not in spare]
         over = self.count() - len(old) - keep
         if over > 0:
-            newer = [row[0] for row in self._conn.execute(
+            newer = [row[0] for row in self._execute(
                 f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at >= ? ORDER BY seq LIMIT ?",
                 (*FINISHED, finished_before, over + len(spare)))]
             old += [job_id for job_id in newer if job_id not in spare][:over]
@@ -224,9 +256,9 @@ class JobDB:
         gone, marks = 0, ", ".join("?" * len(FINISHED))
         for start in range(0, len(job_ids), 500):
             chunk = job_ids[start:start + 500]
-            gone += self._conn.execute(
+            gone += self._changed(
                 f"DELETE FROM jobs WHERE id IN ({', '.join('?' * len(chunk))}) AND state IN ({marks})",
-                (*chunk, *FINISHED)).rowcount
+                (*chunk, *FINISHED))
         return gone
 
     def page(self, state: str | None, limit: int, before: int | None) -> list[JobRecord]:
@@ -251,23 +283,23 @@ class JobDB:
         created already `succeeded` (its images were in the store) is finished at once."""
         job_id = f"job-{secrets.token_hex(12)}"
         now = time.time()
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if max_queued is not None and state == "queued":
-                waiting = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
-                if waiting >= max_queued:
-                    conn.execute("ROLLBACK")
-                    return None
-            finished = now if state in ("succeeded", "failed", "cancelled") else None
-            conn.execute(
-                "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, started_at, "
-                "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, fingerprint, key, state, int(reused), plan.model_dump_json(), now, finished, finished))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        with self._connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if max_queued is not None and state == "queued":
+                    waiting = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
+                    if waiting >= max_queued:
+                        conn.execute("ROLLBACK")
+                        return None
+                finished = now if state in ("succeeded", "failed", "cancelled") else None
+                conn.execute(
+                    "INSERT INTO jobs (id, fingerprint, idempotency_key, state, reused, plan, created_at, "
+                    "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job_id, fingerprint, key, state, int(reused), plan.model_dump_json(), now, finished, finished))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         return self.get(job_id)
 
     def update(self, job_id: str, *, only_from: tuple[str, ...] | None = None, **values) -> bool:
@@ -279,7 +311,7 @@ class JobDB:
         if only_from:
             sql += f" AND state IN ({', '.join('?' * len(only_from))})"
             args += list(only_from)
-        return self._conn.execute(sql, args).rowcount == 1
+        return self._changed(sql, args) == 1
 
 
 def _why(exc: ValueError) -> str:

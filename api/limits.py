@@ -50,6 +50,9 @@ class RequestLimits(BaseSettings):
     student_depth: int = Field(8, **_AT_LEAST_1, description="student_kwargs.depth")
     eval_work: int = Field(10_000_000, **_AT_LEAST_1, description="images x epochs x seeds of one evaluation")
     soft_label_bytes: int = Field(2 * 1024**3, **_AT_LEAST_1, description="stored soft labels of one evaluation")
+    eval_backlog: int = Field(50_000_000, **_AT_LEAST_1,
+                              description="images x epochs x seeds of every evaluation queued or running at once "
+                                          "(the service's one token: all its clients together)")
     # The whole job.
     job_seconds: float = Field(4 * 3600, gt=0, description="wall-clock seconds of one job (then it fails)")
 

@@ -28,8 +28,24 @@ MAX_MSG = 300  # characters of one message
 
 
 def cut(text: str, limit: int = MAX_TEXT) -> str:
-    """`text` at most `limit` characters, marked when it was cut."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    """`text` at most `limit` characters, marked when it was cut, and always encodable as UTF-8:
+    what a client sent may hold lone surrogates (JSON's `\\ud800`), which are written escaped."""
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# The fields that name something the operator offers, and the list that names them.
+NAMED_IN = {"dataset": "GET /v1/datasets", "teacher": "GET /v1/teachers", "teachers": "GET /v1/teachers"}
+
+
+def _message(err: dict) -> str:
+    """The error's message; a name that is not one (a path, say) is told where the names are."""
+    if err.get("type") == "string_pattern_mismatch":
+        for part in err.get("loc", ()):
+            if part in NAMED_IN:
+                return (f"not a {part.rstrip('s')} name: name one of {NAMED_IN[part]} (the service reads only "
+                        f"what its operator offers, never a path)")
+    return str(err.get("msg", ""))
 
 
 def excerpt(value) -> str | int | float | bool | None:
@@ -59,7 +75,7 @@ def problems(errors: list[dict], total: int | None = None) -> dict:
     shown = []
     for err in errors[:MAX_ERRORS]:
         loc = [_loc_part(p) for p in tuple(err.get("loc", ()))[:MAX_LOC]]
-        item = {"loc": loc, "msg": cut(str(err.get("msg", "")), MAX_MSG), "type": cut(str(err.get("type", "")))}
+        item = {"loc": loc, "msg": cut(_message(err), MAX_MSG), "type": cut(str(err.get("type", "")))}
         if "input" in err and err.get("type") != "json_invalid":
             item["input"] = excerpt(err["input"])
         shown.append(item)

@@ -21,8 +21,9 @@ from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import StoreError, open_run
 
-from api.catalog import Catalog, UnknownName
+from api.catalog import Catalog, UnknownName, UnusableTeacher
 from api.config import ServiceSettings
+from api.errors import scrub
 from api.limits import OverLimit, check_evaluation, check_overrides, check_totals
 from api.models import CLASS_NAME_MAX, DistillationRequest
 
@@ -33,11 +34,12 @@ _FROM_CONFIG = frozenset(_TOP_LEVEL)
 
 
 class RequestInvalid(ValueError):
-    """A request the service refuses (422): `field` is where, the message says what."""
+    """A request the service refuses (422): `field` is where, the message says what, in one line
+    without the server's paths (`api.errors.scrub`), whatever the error it came from held."""
 
     def __init__(self, field: str | tuple, message: str):
         self.loc = ("body", *((field,) if isinstance(field, str) else field))
-        super().__init__(message)
+        super().__init__(scrub(message))
 
 
 class JobPlan(BaseModel):
@@ -101,6 +103,18 @@ class JobPlan(BaseModel):
     def classes_per_batch(self) -> int:
         return self.job.config.classes_per_batch or len(self.classes)
 
+    @property
+    def eval_work(self) -> int:
+        """The image-epochs its evaluation trains: images x epochs x seeds, for each set (the
+        job's, and with baselines the random real images and the starting patches); 0 without."""
+        if not self.evaluate or self.evaluation is None:
+            return 0
+        from fadrm_ray.evaluate import resolve_protocol
+
+        images = self.ipc * len(self.classes)
+        resolved = resolve_protocol(self.evaluation, images, self.ipc)
+        return (3 if self.baselines else 1) * images * resolved.epochs * len(resolved.seed_list)
+
     def fingerprint(self) -> str:
         """Same images and same evaluation -> same job."""
         key = {"run_id": self.run_id, "ipc": self.ipc, "classes": self.classes, "evaluate": self.evaluate,
@@ -133,7 +147,7 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
         try:
             teacher = catalog.teacher(name)
             check_teacher_fits(teacher.info, dataset)
-        except UnknownName as exc:
+        except (UnknownName, UnusableTeacher) as exc:
             raise RequestInvalid(where, str(exc)) from None
         except ModelError as exc:
             raise RequestInvalid(where, f"teacher {name!r} does not fit dataset {body.dataset!r}: {exc}") from None

@@ -14,10 +14,12 @@ import time
 from fastapi import HTTPException
 from pydantic import TypeAdapter
 
+from fadrm_ray.store.records import IntegrityError
+
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
 from api.drivers import DriverSupervisor
-from api.errors import clean_line
+from api.errors import clean_line, scrub
 from api.job_records import JobDB, JobRecord, UnreadableJob
 from api.models import FINAL_STATES, Job, JobAsked
 from api.outputs import progress
@@ -103,6 +105,7 @@ class Service:
         self.scheduler.start()
 
     def stop(self) -> None:
+        log.info("stopping: the scheduler and the Ray watch")
         self.ray_watch.stopping.set()
         self.scheduler.stopping.set()
         self.scheduler.join(timeout=30)
@@ -169,12 +172,23 @@ class Service:
         return job
 
     def build(self, job: JobRecord, path, writer):
-        """A job's file, written once (one writer at a time) and then served as it is."""
+        """A job's file, written once (one writer at a time) and then served as it is. Store files
+        that fail their manifest's check (changed after the job succeeded) are refused (409) in
+        one line, and the job's record says so."""
         lock = self.build_locks.setdefault(job.id, threading.Lock())
         with lock:
             if not path.is_file():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                writer(run_dir(self.settings, job.plan), job.plan, path)
+                try:
+                    writer(run_dir(self.settings, job.plan), job.plan, path)
+                except IntegrityError as exc:
+                    message = (f"the store files of job {job.id} failed verification (a file's sha256 differs from "
+                               f"what its run recorded: changed or damaged since it was written); nothing of them "
+                               f"is served; the operator mends them with `fadrm verify --run "
+                               f"STORE/{job.plan.run_id} --repair`")
+                    log.error("job %s: %s (%s)", job.id, message, scrub(str(exc)))
+                    self.db.update(job.id, error=message)
+                    raise Conflict(self.job(job.id), message) from None
         return path
 
 

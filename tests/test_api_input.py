@@ -25,10 +25,10 @@ _DROP = object()
 
 CASES = [
     ("unknown dataset", _with(dataset="cifar10"), "dataset", "unknown dataset 'cifar10'"),
-    ("dataset path", _with(dataset="../etc"), "dataset", "pattern"),
-    ("dataset spec", _with(dataset="imagefolder:/etc"), "dataset", "pattern"),
+    ("dataset path", _with(dataset="../etc"), "dataset", "name one of GET /v1/datasets"),
+    ("dataset spec", _with(dataset="imagefolder:/etc"), "dataset", "name one of GET /v1/datasets"),
     ("unknown teacher", _with(teacher="resnet-nope"), "teacher", "unknown teacher 'resnet-nope'"),
-    ("teacher path", _with(teacher="../../etc/passwd"), "teacher", "pattern"),
+    ("teacher path", _with(teacher="../../etc/passwd"), "teacher", "name one of GET /v1/teachers"),
     ("no teacher", _with(teacher=_DROP), "teacher", "exactly one of teacher"),
     ("class index", _with(classes=[3, 10]), "classes", "no class 10"),
     ("class name", _with(classes=["3", "cat"]), "classes", "no class named 'cat'"),

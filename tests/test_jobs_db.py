@@ -2,6 +2,7 @@
 what runs jobs, not an error, and the service still answers, lists and settles them; plans of a
 shape this version knows are read; the files between the service and its drivers are models."""
 import json
+import sqlite3
 import time
 
 from api.job_records import JobDB
@@ -9,8 +10,8 @@ from api.job_records import JobDB
 
 def test_a_record_with_an_old_plan_is_skipped(tmp_path):
     db = JobDB(tmp_path)
-    db._conn.execute("INSERT INTO jobs (id, fingerprint, state, plan, created_at) VALUES (?, ?, ?, ?, ?)",
-                     ("job-old", "f", "succeeded", json.dumps({"run_id": "fadrm-0", "config": {}}), time.time()))
+    _write(db, "INSERT INTO jobs (id, fingerprint, state, plan, created_at) VALUES (?, ?, ?, ?, ?)",
+           ("job-old", "f", "succeeded", json.dumps({"run_id": "fadrm-0", "config": {}}), time.time()))
     assert db.get("job-old") is None
     assert db.page(None, 10, None) == [] and db.in_state("succeeded") == []
     db.close()
@@ -31,10 +32,17 @@ def _service_settings(tmp_path):
                            teachers=tmp_path / "teachers", ray_address="127.0.0.1:1")
 
 
+def _write(db, sql: str, args: tuple) -> None:
+    """A row written as an earlier version would have written it: straight into the database."""
+    with sqlite3.connect(db.path, isolation_level=None) as conn:
+        conn.execute(sql, args)
+    conn.close()
+
+
 def _insert(db, job_id: str, state: str, plan: str, **columns) -> None:
     names = ["id", "fingerprint", "state", "plan", "created_at", *columns]
-    db._conn.execute(f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                     (job_id, "f", state, plan, time.time(), *columns.values()))
+    _write(db, f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+           (job_id, "f", state, plan, time.time(), *columns.values()))
 
 
 def test_a_service_upgraded_under_old_records_serves_lists_and_settles_them(tmp_path):

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from fadrm_ray.config import PRESETS, make_config
 
+from api.catalog import UnknownName, UnusableTeacher
 from api.models import DatasetInfo, TeacherInfo
 from api.routes.common import AUTH, ERRORS, ServiceDep
 
@@ -30,11 +31,10 @@ def datasets(service: ServiceDep) -> list[DatasetInfo]:
 @router.get("/v1/teachers")
 def teachers(service: ServiceDep) -> list[TeacherInfo]:
     out = []
-    for name in service.catalog.teacher_names():
+    for name in service.catalog.teacher_names():  # those that load (each file read once per version)
         try:
             info = service.catalog.teacher(name).info
-        except Exception as exc:  # not a readable fadrm checkpoint: not offered
-            log.warning("teacher %s: %s", name, exc)
+        except (UnknownName, UnusableTeacher):  # changed since it was listed
             continue
         accuracy = info.test_accuracy if info.test_accuracy == info.test_accuracy else None
         out.append(TeacherInfo(name=name, model=info.model_name, dataset=info.dataset, num_classes=info.num_classes,

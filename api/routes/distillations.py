@@ -54,6 +54,12 @@ def submit(body: DistillationRequest, service: ServiceDep,
             return _job_response(service.view(existing), 200)
         if not plan.evaluate and images_in_store(service.settings, plan):
             job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
+        elif (busy := sum(j.plan.eval_work for j in service.db.in_state("queued", "running"))) + plan.eval_work > \
+                (backlog := service.settings.limits.eval_backlog) and plan.eval_work:
+            return JSONResponse({"detail": f"the evaluations queued and running already train {busy} image-epochs; "
+                                           f"this one's {plan.eval_work} would pass the service's {backlog} "
+                                           f"(FADRM_MAX_EVAL_BACKLOG); retry later"},
+                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         else:
             job = service.db.create(key, plan, "queued", key=idempotency_key, max_queued=service.settings.max_queued)
     if job is None:
