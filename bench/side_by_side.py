@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from bench.decode import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 T_PUBLISHED = 2000
 # The engine's settings per contender; "fast" is the engine's own fast path on the device.
@@ -55,16 +56,6 @@ OURS = {"ours-eager-pack1": {"pack": 1, "compile": False},
         "ours-default": {"pack": "auto", "compile": False},
         "ours-fast-pack1": {"pack": 1, "fast": True},
         "ours-fast-auto": {"pack": "auto", "fast": True}}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def fast_overrides(device: str) -> dict:

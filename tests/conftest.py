@@ -90,3 +90,18 @@ def local_ray():
              object_store_memory=128 * 1024 * 1024)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def teacher_model():
+    """A small convnet-bn (10 classes, 8 px, grey) with non-trivial BatchNorm running statistics:
+    the teacher of the recover tests, one per module (they change its memory format)."""
+    from fadrm_ray.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
+    model.train()
+    with torch.no_grad():
+        for _ in range(10):
+            model(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
+    return model.eval()

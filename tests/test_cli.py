@@ -176,3 +176,21 @@ def test_every_bad_input_error_of_the_library_is_reported_in_one_line():
 
     for error in (ConfigError, DatasetError, EvaluationError, ModelError, StoreError):
         assert issubclass(error, USER_ERRORS), error
+
+
+def test_every_door_that_trains_students_names_the_device(capsys):
+    """`fadrm evaluate`, `fadrm train-student` and `fadrm tune` take --device (default: cuda where
+    torch sees a GPU), and a device torch cannot use is refused in one line before any work."""
+    from actors.cli import main as fadrm
+    from fadrm_ray.errors import InputError
+    from fadrm_ray.runtime import resolve_device
+
+    for command in ("evaluate", "train-student", "tune"):
+        assert fadrm([command, "--help"]) == 0
+        assert "--device" in capsys.readouterr().out, command
+    assert resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InputError, match="fadrm runs on cpu or cuda"):
+        resolve_device("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="torch sees no CUDA device"):
+            resolve_device("cuda")

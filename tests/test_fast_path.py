@@ -18,7 +18,6 @@ import torch
 import torchvision
 
 from fadrm_ray.config import DistillConfig
-from fadrm_ray.models import create_model
 from fadrm_ray.packing import fast_path
 from fadrm_ray.recover import FrozenTeacher, init_state, low_precision_dtype, recover, run_stage
 
@@ -26,16 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MEAN, STD = [0.3], [0.37]
 CLASSES = list(range(10))
-
-
-def small_teacher() -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
-    model.train()
-    with torch.no_grad():  # non-trivial running statistics
-        for _ in range(10):
-            model(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
-    return model.eval()
 
 
 def cfg_for(**kw) -> DistillConfig:
@@ -117,8 +106,8 @@ def test_the_fast_path_compiles_and_on_cuda_replays_graphs():
     assert cfg.identity() == DistillConfig().identity()  # speed settings: the same run
 
 
-def test_a_run_on_the_fast_path_equals_the_eager_run():
-    teacher = FrozenTeacher(small_teacher())
+def test_a_run_on_the_fast_path_equals_the_eager_run(teacher_model):
+    teacher = FrozenTeacher(teacher_model)
     p = patches(3)
     eager = recovered(cfg_for(), teacher, [0, 1, 2], p)
     fast = recovered(cfg_for(**fast_path("cpu")), teacher, [0, 1, 2], p)
@@ -128,8 +117,8 @@ def test_a_run_on_the_fast_path_equals_the_eager_run():
         assert f["ce"] == pytest.approx(e["ce"], rel=1e-4) and f["bn"] == pytest.approx(e["bn"], rel=1e-4)
 
 
-def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path():
-    teacher = FrozenTeacher(small_teacher())
+def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path(teacher_model):
+    teacher = FrozenTeacher(teacher_model)
     p = patches(3)
     cfg = cfg_for(**fast_path("cpu"))
     packed = recovered(cfg, teacher, [0, 1, 2], p)
@@ -138,8 +127,8 @@ def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path():
     assert not torch.allclose(packed.x[0:10], alone.x, atol=1e-2)  # the groups are different images
 
 
-def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(tmp_path):
-    model = small_teacher()
+def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(teacher_model, tmp_path):
+    model = teacher_model
     torch.save(model.state_dict(), tmp_path / "teacher.pt")
     cfg = cfg_for(**fast_path("cpu"))
     teacher = FrozenTeacher(model)

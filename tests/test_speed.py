@@ -25,17 +25,6 @@ CLASSES = list(range(10))
 pytestmark = pytest.mark.usefixtures("one_thread")  # results are repeatable for a fixed thread count
 
 
-@pytest.fixture(scope="module")
-def teacher_model():
-    torch.manual_seed(0)
-    model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
-    model.train()
-    with torch.no_grad():  # non-trivial running statistics
-        for _ in range(10):
-            model(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
-    return model.eval()
-
-
 def patches(g, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (g, 10, 1, 8, 8), dtype=torch.uint8, generator=gen)
