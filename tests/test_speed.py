@@ -257,3 +257,4 @@ def test_gpu_check_script_dry_run(tmp_path):
     sbs = result["side_by_side"]
     assert sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0 and set(sbs["profiles"]) >= {"ours-eager-pack1"}
     assert result["student_speed"]["runs"][0]["seconds_per_epoch"] > 0 and result["share"]["processes"] == 2
+    assert result["fast_vs_eager"]["fast fp32"]["grad_rel"] < 1e-3  # compiled equals eager to rounding
