@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from fadrm_ray.config import PRESETS
+from fadrm_ray.data.base import OWN_SPLIT
 from fadrm_ray.scores import Evaluation, Ranking
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
@@ -144,7 +145,7 @@ class DatasetInfo(BaseModel):
     channels: int
     train_size: int
     test_size: int
-    test_split: str = "the data's own"   # how its test split was made where the data brings none
+    test_split: str = OWN_SPLIT          # how its test split was made where the data brings none
 
 
 class TeacherInfo(BaseModel):

@@ -158,7 +158,6 @@ class OurLoop:
     def __init__(self, setup: dict, device: torch.device):
         import torchvision
 
-        from fadrm_ray.config import make_config
         from fadrm_ray.packing import pack_limit
         from fadrm_ray.recover import FrozenTeacher
         from fadrm_ray.runtime import tune_allocator
@@ -177,7 +176,6 @@ class OurLoop:
                      "bound": "clamp", "flip": True, "k": 3}
         probe = self.config(8, pack=self.overrides.get("pack", 1), ipc=1)
         self.pack = pack_limit(probe, len(self.classes), self.size, 3, [self.teacher], device)
-        self.make_config = make_config
 
     def config(self, steps: int, **extra):
         from fadrm_ray.config import make_config

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import os
 import sys
@@ -139,10 +140,9 @@ def _warn_incomplete(args, reader_complete: bool) -> None:
               f"using the units written so far", file=sys.stderr)
 
 
-def _say_split(dataset) -> None:
-    """One line on stderr where the project made the dataset's test split itself."""
-    if dataset.split_note is not None:
-        print(f"fadrm: note: {dataset.split_note}", file=sys.stderr)
+def _note(line: str) -> None:
+    """One line on stderr the user should read before trusting a figure (a split made here)."""
+    print(f"fadrm: note: {line}", file=sys.stderr)
 
 
 def _emit(args, payload: dict, human: str) -> None:
@@ -166,7 +166,8 @@ def cmd_squeeze(args) -> None:
     cfg = layered(SqueezeConfig, parse_overrides(args.set or [], SqueezeConfig),
                   flags={"model": args.model, "epochs": args.epochs, "seed": args.seed})
     dataset = get_dataset(args.dataset, root=args.data_root)
-    _say_split(dataset)
+    if dataset.split_note is not None:
+        _note(dataset.split_note)
     result = squeeze(dataset, cfg, out_dir=args.out, num_threads=args.threads, progress=not args.quiet)
     payload = {"teacher": str(result.path), "model": cfg.model, "dataset": dataset.name,
                "test_accuracy": result.test_accuracy, "train_seconds": result.train_seconds,
@@ -196,16 +197,19 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     # Everything the input decides is checked here, in this process, before any cluster starts:
     # the dataset, the classes and every setting against it, the teachers against the dataset.
     dataset = get_dataset(args.dataset, root=spec.data_root)
-    _say_split(dataset)
-    prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, device="cpu", data_root=spec.data_root)
-    if ray is None:
-        from fadrm_ray.run.execute import distill_local
+    if dataset.split_note is not None:
+        _note(dataset.split_note)
+    if ray is None:  # the job is built, and checked, once, then run here
+        from fadrm_ray.run.execute import LocalExecutor, run_job
         if spec.threads:
             import torch
             torch.set_num_threads(spec.threads)
-        result = distill_local(cfg, dataset, args.teacher, args.out, device=spec.device, progress=spec.progress,
-                              dataset_spec=args.dataset, data_root=spec.data_root)
-    else:
+        executor = LocalExecutor(spec.device, spec.progress)
+        job, parts = prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, executor.device,
+                                 data_root=spec.data_root)
+        result = run_job(job, executor, parts)
+    else:  # checked here; the Ray door builds the job again for its workers' device type
+        prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, device="cpu", data_root=spec.data_root)
         result = ray(cfg, args.dataset, args.teacher, args.out, spec, dataset=dataset)
     from fadrm_ray.runtime import process_info
 
@@ -286,6 +290,7 @@ def cmd_evaluate(args) -> None:
     from fadrm_ray.eval_job import EvalJob
     from fadrm_ray.evaluate import evaluate_run
     from fadrm_ray.report import write_report
+    from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
     from fadrm_ray.settings import EvalConfig, layered
 
@@ -314,9 +319,8 @@ def cmd_evaluate(args) -> None:
         result = evaluate_run(args.run, job, parts)
     report = write_report(args.run, evaluation=result, incomplete=args.incomplete)
     made = (reader.provenance.get("dataset") or {}).get("test_split")
-    if made and made != "the data's own":
-        print(f"fadrm: note: the run's dataset has no test split of its own: its test images were {made}",
-              file=sys.stderr)
+    if made and made != OWN_SPLIT:
+        _note(f"the run's dataset has no test split of its own: its test images were {made}")
     per_seed = ", ".join(f"{v:.2f}" for v in result.top1_per_seed)
     tested = "" if result.classes is None else f", tested on its {len(result.classes)} classes ({result.test_size} images)"
     lines = [f"student {result.student} on {args.run}: top-1 {result.top1_mean:.2f} "
@@ -453,7 +457,7 @@ def cmd_import_teacher(args) -> None:
                               accept_chance=args.accept_chance, device=args.device, data_root=args.data_root)
     result = import_teacher(settings)
     if result.split_note is not None:
-        print(f"fadrm: note: {result.split_note}", file=sys.stderr)
+        _note(result.split_note)
     record = result.record
     trained = "" if record.trained_size is None else f"; the weights were trained at {record.trained_size} px"
     warn = ""
@@ -488,11 +492,13 @@ def cmd_train_student(args) -> None:
         raise CLIError("--seed trains one student with that seed, --seeds N the recipe's first N: give one of them")
     if args.seeds is not None and args.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {args.seeds}")
-    # One student unless more are asked for: the recipe lists the seeds its report averaged.
-    seeds = [args.seed] if args.seed is not None else recipe.seed_list[:args.seeds or 1]
-    if args.seeds is not None and args.seeds > len(recipe.seed_list):
-        seeds = recipe.seed_list + list(range(max(recipe.seed_list) + 1, max(recipe.seed_list) + 1 + args.seeds
-                                              - len(recipe.seed_list)))
+    # One student unless more are asked for: the recipe's seeds first (those its report averaged),
+    # then the next integers.
+    if args.seed is not None:
+        seeds = [args.seed]
+    else:
+        more = itertools.count(max(recipe.seed_list) + 1)
+        seeds = list(itertools.islice(itertools.chain(recipe.seed_list, more), args.seeds or 1))
     recipe = recipe.model_copy(update={"seeds": seeds})
     job = EvalJob(config=recipe, teachers=args.teacher or [], dataset=args.test, device=resolve_device(args.device),
                   threads=args.threads, progress=not args.quiet)
@@ -513,6 +519,8 @@ def cmd_train_student(args) -> None:
 # --------------------------------------------------------------------------- parser
 STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
                        "torch sees a GPU); on CUDA in mixed precision, channels-last")
+
+
 def build_parser(ray_distill: "RayDistill | None" = None,
                  commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     from fadrm_ray.config import PRESETS

@@ -239,8 +239,8 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
 
 def student_precision(device: torch.device):
     """How students compute: on CUDA under autocast (bf16 where the GPU has it, else fp16 with a
-    gradient scaler) with channels-last activations; on a CPU in fp32, as the recorded results
-    were trained. Returns (autocast context factory, GradScaler or None)."""
+    gradient scaler); on a CPU in fp32, as the recorded results were trained. Returns (autocast
+    context factory, GradScaler or None)."""
     if device.type != "cuda":
         return contextlib.nullcontext, None
     return mixed_precision("bf16" if torch.cuda.is_bf16_supported() else "fp16", device)

@@ -201,6 +201,11 @@ def full_data_config(cfg: EvalConfig, num_images: int) -> EvalConfig:
                                   "seeds": [0]})
 
 
+# Where the full-data figure comes from when the reference student was over its step budget.
+TEACHERS_RECORD = ("the teacher's recorded test top-1 (trained on the whole split; the reference student was over "
+                   "the step budget)")
+
+
 class FullReference(NamedTuple):
     top1: float
     source: str  # what the figure is: a full-data student (kept where), or the teachers' record
@@ -238,8 +243,7 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
         if not usable:
             raise ValueError(f"{over}, and no teacher records a test top-1 to stand in for it")
         note(f"{over}: the teacher's recorded test top-1 ({max(usable):.2f}%) stands in for it")
-        return FullReference(max(usable), "the teacher's recorded test top-1 (trained on the whole split; the "
-                                          "reference student was over the step budget)")
+        return FullReference(max(usable), TEACHERS_RECORD)
     note(f"DD-Ranking's full-data reference: {what} for {full.epochs} epochs ({steps:,} steps of "
          f"{full.batch_size}), once for this data, kept in {path.parent}; --no-ranking skips it")
     job = EvalJob(config=full, device=device, progress=progress)
@@ -342,7 +346,7 @@ def hard_label_line(ranking: Ranking, soft_top1: float) -> str | None:
                 f"above: the images need the teacher's soft labels (`fadrm export --with-teacher` or "
                 f"`--soft-labels` ships them)")
     return (f"the images with their hard labels only: {hard}, {gap:.2f} points at or above the soft-label top-1 "
-            f"above: these images teach as well without the teacher")
+            f"above: these images teach at least as well without the teacher")
 
 
 def ranking_text(ranking: Ranking) -> str:
@@ -350,8 +354,7 @@ def ranking_text(ranking: Ranking) -> str:
     scores that were measured."""
     parts = []
     if ranking.hlr is not None:
-        against = "the teacher's recorded top-1" if (ranking.full_source or "").startswith("the teacher") else \
-            "full data, hard labels"
+        against = "the teacher's recorded top-1" if ranking.full_source == TEACHERS_RECORD else "full data, hard labels"
         parts.append(f"HLR {ranking.hlr:.2f} ({against}: {ranking.full_hard_top1:.2f}%)")
     if ranking.ior is not None:
         parts.append(f"IOR {ranking.ior:+.2f}")

@@ -190,12 +190,6 @@ def _timm_meta(arch: str) -> dict:
             "meta_from": f"timm's pretrained config of {cfg.architecture}" + (f".{cfg.tag}" if cfg.tag else "")}
 
 
-def _timm_default_normalization(arch: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """The mean/std of timm's default config for `arch` (what its training scripts use), if any."""
-    meta = _timm_meta(arch)
-    return (meta["mean"], meta["std"]) if meta else None
-
-
 def _timm_weights(arch: str, source: str) -> _Weights:
     import timm
 
@@ -299,9 +293,9 @@ def normalization_candidates(model: str, dataset: ImageDataset) -> list[tuple[st
     out = []
     if sep and prefix in ("torchvision", "timm"):
         out.append(("ImageNet's mean/std", IMAGENET_MEAN, IMAGENET_STD))
-        timm_default = _timm_default_normalization(arch) if prefix == "timm" else None
-        if timm_default is not None and tuple(map(tuple, timm_default)) != (IMAGENET_MEAN, IMAGENET_STD):
-            out.append((f"timm's default config for {arch}", *timm_default))
+        timm_default = _timm_meta(arch) if prefix == "timm" else {}  # what timm's training scripts use
+        if timm_default and (timm_default["mean"], timm_default["std"]) != (IMAGENET_MEAN, IMAGENET_STD):
+            out.append((f"timm's default config for {arch}", timm_default["mean"], timm_default["std"]))
     out.append((f"the dataset's own statistics ({dataset.name})", tuple(dataset.mean), tuple(dataset.std)))
     return out
 

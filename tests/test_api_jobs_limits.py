@@ -193,8 +193,11 @@ def test_a_cancelled_evaluation_leaves_no_soft_labels_and_the_run_still_verifies
         assert http.delete(f"/v1/distillations/{job_id}").json()["state"] == "cancelled"
         job = wait_state(http, job_id)
         _agreeing_outcome(service, job)
-        wait_for(lambda: not _files_under(labels), timeout=60, interval=0.3)
-        assert not (_job_files(service, job_id) / "soft-labels-before.json").exists()
+        # The supervisor removes the labels first, then the snapshot that lists them (so that a
+        # stop in between still knows what to remove): wait for both.
+        snapshot = _job_files(service, job_id) / "soft-labels-before.json"
+        wait_for(lambda: not _files_under(labels) and not snapshot.exists(), timeout=60, interval=0.3)
+        assert not snapshot.exists()
         _still_answers_after_the_end(http, job)
     verified = subprocess.run([sys.executable, "-m", "actors.cli", "verify", "--run", str(run_dir), "--json"],
                               capture_output=True, text=True, timeout=300, env=service.env)

@@ -21,6 +21,10 @@ class DatasetError(InputError):
     """A dataset could not be found, read or understood."""
 
 
+# What a dataset's record says of a test split it brings itself (describe()['test_split']).
+OWN_SPLIT = "the data's own"
+
+
 @dataclass
 class Split:
     """One split: labels for every image, and a loader that returns images by index.
@@ -132,7 +136,7 @@ class ImageDataset:
             "test_size": len(self.test),
             "hflip": self.hflip,
             "fingerprint": self.fingerprint(),
-            "test_split": self.info.get("test_split") or "the data's own",
+            "test_split": self.info.get("test_split") or OWN_SPLIT,
         }
 
 

@@ -15,8 +15,15 @@ from .parallel import prefetch
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2
-# What a dataset records (`ImageDataset.info["test_split"]`) when its test split is made here.
+# A layout whose test split is made here says SPLIT_LAYOUT; the dataset then records MADE_SPLIT
+# (`ImageDataset.info["test_split"]`, through `made_split`).
+SPLIT_LAYOUT = "80/20 split"
 MADE_SPLIT = f"held out per class by a fixed stratified split ({TEST_FRACTION:.0%} of each class)"
+
+
+def made_split(layout: str) -> str | None:
+    """What a dataset of `layout` records of its test split: MADE_SPLIT where it was made here."""
+    return MADE_SPLIT if SPLIT_LAYOUT in layout else None
 
 
 def stratified_split(labels: torch.Tensor, test_fraction: float = TEST_FRACTION,

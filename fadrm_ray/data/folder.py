@@ -21,7 +21,7 @@ import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import MADE_SPLIT, all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .common import SPLIT_LAYOUT, all_grey, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, stratified_split
 from .imagenet_val import SOLUTION_CSV, find_solution, label_flat_files
 from .listing import FolderListing, SplitListing, load_listing, save_listing, settled, stat_key
 from .parallel import parallel_map
@@ -221,14 +221,14 @@ def _layout(tree: _Tree) -> tuple[str, list[str], tuple, tuple | None]:
         classes = _class_dirs(root)
         if not classes:
             raise DatasetError(f"no class folders in {root} (expected PATH/<class>/*.png or PATH/train/<class>/...)")
-        return "flat (80/20 split)", classes, _walk_split(tree, "", classes, strict=True), None
+        return f"flat ({SPLIT_LAYOUT})", classes, _walk_split(tree, "", classes, strict=True), None
     classes = _class_dirs(train_dir)
     if not classes:
         raise DatasetError(f"no class folders in {train_dir}")
     train = _walk_split(tree, "train", classes, strict=True)
     test_dir = _test_dir(root)
     if test_dir is None:
-        return "train (80/20 split)", classes, train, None
+        return f"train ({SPLIT_LAYOUT})", classes, train, None
     held_out = _class_dirs(test_dir)
     extra = sorted(set(held_out) - set(classes))
     if extra:
@@ -312,7 +312,7 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
                         channels=listing.channels, mean=mean, std=std, train=train, test=test, hflip=True,
                         info={"source": "imagefolder", "path": str(root.resolve()), "layout": listing.layout,
                               "stats_images": used, "listing": listing.source,
-                              "test_split": MADE_SPLIT if "80/20 split" in listing.layout else None})
+                              "test_split": made_split(listing.layout)})
 
 
 def _refuse_a_split_folder(root: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import MADE_SPLIT, all_grey, decode_bytes, hash_parts, resize_uint8, sample_stats, stratified_split
+from .common import SPLIT_LAYOUT, all_grey, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, stratified_split
 from .parallel import parallel_map
 
 DEFAULT_SIZE = 224
@@ -234,7 +234,7 @@ def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
             raise DatasetError(f"no labelled images in {root}")
         tr, te = stratified_split(torch.as_tensor(pool.labels, dtype=torch.int64))
         train_rows, test_rows = pool.take(tr.tolist()), pool.take(te.tolist())
-        layout = "80/20 split"
+        layout = SPLIT_LAYOUT
     if not train_rows.labels:
         raise DatasetError(f"no training images in {root}")
 
@@ -264,4 +264,4 @@ def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
                         hflip=True if hflip is None else hflip,
                         info={"source": "parquet", "path": str(root.resolve()), "files": len(files),
                               "layout": layout, "stats_images": used,
-                              "test_split": MADE_SPLIT if layout == "80/20 split" else None})
+                              "test_split": made_split(layout)})
