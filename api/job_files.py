@@ -6,9 +6,9 @@ written yet).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -25,7 +25,6 @@ class Outcome(BaseModel):
     model_config = ConfigDict(extra="ignore")
     state: str
     error: str | None = None
-    result: dict[str, Any] | None = None  # the run's result (`DistillResult.to_dict`) when it succeeded
     pid: int | None = None
     seconds: float | None = None
 
@@ -68,7 +67,6 @@ class JobFiles:
     """The folder of one job: `STATE/jobs/<id>/`."""
 
     root: Path
-    paths: dict = field(default_factory=dict)
 
     @property
     def plan(self) -> Path:

@@ -198,6 +198,11 @@ class EvaluationReported(BaseModel):
 class Report(BaseModel):
     run_id: str
     ipc: int
+    recipe: str = Field("", description="the recipe the set's recover settings came from (config.RECIPES)")
+    pilot: str | None = Field(None, description="the pilot that chose the recipe on this data, in one line, or "
+                                                "why none was measured where one was due")
+    warnings: list[str] = Field([], description="one line each: the pilot found no recipe level with random "
+                                                "real images")
     losses: dict[str, Any]
     evaluation: EvaluationReported | None = None
 

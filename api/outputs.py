@@ -126,7 +126,8 @@ def write_dataset(run_dir: Path, plan: "JobPlan", out: Path, job_id: str, evalua
 
     about = {"run_id": plan.run_id, "dataset": plan.dataset, "teachers": plan.teachers, "ipc": plan.ipc,
              "classes": plan.classes, "class_names": plan.class_names, "preset": plan.preset, "seed": plan.seed,
-             "labels": dataset_labels(plan, job_id, evaluation_file).model_dump(mode="json")}
+             "labels": dataset_labels(plan, job_id, evaluation_file).model_dump(mode="json"),
+             "recipe": plan.job.config.recipe, "pilot": plan.recipe_notes[0], "warnings": plan.recipe_notes[1]}
     return private_write(out, parquet_bytes(open_run(run_dir, ipc=plan.ipc), plan.classes, about))
 
 
@@ -276,7 +277,9 @@ def report(run_dir: Path, plan: "JobPlan", evaluation_file: Path) -> dict:
         from fadrm_ray.scores import Evaluation
 
         evaluation = EvaluationReported.of(Evaluation.model_validate_json(evaluation_file.read_text()))
-    return {"run_id": plan.run_id, "ipc": plan.ipc, "losses": losses, "evaluation": evaluation}
+    pilot, warnings = plan.recipe_notes
+    return {"run_id": plan.run_id, "ipc": plan.ipc, "recipe": plan.job.config.recipe, "pilot": pilot,
+            "warnings": warnings, "losses": losses, "evaluation": evaluation}
 
 
 def finite(value) -> float | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from fadrm_ray.config import ConfigError, make_config
+from fadrm_ray.pilot_record import pilot_reason
 from fadrm_ray.run.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.settings import EvalConfig
@@ -57,6 +58,9 @@ class JobPlan(BaseModel):
     baselines: bool = False
     job: DistillJob
     evaluation: EvalConfig | None = None
+    # Set where the recipe is left to `auto` on colour data no one measured and the store holds
+    # no pilot for it: the recipe is then the image size's, unmeasured here (pilot_record.py).
+    pilot_note: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +118,15 @@ class JobPlan(BaseModel):
         images = self.ipc * len(self.classes)
         resolved = resolve_protocol(self.evaluation, images, self.ipc)
         return (3 if self.baselines else 1) * images * resolved.epochs * len(resolved.seed_list)
+
+    @property
+    def recipe_notes(self) -> tuple[str | None, list[str]]:
+        """The pilot behind the recipe in one line (or why there was none, where one was due),
+        and the warnings: the pilot's choice below random real images."""
+        pilot = self.job.pilot
+        if pilot is None:
+            return self.pilot_note, []
+        return pilot.summary(), [pilot.below_random] if pilot.below_random is not None else []
 
     def fingerprint(self) -> str:
         """Same images and same evaluation -> same job."""
@@ -182,9 +195,14 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
     except ConfigError as exc:
         raise RequestInvalid(("evaluation", *(exc.loc or ("__root__",))), f"evaluation: {exc}") from None
     _check_totals(job, evaluation, images, body.ipc, limits, sets=3 if body.baselines else 1)
+    note = None
+    if job.pilot is None and pilot_reason(cfg, dataset) is None:
+        note = (f"no pilot has measured the recipes on {body.dataset} with these teachers at IPC {body.ipc}: the "
+                f"recipe is the image size's ({job.config.recipe}), unmeasured on this data; a `fadrm distill` of "
+                f"this dataset, teachers and IPC into the service's store measures one, which later requests take")
     return JobPlan(job=job, dataset=body.dataset, teachers=[t.name for t in teachers],
                    class_names=[str(dataset.class_names[c]) for c in classes], evaluate=body.evaluate,
-                   baselines=body.baselines, evaluation=evaluation)
+                   baselines=body.baselines, evaluation=evaluation, pilot_note=note)
 
 
 def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits,

@@ -113,7 +113,7 @@ def run(files: JobFiles) -> Outcome:
     plan, spec = given.plan, given.execution
     with torch_threads(spec.threads), ray_session(spec.address):
         result = run_on_ray(plan.job, spec)
-        outcome = Outcome(state="succeeded", result=result.to_dict())
+        outcome = Outcome(state="succeeded")
         if plan.evaluate:
             from actors.evaluation import evaluate_on_ray
             from fadrm_ray.eval_job import EvalJob

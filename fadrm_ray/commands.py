@@ -32,6 +32,7 @@ from fadrm_ray.runtime import ensure_process_env, torch_threads
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
+    from fadrm_ray.pilot_record import PilotRecord
     from fadrm_ray.run.execute import DistillResult
     from fadrm_ray.run.job import ExecutionSpec
 
@@ -199,11 +200,14 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     dataset = get_dataset(args.dataset, root=spec.data_root)
     if dataset.split_note is not None:
         _note(dataset.split_note)
+    if spec.threads:
+        import torch
+        torch.set_num_threads(spec.threads)
+    # The settings against the data first (classes, sizes), so that no pilot runs for a refused run.
+    cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, channels=dataset.channels)
+    pilot = _pilot(args, cfg, dataset, spec)
     if ray is None:  # the job is built, and checked, once, then run here
         from fadrm_ray.run.execute import LocalExecutor, run_job
-        if spec.threads:
-            import torch
-            torch.set_num_threads(spec.threads)
         executor = LocalExecutor(spec.device, spec.progress)
         job, parts = prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, executor.device,
                                  data_root=spec.data_root)
@@ -219,10 +223,28 @@ def cmd_distill(args, ray_distill: "RayDistill | None" = None) -> None:
     taken = [name for name in RECIPE_FIELDS if getattr(cfg, name) == "auto"]
     recipe += f"; it gave {', '.join(taken)}" if taken else "; every value it sets was given explicitly"
     payload = {**result.to_dict(), "recipe": recipe, "process": process_info()}
-    _emit(args, payload, f"distilled {result.images} images ({len(result.units_run)} units run, "
-                         f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s\n"
-                         f"recipe: {recipe}\n"
-                         f"run: {result.run_dir} (read it at this IPC with --ipc {result.ipc})")
+    lines = [f"distilled {result.images} images ({len(result.units_run)} units run, "
+             f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s", f"recipe: {recipe}"]
+    if pilot is not None:
+        payload["pilot"] = {"summary": pilot.summary(), "below_random": pilot.below_random,
+                            "record": pilot.model_dump(mode="json")}
+        lines.append(pilot.summary())
+        if pilot.below_random is not None:
+            lines.append(f"warning: {pilot.below_random}")
+    lines.append(f"run: {result.run_dir} (read it at this IPC with --ipc {result.ipc})")
+    _emit(args, payload, "\n".join(lines))
+
+
+def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
+    """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
+    left to `auto` on colour data no one measured; None otherwise."""
+    from fadrm_ray.config import parse_overrides
+    from fadrm_ray.pilot import ensure_pilot
+    from fadrm_ray.settings import PilotConfig, layered
+
+    settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig))
+    return ensure_pilot(cfg, dataset, args.teacher, args.out, settings, device=spec.device if spec.local else None,
+                        on_line=_note)
 
 
 def run_recipe(reader) -> str:
@@ -234,6 +256,14 @@ def run_recipe(reader) -> str:
     size, channels = data.get("image_size"), data.get("channels")
     known = isinstance(size, int) and isinstance(channels, int)
     return recipe_reason(str(reader.config.get("recipe", "")), size if known else None, channels if known else 1)
+
+
+def run_pilot(reader) -> "PilotRecord | None":
+    """The pilot whose choice the run's recipe is, as its provenance records it; None when none was."""
+    from fadrm_ray.pilot_record import PilotRecord
+
+    recorded = reader.provenance.get("pilot")
+    return None if recorded is None else PilotRecord.model_validate(recorded)
 
 
 def cmd_export(args) -> None:
@@ -357,6 +387,11 @@ def cmd_info(args) -> None:
     # The spec `fadrm evaluate` and `fadrm verify --repair` reopen it by (older runs record a name only).
     info["dataset"] = {"spec": data.get("spec") or data.get("name"), "fingerprint": data.get("fingerprint")}
     info["recipe"] = run_recipe(reader)
+    pilot = run_pilot(reader)
+    if pilot is not None:
+        info["pilot"] = pilot.summary()
+        if pilot.below_random is not None:
+            info["pilot_warning"] = pilot.below_random
     if reader.config.get("committee") == "prior":  # CV-DD: each teacher's say in every step
         from fadrm_ray.committee import committee_weights
         priors = [t.get("test_accuracy") for t in info["teachers"]]
@@ -390,7 +425,7 @@ def cmd_verify(args) -> None:
         check_output_dir(args.run, "--run")
         _check_teachers(args.teacher or [])
         with torch_threads(args.threads):
-            outcome = repair_run(args.run, dataset=args.dataset, teachers=args.teacher, device=args.device,
+            outcome = repair_run(args.run, dataset=args.dataset, teacher_copies=args.teacher, device=args.device,
                                  progress=not args.quiet)
         check, repaired = outcome["after"], outcome["repaired"]
     else:
@@ -611,6 +646,9 @@ def build_parser(ray_distill: "RayDistill | None" = None,
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one DistillConfig value, e.g. alpha=0.6 (repeatable); every key is listed in "
                         "docs/architecture.md#configuration, and a wrong key's error lists them all")
+    p.add_argument("--pilot-set", action="append", metavar="KEY=VALUE",
+                   help="one setting of the pilot that picks `auto`'s recipe on colour data no one measured, "
+                        "e.g. seeds=5 (repeatable; settings.PilotConfig, docs/method.md section 7b)")
     p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
     p.add_argument("--data-root", default=None, help="where downloadable datasets (cifar10, cifar100) live")
     p.set_defaults(func=functools.partial(cmd_distill, ray_distill=ray_distill))

@@ -100,7 +100,23 @@ RECIPES: dict[str, Recipe] = {
                     "was level with random real images and with small-grey (docs/benchmarks/accuracy.md)"),
     "tiny-imagenet": Recipe(_RELEASED, "the released FADRM scripts' Tiny-ImageNet recipe (64 px; no MRO)"),
     "imagenet": Recipe(_RELEASED, "the released FADRM scripts' ImageNet recipe (224 px; MRO 200/224)"),
+    # The pilot's other candidates on colour data no one measured (fadrm_ray/pilot.py), each one
+    # step away from the released recipe along what the evidence says matters: who picks the
+    # starting images, whole images or crops, and how far and how long recovery moves them.
+    "crops-random": Recipe({**_RELEASED, "patch_selection": "random"},
+                           "the released recipe with its crops drawn at random instead of picked by the teacher"),
+    "whole": Recipe({**_RELEASED, "lr": 0.05, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
+                     "patch_selection": "grouped", "iterations": 1000},
+                    "whole images picked by the teacher (`grouped`), a smaller step (lr 0.05), views of at least half "
+                    "the image, T = 1000"),
+    "gentle": Recipe({"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
+                      "bound": "sigmoid", "iterations": 300, "patch_selection": "whole"},
+                     "a gentle recovery from random whole images (lr 0.01, T = 300, the sigmoid bound): it starts "
+                     "from random real images and stays near them"),
 }
+# What the pilot tries on colour data no one measured, beside random real images; the released
+# recipe of the images' size family (`auto_recipe`) is always the first.
+PILOT_CANDIDATES = ("crops-random", "whole", "gentle")
 SMALL_IMAGE = 64     # below it: small-grey for one channel, cifar for more
 LARGE_IMAGE = 128    # from it: imagenet (MRO and jitter 32 start here too)
 
@@ -127,9 +143,12 @@ def recipe_reason(name: str, image_size: int | None = None, channels: int = 1) -
 
 def recipe_to_try(name: str, image_size: int, channels: int) -> str:
     """What to try when a run of recipe `name` on `channels`-channel `image_size`-px images trains
-    worse students than random real images: the other measured recipe for small images, else a
-    sweep (tune/)."""
+    worse students than random real images: on colour images the gentle recipe (the whole one
+    after it), on small grey ones the other measured recipe, and a sweep (tune/)."""
     sweep = "`fadrm tune` over lr, iterations, crop_scale_min and patch_selection"
+    if channels > 1:  # the pilot's grid: on colour data where crops lose, the gentle recipe did not
+        other = "whole" if name == "gentle" else "gentle"
+        return f"try recipe {other} (`--set recipe={other}`, or overrides.recipe), or {sweep}"
     if image_size < SMALL_IMAGE:
         other = "cifar" if name == "small-grey" else "small-grey"
         return f"try recipe {other} (`--set recipe={other}`, or overrides.recipe), or {sweep}"

@@ -338,9 +338,11 @@ def run_teacher_paths(provenance: dict) -> list[dict]:
 
 
 # What a message about the run's data or teachers suggests: the argument of the library
-# functions, and the option of `fadrm evaluate` and `fadrm verify` (--repair) that sets it.
+# functions, and the option of `fadrm evaluate` and `fadrm verify` (--repair) that sets it. The
+# run's own teachers where they are now are `teacher_copies` (EvalJob, repair_run), checked by
+# sha256 against the run's; `EvalJob.teachers` would replace them unchecked.
 GIVE_DATASET = "dataset=... (--dataset SPEC)"
-GIVE_TEACHERS = "teachers=[...] (--teacher PATH)"
+GIVE_TEACHERS = "teacher_copies=[...] (--teacher PATH)"
 
 
 def _check_teacher_file(entry: dict) -> str:

@@ -284,9 +284,6 @@ class TeacherInfo:
         return cls(**d)
 
 
-file_sha256 = sha256_file
-
-
 def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *, replace: bool = True) -> str:
     """Write the checkpoint atomically (temp file + os.replace); returns its sha256.
 
@@ -313,7 +310,7 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *
             atomic_create_bytes(path, buf.getvalue())
         except FileExistsError:
             raise OutputError(f"teacher checkpoint {path} already exists; choose another folder or remove it") from None
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     info.sha256 = digest
     info.path = str(path)
     return digest

@@ -44,12 +44,13 @@ def _provenance(layout: RunLayout) -> dict:
 
 
 def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None = None,
-               teachers: Sequence[str | Path] | None = None, device: str | None = None,
+               teacher_copies: Sequence[str | Path] | None = None, device: str | None = None,
                progress: bool = True) -> dict:
     """Verify the run, recompute every unit that fails (and any not yet written), verify again.
 
-    `dataset` and `teachers` say where the run's data and teachers are now, when not where the
-    run records them (`evaluate.run_dataset`, `evaluate.run_teachers`). Returns {"repaired":
+    `dataset` and `teacher_copies` say where the run's data and teachers are now, when not where
+    the run records them (`evaluate.run_dataset`, `evaluate.run_teachers`: each checked against
+    the fingerprint or sha256 the run records). Returns {"repaired":
     unit ids computed, "before": the first check, "after": the last}. StoreError or
     EvaluationError, with nothing changed, when the run's config, data or teachers cannot be
     found or would not make this run.
@@ -59,7 +60,7 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     if before["complete"] and not before["bad_units"]:
         return {"repaired": [], "before": before, "after": before}
     prov = _provenance(layout)
-    if not prov and (dataset is None or not teachers):
+    if not prov and (dataset is None or not teacher_copies):
         raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
                          f"name them: {GIVE_DATASET} and {GIVE_TEACHERS}")
     saved = read_config(layout) or prov.get("config")
@@ -69,7 +70,7 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     cfg = DistillConfig.from_dict(saved)
     recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
     dataset = run_dataset(recorded, dataset)
-    teacher_paths = run_teachers(recorded, teachers)
+    teacher_paths = run_teachers(recorded, teacher_copies)
     executor = LocalExecutor(resolve_device(device), progress)
     # By its name, which build_job records as the spec that reopens it from where it is now.
     job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, layout.run_dir.parent, executor.device)

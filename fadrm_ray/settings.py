@@ -274,3 +274,20 @@ class SqueezeConfig(Settings):
     label_smoothing: float = Field(0.1, strict=True, ge=0, le=1)
     cutmix_prob: float = Field(0.5, strict=True, ge=0, le=1)
     seed: Index = 0
+
+
+class PilotConfig(Settings):
+    """How the pilot measures the candidate recipes on data no one measured (pilot.py): a sample
+    of classes, a few images per class, each candidate's recover budget cut to a share, short
+    students with paired seeds, beside random real images. Bounded: it may always spend
+    `free_seconds`; above that, at most `max_share` of the run's estimated recover time, scaled
+    down to fit (never below `min_scale` of these sizes; below it, it is skipped and says so)."""
+
+    classes: Count = 10                  # classes sampled (every class of smaller datasets)
+    ipc: Count = 10                      # images per class: the run's IPC where it is smaller
+    recover_share: Fraction = 0.25       # each candidate's T, as a share of its recipe's
+    student_steps: Count = 1000          # optimizer steps of each pilot student
+    seeds: Annotated[int, Field(strict=True, ge=2, le=10)] = 3  # paired student seeds
+    free_seconds: float = Field(600.0, strict=True, ge=0)        # spent whatever the run's size
+    max_share: Fraction = 0.1            # of the run's estimated recover time, above free_seconds
+    min_scale: Fraction = 0.25           # the smallest scaling of the sizes above before skipping

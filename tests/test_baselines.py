@@ -162,10 +162,13 @@ def test_below_random_speaks_only_when_the_set_is_clearly_below():
     clear = PairedGain(mean=-6.0, stderr=1.0, higher=0, seeds=3)
     line = below_random(clear, "cifar", 32, 3)
     assert line == ("this set is clearly below random real images of the same size (-6.00 ± 1.00 s.e., higher on "
-                    "0 of 3 seeds); try recipe small-grey (`--set recipe=small-grey`, or overrides.recipe), or "
+                    "0 of 3 seeds); try recipe gentle (`--set recipe=gentle`, or overrides.recipe), or "
                     "`fadrm tune` over lr, iterations, crop_scale_min and patch_selection")
     assert "try recipe cifar" in below_random(clear, "small-grey", 28, 1)
-    assert below_random(clear, "imagenet", 224, 3).endswith("; try `fadrm tune` over lr, iterations, "
+    assert "try recipe small-grey" in below_random(clear, "cifar", 28, 1)
+    assert "try recipe whole" in below_random(clear, "gentle", 32, 3)
+    assert "try recipe gentle" in below_random(clear, "imagenet", 224, 3)
+    assert below_random(clear, "imagenet", 224, 1).endswith("; try `fadrm tune` over lr, iterations, "
                                                             "crop_scale_min and patch_selection")
     assert below_random(PairedGain(mean=-1.5, stderr=1.0, higher=1, seeds=3), "cifar", 32, 3) is None  # level
     assert below_random(PairedGain(mean=-9.0, stderr=None, higher=0, seeds=1), "cifar", 32, 3) is None  # one seed

@@ -191,8 +191,8 @@ def test_squeeze_and_distill_from_another_directory(tmp_path, planted, monkeypat
                  "--threads", "1", "--quiet", "--json"]) == 0
     capsys.readouterr()
     code = main(["distill", "--local", "--dataset", "clipart10", "--teacher", "t/teacher.pt", "--ipc", "1",
-                 "--set", "iterations=2", "--set", "precision=fp32", "--out", "store", "--device", "cpu",
-                 "--threads", "1", "--json", "--quiet"])
+                 "--set", "iterations=2", "--set", "precision=fp32", "--set", "recipe=cifar", "--out", "store",
+                 "--device", "cpu", "--threads", "1", "--json", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
     images, labels, _ = open_run(json.loads(out)["run_dir"]).read()

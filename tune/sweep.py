@@ -43,6 +43,7 @@ from tune.settings import PatchScoring, TrialBase, TrialSettings
 from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space
 
 if TYPE_CHECKING:
+    from fadrm_ray.pilot_record import PilotRecord
     from fadrm_ray.data.base import ImageDataset
 
     from tune.results import TrialRow
@@ -397,14 +398,38 @@ def run_sweep(req: SweepRequest) -> dict:
     from actors.coordinator import ray_session
 
     started = time.perf_counter()
+    p, pilot = with_pilot(p)
     p.out.mkdir(parents=True, exist_ok=True)
     (p.out / "sweep.json").write_text(json.dumps({"identity": req.identity(), "request": req.model_dump(mode="json")},
                                                  indent=1))
     with _working_folder(p.out), ray_session(req.address):
         try:
-            return _sweep_on_ray(p, started)
+            summary = _sweep_on_ray(p, started)
         except Exception as exc:
             raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
+    if pilot is not None:
+        summary["pilot"] = pilot.summary()
+        (p.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
+    """The sweep with the recipe `auto` takes for its data fixed in every trial: the pilot's
+    (fadrm_ray/pilot.py, measured or read back from the store) where it runs, so the trials and
+    the patches shared between them resolve alike; unchanged where it does not or the recipe
+    is swept."""
+    from dataclasses import replace
+
+    from fadrm_ray.pilot import ensure_pilot
+
+    if "recipe" in p.swept:
+        return p, None
+    pilot = ensure_pilot(trial_config(p.base, {}), p.dataset, p.teachers, p.store, device=p.device,
+                         on_line=lambda line: print(f"fadrm tune: note: {line}", file=sys.stderr))
+    if pilot is None:
+        return p, None
+    base = p.base.model_copy(update={"fixed": {**p.base.fixed, "recipe": pilot.chosen}})
+    return replace(p, base=base), pilot
 
 
 def _sweep_on_ray(p: Prepared, started: float) -> dict:

@@ -69,6 +69,7 @@ def provenance(job: DistillJob, dataset: ImageDataset) -> dict:
                      for t in job.teachers],
         "seed": job.config.seed,
         "code_version": __version__,
+        **({"pilot": job.pilot.model_dump(mode="json")} if job.pilot is not None else {}),
     }
 
 

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import ConfigError, DistillConfig
 from fadrm_ray.errors import InputError
+from fadrm_ray.pilot_record import PilotRecord, cached_pilot, pilot_reason
 from fadrm_ray.settings import Settings
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class DistillJob(BaseModel):
     store: str                       # the store root; the run is STORE/<run_id>
     run_id: str
     device_type: str                 # the device type the config was resolved for
+    pilot: PilotRecord | None = None  # the pilot whose choice `auto` took (pilot_record.py)
 
     @property
     def recipe(self) -> str:
@@ -126,7 +128,10 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
               store: str | Path, device_type: str = "cpu", data_root: str | None = None) -> DistillJob:
     """The job of `cfg` (unresolved) on `dataset` with `teachers` (checked to fit the dataset):
     resolved once, its run id computed once. The dataset spec and the teachers' paths are
-    recorded absolute (`reopenable_spec`; a teacher's path as this process sees it)."""
+    recorded absolute (`reopenable_spec`; a teacher's path as this process sees it). Where the
+    config leaves the recipe to `auto` on data no one measured (`pilot_reason`), the recipe is
+    the choice of the pilot cached in the store for this data, teachers and IPC (pilot_record.py),
+    which the job carries into the run's provenance; without one, the size's recipe."""
     from fadrm_ray.models import check_teacher_fits
 
     if not teachers:
@@ -135,15 +140,21 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
         raise ConfigError("preset fadrm+ needs several teachers (--teacher PATH, repeated)")
     for info in teachers:
         check_teacher_fits(info, dataset)
+    fingerprint = dataset.fingerprint()
+    pilot = None
+    if pilot_reason(cfg, dataset) is None:
+        pilot = cached_pilot(store, fingerprint, [i.sha256 for i in teachers], cfg.ipc)
+        if pilot is not None:
+            cfg = cfg.model_copy(update={"recipe": pilot.chosen})
     resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
                            channels=dataset.channels)
-    fingerprint = dataset.fingerprint()
     refs = tuple(TeacherRef(path=os.path.abspath(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
                             test_accuracy=i.test_accuracy) for i in teachers)
     return DistillJob(config=resolved, dataset_spec=reopenable_spec(dataset_spec, dataset), data_root=data_root,
                       dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
                       image_size=dataset.image_size, channels=dataset.channels, teachers=refs, store=str(store),
-                      run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type)
+                      run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type,
+                      pilot=pilot)
 
 
 @dataclass

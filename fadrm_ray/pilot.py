@@ -1,0 +1,225 @@
+"""The pilot: on colour data no one measured, `auto` takes the recipe that measured best here.
+
+The recipes `auto` knows rest on evidence from other data (config.RECIPES); on unseen data the
+released crops can train students well below random real images of the same size. So before a
+run whose recipe is left to `auto` on such data (`pilot_record.pilot_reason`), `ensure_pilot`
+measures, at a small and bounded size:
+
+1. a sample of the classes (`PilotConfig.classes`, drawn by the data's content hash), a few
+   images per class (`ipc`, the run's where smaller);
+2. random real images, the size family's released recipe and the candidates of
+   `config.PILOT_CANDIDATES` (random crops, whole teacher-picked images with a smaller step, a
+   gentle recovery from random whole images), each distilled with its recover budget cut to
+   `recover_share` of its recipe's;
+3. students of the first `student_steps` steps of the published schedule (`student_schedule`)
+   with paired seeds on each set, under the teachers' soft labels, tested on the sampled classes.
+
+It keeps the candidate with the best mean top-1 where it is clearly above the gentle one, else
+the gentle one (`choose`), with each one's paired gain over random real images, and says in one
+line when the one it keeps is not level with them. Its cost is estimated from a timed
+probe of this device and printed before it starts; it may always spend `free_seconds`, and above
+that at most `max_share` of the run's estimated recover time: its sizes are scaled down to fit,
+or, below `min_scale`, it is skipped and says so. The record is cached in the store
+(`pilot_record.keep_pilot`), where every door that builds a job finds it; its sets are ordinary
+runs in `STORE/.pilots/`, so an interrupted pilot resumes where it stopped.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from fadrm_ray.baselines import paired_gain
+from fadrm_ray.config import PILOT_CANDIDATES, RECIPES, DistillConfig, auto_recipe, make_config
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluate import DEFAULT_BATCH_SIZE, epochs_for_steps, evaluate_run, resolve_protocol
+from fadrm_ray.models import create_model, load_teacher
+from fadrm_ray.pilot_record import PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
+from fadrm_ray.relabel import SoftLabeler
+from fadrm_ray.run.execute import LocalExecutor, run_job
+from fadrm_ray.run.job import JobParts, build_job
+from fadrm_ray.runtime import resolve_device
+from fadrm_ray.settings import EvalConfig, PilotConfig
+
+_MIN_STEPS = 50
+SAFE_RECIPE = "gentle"
+
+
+def candidates(image_size: int, channels: int) -> list[str]:
+    """The recipes a pilot tries on such images: the size family's released one first."""
+    return [auto_recipe(image_size, channels), *PILOT_CANDIDATES]
+
+
+def _timed(fn: Callable[[], None], repeats: int = 3) -> float:
+    fn()  # warm-up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def probe_rates(parts: JobParts, student: str, batch: int) -> tuple[float, float]:
+    """Seconds per image of one recover step (the teacher's forward and backward to its input)
+    and seconds per student step (a student's forward, backward and update on `batch` views
+    with the teacher's logits), timed here on the parts' device."""
+    dataset, device, teacher = parts.dataset, parts.device, parts.models[0]
+    shape = (batch, dataset.channels, dataset.image_size, dataset.image_size)
+    images = torch.rand(shape, device=device, requires_grad=True)
+
+    def recover_step():
+        images.grad = None
+        teacher(images).logsumexp(1).sum().backward()
+
+    model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    views = torch.rand(shape, device=device)
+
+    def student_step():
+        with torch.no_grad():
+            target = teacher(views)
+        loss = torch.nn.functional.mse_loss(model(views), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return _timed(recover_step) / batch, _timed(student_step)
+
+
+def choose(rows: Sequence[PilotRow]) -> str:
+    """The recipe the pilot keeps: the best mean top-1 where it is clearly above (by more than two
+    paired standard errors) the gentle recovery, which starts from random real images and stays
+    near them; the gentle one where the pilot cannot tell them apart, since a wrong guess there
+    costs little and a wrong guess the other way can cost many points."""
+    best = max(rows, key=lambda r: r.top1_mean)
+    gentle = next((r for r in rows if r.recipe == SAFE_RECIPE), None)
+    if gentle is None or best is gentle:
+        return best.recipe
+    return best.recipe if paired_gain(best.top1_per_seed, gentle.top1_per_seed).clearly_above else gentle.recipe
+
+
+def student_schedule(images: int, ipc: int, steps: int, seeds: int) -> EvalConfig:
+    """The pilot's students: the first `steps` steps of the published schedule for `images`
+    images at `ipc` (its learning rate at each step as there, not a shorter cosine that decays
+    before the students have learned what tells the sets apart), `seeds` paired seeds."""
+    published = resolve_protocol(EvalConfig(protocol="published"), images, ipc)
+    epochs = min(published.epochs, epochs_for_steps(images, steps, DEFAULT_BATCH_SIZE))
+    return published.model_copy(update={"epochs": epochs, "seeds": seeds,
+                                        "cosine_stretch": published.epochs * published.cosine_stretch / epochs})
+
+
+def _sample_classes(dataset: ImageDataset, count: int) -> list[int]:
+    rng = random.Random(dataset.fingerprint())
+    return sorted(rng.sample(range(dataset.num_classes), min(count, dataset.num_classes)))
+
+
+class PilotPlan:
+    """A pilot's sizes after its bound, and its cost and the run's as estimated from `rates`
+    (`probe_rates`): seconds, the recover time of each set and the students' time."""
+
+    def __init__(self, settings: PilotConfig, recipes: list[str], cfg: DistillConfig, dataset: ImageDataset,
+                 rates: tuple[float, float]):
+        per_image, per_step = rates
+        self.recipes = recipes
+        self.classes = _sample_classes(dataset, settings.classes)
+        self.ipc = min(cfg.ipc, settings.ipc)
+        images = len(self.classes) * self.ipc
+        students = (len(recipes) + 1) * settings.seeds
+        recover = sum(RECIPES[r].values["iterations"] for r in recipes) * settings.recover_share * images * per_image
+        self.full = recover + students * settings.student_steps * per_step
+        run_iterations = cfg.iterations if cfg.iterations != "auto" else RECIPES[recipes[0]].values["iterations"]
+        run_classes = len(cfg.classes) if cfg.classes is not None else dataset.num_classes
+        self.run = run_iterations * cfg.ipc * run_classes * per_image
+        self.budget = max(settings.free_seconds, settings.max_share * self.run)
+        self.scale = min(1.0, self.budget / self.full) if self.full > 0 else 1.0
+        self.estimate = self.full * self.scale
+        self.share = settings.recover_share * self.scale
+        self.steps = max(_MIN_STEPS, round(settings.student_steps * self.scale))
+        self.seeds = settings.seeds
+
+
+def plan_pilot(cfg: DistillConfig, parts: JobParts, settings: PilotConfig) -> PilotPlan:
+    """The pilot of a run of `cfg` on `parts.dataset`, sized to its bound by a probe of this device."""
+    dataset = parts.dataset
+    rates = probe_rates(parts, EvalConfig().student, min(settings.classes, dataset.num_classes))
+    return PilotPlan(settings, candidates(dataset.image_size, dataset.channels), cfg, dataset, rates)
+
+
+def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path], store: str | Path,
+                 settings: PilotConfig | None = None, *, device: str | None = None,
+                 on_line: Callable[[str], None] = print) -> PilotRecord | None:
+    """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
+    pilot is run (`pilot_reason`), the cached record where one was measured with these settings,
+    else measured now (module docstring), cached and returned. Every line for the user (the
+    cost before it starts, each set as it is measured, the choice, a set below random real
+    images) goes to `on_line`."""
+    settings = settings or PilotConfig()
+    reason = pilot_reason(cfg, dataset)
+    if reason is not None:
+        return None
+    device = resolve_device(device)
+    parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teacher_paths], device)
+    shas = tuple(info.sha256 for info in parts.infos)
+    cached = cached_pilot(store, dataset.fingerprint(), shas, cfg.ipc)
+    if cached is not None and cached.settings == settings:
+        on_line(f"{cached.summary()} (measured before: {pilot_path_note(store)})")
+        return cached
+    plan = plan_pilot(cfg, parts, settings)
+    recipes = plan.recipes
+    common = dict(dataset=dataset.name, dataset_fingerprint=dataset.fingerprint(), teachers=shas, ipc=cfg.ipc,
+                  settings=settings, estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
+    if plan.scale < settings.min_scale:
+        record = PilotRecord(**common, chosen=recipes[0], skipped=(
+            f"it would take about {plan.full:.0f} s, and at its smallest size ({settings.min_scale:.0%}) about "
+            f"{plan.full * settings.min_scale:.0f} s, more than its bound of {plan.budget:.0f} s (the larger of "
+            f"{settings.free_seconds:.0f} s and {settings.max_share:.0%} of this run's estimated {plan.run:.0f} s of "
+            f"recovery)"))
+        on_line(record.summary())
+        return record
+    on_line(f"pilot: {len(recipes)} recipes ({', '.join(recipes)}) beside random real images on {len(plan.classes)} "
+            f"classes at IPC {plan.ipc}, each recover budget cut to {plan.share:.0%}, {plan.seeds} students of "
+            f"{plan.steps} steps per set: about {plan.estimate:.0f} s here (this run's recovery: about {plan.run:.0f} s); "
+            f"--set recipe=NAME skips it")
+    started = time.perf_counter()
+    labeler = SoftLabeler.from_paths([str(p) for p in teacher_paths], dataset, device=device)
+    eval_cfg = student_schedule(len(plan.classes) * plan.ipc, plan.ipc, plan.steps, plan.seeds)
+    pilot_store = Path(store) / PILOTS_DIR
+    base = {"classes": plan.classes, "ipc": plan.ipc, "seed": cfg.seed}
+
+    def measure(name: str, set_cfg: DistillConfig) -> PilotRow:
+        begun = time.perf_counter()
+        job = build_job(set_cfg, dataset, dataset.name, parts.infos, pilot_store, torch.device(device).type)
+        run_job(job, LocalExecutor(device, progress=False), parts)
+        # Read at the pilot's IPC: a run holds every IPC of its settings, and another pilot of the
+        # same data may have grown it further.
+        result = evaluate_run(job.run_dir, EvalJob(config=eval_cfg, progress=False, ipc=plan.ipc),
+                              EvalParts(dataset=dataset, labeler=labeler))
+        row = PilotRow(recipe=name, run_id=job.run_id, top1_per_seed=result.top1_per_seed,
+                       top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1))
+        on_line(f"pilot: {name}: top-1 {row.top1_mean:.2f} on the sampled classes ({row.seconds:.0f} s)")
+        return row
+
+    random_real = measure("random-real", make_config("random-real", overrides=base))
+    rows = []
+    for name in recipes:
+        iterations = max(cfg.k + 1, round(RECIPES[name].values["iterations"] * plan.share))
+        set_cfg = cfg.model_copy(update={**base, "recipe": name, "iterations": iterations,
+                                         "stage_iterations": None})
+        row = measure(name, DistillConfig.model_validate(set_cfg.model_dump()))
+        rows.append(row.model_copy(update={"vs_random": paired_gain(row.top1_per_seed, random_real.top1_per_seed)}))
+    chosen = choose(rows)
+    record = PilotRecord(**common, classes=plan.classes, pilot_ipc=plan.ipc, scale=round(plan.scale, 3), rows=rows,
+                         random_real=random_real, chosen=chosen, seconds=round(time.perf_counter() - started, 1))
+    keep_pilot(store, record)
+    on_line(record.summary())
+    if record.below_random is not None:
+        on_line(f"warning: {record.below_random}")
+    return record
+
+
+def pilot_path_note(store: str | Path) -> str:
+    return str(Path(store) / PILOTS_DIR)

@@ -1,0 +1,136 @@
+"""What a pilot measured, and where it is kept (pilot.py runs it).
+
+A pilot compares a few recipes on a sample of a dataset, beside random real images, and keeps
+the best; its `PilotRecord` is cached in the store at `STORE/.pilots/<key>.json`, the key being
+the dataset's content hash, the teachers' sha256 and the IPC asked for. Every door that builds a
+job (`run.job.build_job`: the command, the Ray door, the service, a sweep's trials) looks the
+record up here and takes its recipe where the config leaves the recipe to `auto`, so one
+measurement serves them all, and the job carries the record into the run's provenance.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from fadrm_ray.config import RECIPE_FIELDS, DistillConfig
+from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.scores import PairedGain
+from fadrm_ray.settings import PilotConfig
+
+if TYPE_CHECKING:
+    from fadrm_ray.data.base import ImageDataset
+
+PILOTS_DIR = ".pilots"
+PILOT_VERSION = 1
+# Datasets the paper published a recipe for: their recipe stays the default; the pilot is for
+# data no one measured. Matched on the dataset's name (a folder's or Parquet dataset's own name).
+PUBLISHED_DATA = {"cifar10", "cifar-10", "cifar100", "cifar-100", "imagenet", "imagenet-1k", "ilsvrc2012",
+                  "tiny-imagenet", "tiny-imagenet-200"}
+PILOT_PRESETS = ("fadrm", "fadrm+")
+
+
+class PilotRow(BaseModel):
+    """One candidate (or random real images) as the pilot measured it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    recipe: str                          # a recipe name, or "random-real"
+    run_id: str
+    top1_per_seed: list[float]
+    top1_mean: float
+    images: int = 0                      # the images its students trained on
+    vs_random: PairedGain | None = None  # paired over random real images (None for their own row)
+    seconds: float                       # its distillation and students
+
+
+class PilotRecord(BaseModel):
+    """A pilot's measurement and its choice; crosses processes as JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: int = PILOT_VERSION
+    dataset: str
+    dataset_fingerprint: str
+    teachers: tuple[str, ...]            # sha256
+    ipc: int                             # the IPC of the runs it serves
+    settings: PilotConfig
+    classes: list[int] = []              # the classes sampled
+    pilot_ipc: int = 0
+    scale: float = 1.0                   # the sizes of `settings` it ran at (the bound may scale them)
+    rows: list[PilotRow] = []            # the candidates, in the order tried
+    random_real: PilotRow | None = None
+    chosen: str                          # the recipe the runs take
+    estimated_seconds: float = 0.0
+    run_estimate_seconds: float = 0.0    # the run's recover time as the pilot estimated it
+    seconds: float = 0.0
+    skipped: str | None = None           # why it did not run (then `chosen` is the size's recipe)
+
+    @property
+    def chosen_row(self) -> PilotRow | None:
+        return next((r for r in self.rows if r.recipe == self.chosen), None)
+
+    @property
+    def below_random(self) -> str | None:
+        """One line when the chosen recipe is below random real images by more than one standard
+        error on the pilot (no candidate was level with them), with the choices; else None."""
+        row = self.chosen_row
+        gain = row.vs_random if row is not None else None
+        if gain is None or gain.stderr is None or gain.mean >= -gain.stderr:
+            return None
+        return (f"no recipe the pilot tried is level with random real images on this data (the best, {self.chosen}, "
+                f"{gain.mean:+.2f} ± {gain.stderr:.2f} points on the pilot): the run goes on with {self.chosen}; "
+                f"for random real images instead, distill with --preset random-real")
+
+    def summary(self) -> str:
+        """One line: what was chosen and why, or why the pilot was skipped."""
+        if self.skipped is not None:
+            return f"pilot skipped: {self.skipped}; recipe {self.chosen} (by image size)"
+        row = self.chosen_row
+        gain = "" if row is None or row.vs_random is None else \
+            f", {row.vs_random.mean:+.2f} ± {row.vs_random.stderr or 0:.2f} over random real images"
+        tried = ", ".join(f"{r.recipe} {r.top1_mean:.1f}" for r in self.rows)
+        base = f"random real {self.random_real.top1_mean:.1f}" if self.random_real is not None else ""
+        return (f"pilot chose {self.chosen}{gain} (top-1 on {len(self.classes)} classes at IPC {self.pilot_ipc}: "
+                f"{tried}; {base}; {self.seconds:.0f} s)")
+
+
+def pilot_reason(cfg: DistillConfig, dataset: "ImageDataset") -> str | None:
+    """Why no pilot is run for `cfg` on `dataset` (a recipe given, nothing left to `auto`, data
+    with a measured or published recipe...), or None when one is: the recipe is `auto`, some
+    recipe field is left to it, and the data is colour data no one measured."""
+    if cfg.recipe != "auto":
+        return f"the recipe is set ({cfg.recipe})"
+    if cfg.preset not in PILOT_PRESETS or cfg.init != "real":
+        return f"preset {cfg.preset} sets its own recover settings"
+    if all(getattr(cfg, name) != "auto" for name in RECIPE_FIELDS):
+        return "every value a recipe sets is given"
+    if dataset.channels == 1:
+        return "single-channel data takes the recipe measured on it (small-grey below 64 px)"
+    name = dataset.name.partition(":")[2] or dataset.name
+    if name.lower() in PUBLISHED_DATA:
+        return f"{name} takes the recipe the paper published for it"
+    return None
+
+
+def pilot_path(store: str | Path, fingerprint: str, teachers: Sequence[str], ipc: int) -> Path:
+    key = json.dumps({"data": fingerprint, "teachers": list(teachers), "ipc": ipc, "version": PILOT_VERSION},
+                     sort_keys=True)
+    return Path(store) / PILOTS_DIR / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def cached_pilot(store: str | Path, fingerprint: str, teachers: Sequence[str], ipc: int) -> PilotRecord | None:
+    """The pilot measured for this data, teachers and IPC, or None (none yet, or unreadable)."""
+    path = pilot_path(store, fingerprint, teachers, ipc)
+    try:
+        return PilotRecord.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def keep_pilot(store: str | Path, record: PilotRecord) -> Path:
+    """Cache a measured pilot (a skipped one is not kept: its bound depends on the run)."""
+    path = pilot_path(store, record.dataset_fingerprint, record.teachers, record.ipc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, record.model_dump_json(indent=1))
