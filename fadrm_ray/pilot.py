@@ -54,12 +54,16 @@ def candidates(image_size: int, channels: int) -> list[str]:
     return [auto_recipe(image_size, channels), *PILOT_CANDIDATES]
 
 
-def _timed(fn: Callable[[], None], repeats: int = 3) -> float:
-    fn()  # warm-up
-    started = time.perf_counter()
+def _timed(fn: Callable[[], None], repeats: int = 5) -> float:
+    """The fastest of `repeats` calls after a warm-up: what the device can do, less what other
+    work on the machine took from it at the moment of the probe."""
+    fn()
+    times = []
     for _ in range(repeats):
+        started = time.perf_counter()
         fn()
-    return (time.perf_counter() - started) / repeats
+        times.append(time.perf_counter() - started)
+    return min(times)
 
 
 def probe_rates(parts: JobParts, student: str, batch: int) -> tuple[float, float]:
