@@ -255,7 +255,8 @@ def run_recipe(reader) -> str:
     data = reader.provenance.get("dataset") or {}
     size, channels = data.get("image_size"), data.get("channels")
     known = isinstance(size, int) and isinstance(channels, int)
-    return recipe_reason(str(reader.config.get("recipe", "")), size if known else None, channels if known else 1)
+    return recipe_reason(str(reader.config.get("recipe", "")), size if known else None, channels if known else 1,
+                         piloted=reader.provenance.get("pilot") is not None)
 
 
 def run_pilot(reader) -> "PilotRecord | None":

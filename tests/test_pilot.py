@@ -146,12 +146,13 @@ def test_where_crops_lose_the_pilot_keeps_a_whole_image_recipe_and_every_later_r
     assert chosen.mean > max(rows["cifar"].vs_random.mean, rows["crops-random"].vs_random.mean) + 1
     assert chosen.mean > -2  # within two points of random real images
     assert (record.below_random is None) == (chosen.mean >= -chosen.stderr)
-    assert said["recipe"].startswith(record.chosen)
+    assert said["recipe"].startswith(f"{record.chosen}, auto's choice for this data by its pilot")
     reader = open_run(said["run_dir"])
     assert reader.config["recipe"] == record.chosen
     assert PilotRecord.model_validate(reader.provenance["pilot"]) == record
     assert main(["info", "--run", said["run_dir"], "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["pilot"] == record.summary()
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["pilot"] == record.summary() and "by its pilot" in shown["recipe"]
     # A second run of that data, teachers and IPC reads the pilot back: nothing is measured again.
     assert main(distill) == 0
     out, err = capsys.readouterr()

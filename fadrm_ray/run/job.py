@@ -75,7 +75,7 @@ class DistillJob(BaseModel):
 
         if self.channels is None:
             return recipe_reason(self.config.recipe)
-        return recipe_reason(self.config.recipe, self.image_size, self.channels)
+        return recipe_reason(self.config.recipe, self.image_size, self.channels, piloted=self.pilot is not None)
 
     @property
     def run_dir(self) -> Path:
