@@ -36,6 +36,7 @@ from fadrm_ray.baselines import paired_gain
 from fadrm_ray.config import PILOT_CANDIDATES, RECIPES, DistillConfig, auto_recipe, make_config
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.eval_job import EvalJob, EvalParts
+from fadrm_ray.fileio import sha256_file
 from fadrm_ray.evaluate import DEFAULT_BATCH_SIZE, epochs_for_steps, evaluate_run, resolve_protocol
 from fadrm_ray.models import create_model, load_teacher
 from fadrm_ray.pilot_record import PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
@@ -165,16 +166,16 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
+    fingerprint, shas = dataset.fingerprint(), tuple(sha256_file(p) for p in teacher_paths)
+    cached = cached_pilot(store, fingerprint, shas, cfg.ipc)
+    if cached is not None and cached.settings == settings:
+        on_line(f"{cached.summary()} (measured before: {Path(store) / PILOTS_DIR})")
+        return cached
     device = resolve_device(device)
     parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teacher_paths], device)
-    shas = tuple(info.sha256 for info in parts.infos)
-    cached = cached_pilot(store, dataset.fingerprint(), shas, cfg.ipc)
-    if cached is not None and cached.settings == settings:
-        on_line(f"{cached.summary()} (measured before: {pilot_path_note(store)})")
-        return cached
     plan = plan_pilot(cfg, parts, settings)
     recipes = plan.recipes
-    common = dict(dataset=dataset.name, dataset_fingerprint=dataset.fingerprint(), teachers=shas, ipc=cfg.ipc,
+    common = dict(dataset=dataset.name, dataset_fingerprint=fingerprint, teachers=shas, ipc=cfg.ipc,
                   settings=settings, estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
     if plan.scale < settings.min_scale:
         record = PilotRecord(**common, chosen=recipes[0], skipped=(
@@ -189,7 +190,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
             f"{plan.steps} steps per set: about {plan.estimate:.0f} s here (this run's recovery: about {plan.run:.0f} s); "
             f"--set recipe=NAME skips it")
     started = time.perf_counter()
-    labeler = SoftLabeler.from_paths([str(p) for p in teacher_paths], dataset, device=device)
+    labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
     eval_cfg = student_schedule(len(plan.classes) * plan.ipc, plan.ipc, plan.steps, plan.seeds)
     pilot_store = Path(store) / PILOTS_DIR
     base = {"classes": plan.classes, "ipc": plan.ipc, "seed": cfg.seed}
@@ -223,7 +224,3 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
     if record.below_random is not None:
         on_line(f"warning: {record.below_random}")
     return record
-
-
-def pilot_path_note(store: str | Path) -> str:
-    return str(Path(store) / PILOTS_DIR)

@@ -404,13 +404,9 @@ def run_sweep(req: SweepRequest) -> dict:
                                                  indent=1))
     with _working_folder(p.out), ray_session(req.address):
         try:
-            summary = _sweep_on_ray(p, started)
+            return _sweep_on_ray(p, started, pilot)
         except Exception as exc:
             raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
-    if pilot is not None:
-        summary["pilot"] = pilot.summary()
-        (p.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    return summary
 
 
 def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
@@ -432,7 +428,7 @@ def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
     return replace(p, base=base), pilot
 
 
-def _sweep_on_ray(p: Prepared, started: float) -> dict:
+def _sweep_on_ray(p: Prepared, started: float, pilot: "PilotRecord | None" = None) -> dict:
     from ray import tune
 
     from tune.results import SweepProgress, collect_rows, write_results
@@ -469,6 +465,8 @@ def _sweep_on_ray(p: Prepared, started: float) -> dict:
                "patches": patch_cost, "random_real": random_note, "wall_seconds": round(time.perf_counter() - started, 2),
                "best": None if interrupted else best, "best_so_far": best if interrupted else None,
                "files": files, "rows": [r.flat() for r in rows]}
+    if pilot is not None:
+        summary["pilot"] = pilot.summary()
     if interrupted:
         summary["resume"] = (f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials "
                              f"are kept, interrupted ones continue from their last checkpoint, pending ones start)")
