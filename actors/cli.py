@@ -1,7 +1,8 @@
-"""The `fadrm` console script: the library's CLI with the Ray-backed distill plugged in.
+"""The `fadrm` console script: the library's CLI with the Ray door plugged in.
 
-`fadrm_ray` never imports Ray; this module passes `distill_on_ray` to `fadrm_ray.commands.main`, so
-that `fadrm distill` runs through Ray by default and `--local` keeps the one-process path.
+`fadrm_ray` never imports Ray; this module passes the Ray door (`actors.coordinator`'s `run` and
+`device_type`, imported only when a run uses them) to `fadrm_ray.cli.main`, so that `fadrm
+distill` runs through Ray by default and `--local` keeps the one-process path.
 The subcommands of the layers above (`fadrm tune`, `fadrm serve`) are found through the
 `fadrm.commands` entry points (pyproject.toml), so this module never imports them.
 """
@@ -9,20 +10,33 @@ from __future__ import annotations
 
 import sys
 from importlib.metadata import entry_points
+from types import ModuleType
 
-from fadrm_ray import commands as fadrm_commands
+from fadrm_ray import cli
 from fadrm_ray.runtime import ensure_process_env
 
 
-def _distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=None):
-    from actors.coordinator import distill_on_ray  # Ray is imported only when a run uses it
+class RayDoor:
+    """`actors.coordinator` as a door (`fadrm_ray.run.execute.Door`), with Ray imported only when
+    a run goes through it."""
 
-    return distill_on_ray(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=dataset)
+    @staticmethod
+    def device_type(spec):
+        from actors import coordinator
+
+        return coordinator.device_type(spec)
+
+    @staticmethod
+    def run(job, spec, parts=None):
+        from actors import coordinator
+
+        return coordinator.run(job, spec, parts)
 
 
-def commands() -> list[fadrm_commands.Command]:
-    """The subcommands registered by the layers above (`fadrm.commands`); a layer whose package
-    is not present adds none (an error inside a present one is raised)."""
+def commands() -> list[ModuleType]:
+    """The subcommands registered by the layers above (`fadrm.commands`: modules with NAME, HEAVY,
+    add_parser(sub) and run(args)); a layer whose package is not present adds none (an error
+    inside a present one is raised)."""
     found = []
     for entry in entry_points(group="fadrm.commands"):
         try:
@@ -35,12 +49,12 @@ def commands() -> list[fadrm_commands.Command]:
 
 def main(argv: list[str] | None = None) -> int:
     extra = commands()
-    heavy = set(fadrm_commands.HEAVY_COMMANDS) | {c.name for c in extra if c.heavy}
+    heavy = set(cli.HEAVY_COMMANDS) | {c.NAME for c in extra if c.HEAVY}
     if argv is None and sys.argv[1:2] and sys.argv[1] in heavy:
         # The command line itself: give the process its OpenMP and allocator settings before
         # anything loads torch (this may re-execute the command once).
         ensure_process_env()
-    return fadrm_commands.main(argv, ray_distill=_distill_on_ray, commands=extra)
+    return cli.main(argv, ray_distill=RayDoor(), commands=extra)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,27 @@
-"""The Ray door of a distillation: a Ray session (joined, or embedded and bound to this process)
-and `distill_on_ray`, which runs a job on a `WorkerPool` of DistillWorker actors.
+"""The Ray door of a distillation: `run(job, spec, parts=None)` and `device_type(spec)`, the same
+two functions as the library's door (`fadrm_ray.run.execute`, its `Door` protocol), and the Ray
+session they run in (joined, or embedded and bound to this process).
 
-The pool (`actors.pool.WorkerPool`: the actors, their resources, the retries of lost work) is the
-Ray executor of `fadrm_ray.run.execute.run_job`; one run's tasks, run context and ledger are a
-`RunSchedule` (`actors.schedule`). `run_job` holds the run's lock, plans its units and writes the
-manifest.
+`run` runs a job built elsewhere, once (the `fadrm` command, the service's driver, a Tune trial,
+the benchmarks: `prepare_job` or `build_job`, for `device_type(spec)`), on a `WorkerPool` of
+DistillWorker actors. The pool (`actors.pool`: the actors, their resources, the retries of lost
+work) is the Ray executor of `fadrm_ray.run.execute.run_job`, which holds the run's lock, plans
+its units and writes the manifest; the pool keeps one run's tasks, run context and ledger in a
+`RunSchedule` (`actors.schedule`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
 
 import ray
 
 from actors.lifeline import Lifeline
 from actors.pool import WorkerPool
-from fadrm_ray.config import DistillConfig
-from fadrm_ray.data import get_dataset
-from fadrm_ray.run.execute import DistillResult, run_job
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, prepare_job
+from fadrm_ray.run import execute
+from fadrm_ray.run.execute import DistillResult
+from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
 from fadrm_ray.runtime import ALLOCATOR_ENV
-
-if TYPE_CHECKING:
-    from fadrm_ray.data.base import ImageDataset
 
 
 @contextlib.contextmanager
@@ -61,38 +58,36 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, num_gpu
             lifeline.close()
 
 
-def distill_on_ray(cfg: DistillConfig | DistillJob, dataset_spec: str | None = None,
-                   teacher_paths: Sequence[str | Path] = (), out_root: str | Path | None = None,
-                   spec: ExecutionSpec | None = None, dataset: "ImageDataset | None" = None,
-                   **options) -> DistillResult:
-    """Run a distillation through Ray: on the cluster at `spec.address`, or on an embedded local
-    Ray (`options` go to the WorkerPool).
+def local_gpus() -> int:
+    """The GPUs torch sees on this machine: what an embedded Ray is given (`run`), so that a job
+    built for this machine's device type (`device_type`) finds workers of that type."""
+    import torch
 
-    `cfg` is either a config, whose job is built here from `dataset_spec` (or the `dataset` the
-    caller loaded from it), `teacher_paths` and `out_root` (the CLI, benchmarks, tests), or a
-    `DistillJob` built elsewhere (a service request, `run_on_ray`), which is run as it is.
-    """
-    spec = spec or ExecutionSpec()
-    built_elsewhere = isinstance(cfg, DistillJob)
-    building = (dataset_spec, out_root) != (None, None) or bool(teacher_paths)
-    if built_elsewhere == building or not built_elsewhere and (dataset_spec is None or out_root is None):
-        raise TypeError("distill_on_ray takes a config with its dataset_spec, teacher_paths and out_root, "
-                        "or a job alone")
+    return torch.cuda.device_count()
+
+
+def device_type(spec: ExecutionSpec) -> str:
+    """The device type a Ray run of `spec` distills on, which its job is built for: cuda where its
+    workers get a GPU share (`spec.gpus_per_worker`; unset, one GPU each where the cluster has
+    GPUs). Only a cluster named by `spec.address` (or the Ray of this process) is asked; for an
+    embedded Ray, this machine's GPUs are counted without starting one."""
+    if spec.gpus_per_worker is not None:
+        return "cuda" if spec.gpus_per_worker > 0 else "cpu"
+    if not spec.address and not ray.is_initialized():
+        return "cuda" if local_gpus() else "cpu"
     with ray_session(spec.address):
-        pool = WorkerPool.from_spec(spec, **options)
+        return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> DistillResult:
+    """The Ray door: run `job` on DistillWorker actors of the cluster at `spec.address` (or of an
+    embedded local Ray; or of the Ray this process already joined, a Tune trial's placement group
+    included), `spec.workers` of them with `spec.cpus_per_worker` CPUs and their GPU share as the
+    spec says or, unset, as the job's device type needs (`WorkerPool.for_job`). `parts`: what
+    building the job loaded in this process (the dataset is sent to the workers from it)."""
+    with ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
+        pool = WorkerPool.for_job(job, spec)
         try:
-            if built_elsewhere:
-                return run_job(cfg, pool)
-            # The driver checks the teachers on its CPU; the config resolves for the workers' device.
-            if dataset is None:
-                dataset = get_dataset(dataset_spec, root=spec.data_root)
-            job, parts = prepare_job(cfg, dataset, dataset_spec, teacher_paths, out_root, device="cpu",
-                                     device_type=pool.device_type, data_root=spec.data_root)
-            return run_job(job, pool, parts)
+            return execute.run_job(job, pool, parts)
         finally:
             pool.close()  # idempotent: also when run_job fails before executing
-
-
-def run_on_ray(job: DistillJob, spec: ExecutionSpec) -> DistillResult:
-    """Run a job built elsewhere (the service's driver, api/runner.py) through Ray."""
-    return distill_on_ray(job, spec=spec)

@@ -17,10 +17,10 @@ import ray
 from pydantic import BaseModel, ConfigDict
 
 from actors.pool import gpu_share
-from fadrm_ray.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.runtime import heavy_process_env
-from fadrm_ray.scores import Evaluation
+from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.settings import EvaluationError
 
 
@@ -69,20 +69,15 @@ def evaluate_on_ray(run_dir: str | Path, job: EvalJob, spec: ExecutionSpec, *, b
 def _evaluate(run_dir: str, job_json: str, baselines: bool, on_gpu: bool) -> str:
     import torch
 
-    from fadrm_ray.baselines import evaluate_with_baselines
-    from fadrm_ray.evaluate import evaluate_run
-    from fadrm_ray.ranking import hard_label_ranking
+    from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.runtime import torch_threads
 
     job = EvalJob.model_validate_json(job_json)
     if on_gpu and not torch.cuda.is_available():
         raise EvaluationError(f"Ray placed the evaluation on GPU {ray.get_gpu_ids()}, but torch in that worker sees no "
                               f"CUDA device (torch {torch.__version__}); the cluster declares a GPU it cannot use")
+    # Random real images and the starting patches beside it in the store (where asked), and what
+    # the images reach with their hard labels alone, beside the soft-label top-1.
     with torch_threads(job.threads):
-        if baselines:  # random real images and the starting patches, beside it in the store
-            evaluation = evaluate_with_baselines(run_dir, job, ranking=False)
-        else:
-            evaluation = evaluate_run(run_dir, job)
-        # What the images reach with their hard labels alone, beside the soft-label top-1.
-        ranking = hard_label_ranking(run_dir, evaluation, num_threads=job.threads, ipc=job.ipc, device=job.device)
-    return evaluation.model_copy(update={"ranking": ranking}).model_dump_json()
+        measured = evaluate_store_run(run_dir, job, EvalScope(baselines=baselines, ranking="hard-labels"))
+    return measured.evaluation.model_dump_json()

@@ -1,12 +1,13 @@
 """The pool of DistillWorker actors: the Ray executor of `fadrm_ray.run.execute.run_job`.
 
 A `WorkerPool` starts its actors as soon as it is built (in the caller's placement group, a Tune
-trial's, or spread over the cluster), so their processes import torch while the driver loads the
-dataset and builds the job. `execute` runs one job's pending stages on them through a
-`RunSchedule` (`actors.schedule`: the run's tasks, context and ledger); `dispatch` is the loop
-that hands tasks to idle actors, retries a task lost with its actor or node on whichever actor is
-free (from the unit's last stage checkpoint), and takes back an actor that Ray restarted. The pool
-stops its actors when `execute` returns; call `close()` instead if no job is run.
+trial's, or spread over the cluster). `execute` runs one job's pending stages on them: it keeps
+the run's state in a `RunSchedule` (`actors.schedule`: the run's tasks, context, patch rankings
+and ledger) and drives it; `dispatch` is the loop that hands the schedule's tasks to idle actors,
+retries a task lost with its actor or node on whichever actor is free (from the unit's last
+stage checkpoint), and takes back an actor that Ray restarted. Calls go one way: the pool calls
+the schedule, never the reverse. The pool stops its actors when `execute` returns; call
+`close()` instead if no job is run.
 """
 from __future__ import annotations
 
@@ -58,8 +59,14 @@ class WorkerPool:
         self.starting: dict = {worker.ping.remote(): worker for worker in self.workers}
 
     @classmethod
-    def from_spec(cls, spec: ExecutionSpec, **options) -> "WorkerPool":
-        return cls(workers=spec.workers, cpus_per_worker=spec.cpus_per_worker, gpus_per_worker=spec.gpus_per_worker,
+    def for_job(cls, job: DistillJob, spec: ExecutionSpec, **options) -> "WorkerPool":
+        """The pool `spec` asks for, to run `job`: its GPU share as the spec says or, unset, one
+        GPU per worker for a job built for cuda (where the cluster has GPUs) and none for a job
+        built for the CPU. `options` go to the pool (max_attempts, share_patches)."""
+        gpus = spec.gpus_per_worker
+        if gpus is None and job.device_type != "cuda":
+            gpus = 0.0
+        return cls(workers=spec.workers, cpus_per_worker=spec.cpus_per_worker, gpus_per_worker=gpus,
                    progress=spec.progress, **options)
 
     def close(self) -> None:
@@ -94,15 +101,32 @@ class WorkerPool:
         the run's lock around this)."""
         try:
             with interrupt_mark() as interrupted:
-                run = RunSchedule(job, store, units, result, interrupted, self.progress)
+                run = RunSchedule(job, store, units, result, interrupted)
                 workers = self.workers[:len(run.tasks)]
                 for surplus in self.workers[len(run.tasks):]:  # more actors than units left to run
                     ray.kill(surplus)
-                run.run(self, workers, parts)
+                self._run(run, workers, parts)
         finally:
             self.close()
         return {"executor": "ray", "device": self.device, "workers": len(workers),
                 "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus_per_worker}
+
+    def _run(self, run: RunSchedule, workers: list, parts: JobParts | None) -> None:
+        """Every pending task of `run` on `workers`, between the ledger's `run_started` and
+        `run_finished`: the classes' patch scoring first (one task per class, the rankings then
+        shared with every stage), then the units' stages."""
+        run.log_started()
+        if run.tasks:
+            run.share_context(parts)
+            if self.share_patches:
+                scoring = run.patch_tasks()
+                if scoring is not None:
+                    if scoring:
+                        self.dispatch(run, deque(scoring), workers)
+                    run.share_selections()
+            with run.progress_bar(len(workers), self.progress):
+                self.dispatch(run, deque(run.tasks), workers)
+        run.log_finished()
 
     # ------------------------------------------------------------------ the loop
     def dispatch(self, run: RunSchedule, queue: deque[Task], workers: list) -> None:

@@ -6,15 +6,16 @@ left to do from the store (finished units from their verified manifests, partial
 newest stage checkpoint), so a restarted driver recomputes only unfinished stages, and appends
 every event to the run's ledger (`ledger.jsonl`, typed in `fadrm_ray.events`), which is what the
 service's progress, the benchmarks, tests and operators read to see what ran where. The pool
-(`actors.pool`) runs its tasks on the actors and retries lost ones; the schedule says what each
-task is and what a reply means.
+(`actors.pool`) owns the schedule and drives it: it runs the schedule's tasks on the actors and
+retries lost ones; the schedule says what each task is and what a reply means, and never calls
+the pool.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import ray
 
@@ -28,9 +29,6 @@ from fadrm_ray.run.job import DistillJob, JobParts
 from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten
 from fadrm_ray.patches import ClassSelection
 from fadrm_ray.store import RunStore
-
-if TYPE_CHECKING:
-    from actors.pool import WorkerPool
 
 
 def actor_name(worker) -> str:
@@ -65,14 +63,14 @@ class RunSchedule:
     """The scheduling state of one run of a job on the pool (module docstring)."""
 
     def __init__(self, job: DistillJob, store: RunStore, units: list[Unit], result: DistillResult,
-                 interrupted: Callable[[], bool], progress: bool = True):
+                 interrupted: Callable[[], bool]):
         self.job = job
         self.cfg = job.config
         self.store = store
         self.units = units                    # every unit of this request
         self.result = result                  # units_run grows as units finish
         self.interrupted = interrupted        # whether Ctrl-C came during the run (interrupt_mark)
-        self.progress = progress
+        self.started = time.perf_counter()    # reset by log_started
         self.stages = self.cfg.k + 1
         self.ledger_path = store.layout.ledger
         self.tasks, self.stages_done = self._pending(units)
@@ -97,47 +95,53 @@ class RunSchedule:
             tasks.append(Task(unit, stage))
         return tasks, done
 
-    # ------------------------------------------------------------------ run
-    def run(self, pool: "WorkerPool", workers: list, parts: JobParts | None) -> None:
-        """Run every pending task on `workers` of `pool`, between the ledger's `run_started` and
-        `run_finished`."""
-        from tqdm.auto import tqdm
-
-        started = time.perf_counter()
-        # plan: every unit of this request with the stages it already has (progress reports read it).
+    # ------------------------------------------------------------------ the run, as the pool drives it
+    def log_started(self) -> None:
+        """The ledger's `run_started`: every unit of this request with the stages it already has
+        (progress reports read it)."""
+        self.started = time.perf_counter()
         plan = {u.unit_id: self.stages for u in self.units}
         plan.update({t.unit.unit_id: t.stage for t in self.tasks})
         self.log(RunStarted(units=len(self.units), todo=len(self.tasks), stages_done=self.stages_done,
                             ipc=self.cfg.ipc, resumed={t.unit.unit_id: t.stage for t in self.tasks if t.stage > 0},
                             stages=self.stages, plan=plan))
-        if self.tasks:
-            # One copy of job, dataset and teacher weights in the object store, read by every
-            # worker; wrapped in a list so Ray passes the reference instead of resolving it per call.
-            # The driver checks the dataset and the teachers' bytes against the job first.
-            dataset = (parts if parts is not None else JobParts.load(self.job)).dataset
-            self.context = [ray.put(RunContext.of(self.job, dataset))]
-            if pool.share_patches:
-                self._share_patches(pool, workers)
-            self.bar = tqdm(total=len(self.units) * self.stages, initial=self.stages_done, unit="stage",
-                            desc=f"distill {self.store.run_id} ({len(workers)} workers)", disable=not self.progress)
-            try:
-                pool.dispatch(self, deque(self.tasks), workers)
-            finally:
-                self.bar.close()
-                self.bar = None
-        self.log(RunFinished(seconds=time.perf_counter() - started))
 
-    def _share_patches(self, pool: "WorkerPool", workers: list) -> None:
-        """Score each class the new units need once, one task per class on the workers (the run
-        keeps what it scored before), and add the rankings to the context every stage receives."""
+    def log_finished(self) -> None:
+        self.log(RunFinished(seconds=time.perf_counter() - self.started))
+
+    def share_context(self, parts: JobParts | None) -> None:
+        """One copy of job, dataset and teacher weights in the object store, read by every worker;
+        wrapped in a list so Ray passes the reference instead of resolving it per call. The
+        driver checks the dataset and the teachers' bytes against the job first."""
+        dataset = (parts if parts is not None else JobParts.load(self.job)).dataset
+        self.context = [ray.put(RunContext.of(self.job, dataset))]
+
+    def patch_tasks(self) -> list[Task] | None:
+        """The scoring tasks of the classes the new units need whose rankings the run does not
+        keep yet (one per class; the rankings it keeps are loaded), or None when no new unit
+        needs patches."""
         labels = needed_classes([t.unit for t in self.tasks if t.stage == 0], self.cfg)
         if not labels:
-            return
+            return None
         self.selections = load_selections(self.store.layout, labels)
-        todo = [Task(None, label=label) for label in labels if label not in self.selections]
-        if todo:
-            pool.dispatch(self, deque(todo), workers)
+        return [Task(None, label=label) for label in labels if label not in self.selections]
+
+    def share_selections(self) -> None:
+        """Add the classes' patch rankings to the context every stage receives."""
         self.context = [self.context[0], ray.put(self.selections)]
+
+    @contextlib.contextmanager
+    def progress_bar(self, workers: int, progress: bool = True):
+        """The progress bar of the stages, while they run on `workers` actors."""
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=len(self.units) * self.stages, initial=self.stages_done, unit="stage",
+                        desc=f"distill {self.store.run_id} ({workers} workers)", disable=not progress)
+        try:
+            yield self.bar
+        finally:
+            self.bar.close()
+            self.bar = None
 
     # ------------------------------------------------------------------ tasks
     def submit(self, worker, task: Task):

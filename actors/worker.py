@@ -38,6 +38,7 @@ from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState
 from fadrm_ray.runtime import process_info, tune_allocator
 from fadrm_ray.store import RunStore
+from fadrm_ray.store.run_files import RunProvenance
 
 
 def save_checkpoint(store: RunStore, unit_id: str, states: list[RecoverState]) -> Path:
@@ -75,7 +76,7 @@ class RunContext:
 
     job: DistillJob
     dataset: ImageDataset
-    provenance: dict
+    provenance: RunProvenance
     teacher_blobs: tuple[bytes, ...]
 
     @classmethod
@@ -159,7 +160,7 @@ class DistillWorker:
             manifest = self.store.write_unit(unit.unit_id, records, self.dataset.class_names, self.provenance, stats)
             for old in self.store.layout.checkpoints(unit.unit_id):
                 old.unlink(missing_ok=True)
-            return UnitWritten(**ran, rows=sum(f["rows"] for f in manifest["files"]))
+            return UnitWritten(**ran, rows=manifest.rows)
         save_checkpoint(self.store, unit.unit_id, states)
         self.live[unit.unit_id] = states
         return StageRan(**ran)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from fadrm_ray.config import PRESETS
 from fadrm_ray.data.base import OWN_SPLIT
-from fadrm_ray.scores import Evaluation, Ranking
+from fadrm_ray.evaluation.scores import Evaluation, Ranking
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
@@ -148,7 +148,9 @@ class DatasetInfo(BaseModel):
     test_split: str = OWN_SPLIT          # how its test split was made where the data brings none
 
 
-class TeacherInfo(BaseModel):
+class TeacherListed(BaseModel):
+    """A teacher the service offers (`GET /v1/teachers`): what a client needs to choose it."""
+
     name: str
     model: str
     dataset: str
@@ -160,7 +162,7 @@ class TeacherInfo(BaseModel):
 
 
 class BaselineReported(BaseModel):
-    """A baseline's students in brief (`fadrm_ray.scores.BaselineScore`, less where it lives)."""
+    """A baseline's students in brief (`fadrm_ray.evaluation.scores.BaselineScore`, less where it lives)."""
 
     run_id: str | None = None
     preset: str | None = None
@@ -171,7 +173,7 @@ class BaselineReported(BaseModel):
 
 
 class EvaluationReported(BaseModel):
-    """The students of a job's evaluation (`fadrm_ray.scores.Evaluation`, less the server's paths)."""
+    """The students of a job's evaluation (`fadrm_ray.evaluation.scores.Evaluation`, less the server's paths)."""
 
     student: str
     top1_mean: float

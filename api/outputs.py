@@ -13,7 +13,7 @@ and with mode 0600, beside the job record, and served from there; a write that f
 partial file behind.
 
 Every top-1 the project reports is a student trained on the images with the teachers' soft
-labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluate`), so a client
+labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluation.students`), so a client
 that should reach it needs the teachers and the recipe too: `job_recipe` is the `EvalConfig` the
 report used (or would use), `open_teacher` a teacher file checked against the sha256 the job
 recorded.
@@ -138,9 +138,9 @@ def stored_labels(plan: "JobPlan", evaluation_file: Path) -> bool:
 
 def write_soft_labels(run_dir: Path, plan: "JobPlan", out: Path, evaluation_file: Path) -> Path:
     """The stored soft labels of the job's evaluation, one part per student seed, packed in one
-    file (`fadrm_ray.soft_label_store`): what `fadrm train-student --soft-labels` reads."""
-    from fadrm_ray.scores import Evaluation
-    from fadrm_ray.soft_label_store import folders_of, pack_soft_labels
+    file (`fadrm_ray.evaluation.soft_labels`): what `fadrm train-student --soft-labels` reads."""
+    from fadrm_ray.evaluation.scores import Evaluation
+    from fadrm_ray.evaluation.soft_labels import folders_of, pack_soft_labels
 
     evaluation = Evaluation.model_validate_json(evaluation_file.read_text())
     reader = open_run(run_dir, ipc=plan.ipc)
@@ -172,10 +172,10 @@ def job_recipe(plan: "JobPlan", evaluation_file: Path) -> EvalConfig:
     """The student recipe of the job's report: the `config` its evaluation recorded, or (not
     evaluated) the job's evaluation settings or the defaults, resolved as `evaluate_run` resolves
     them for the job's images (ipc x classes, ipc per class)."""
-    from fadrm_ray.evaluate import resolve_protocol
+    from fadrm_ray.evaluation.students import resolve_protocol
 
     if evaluation_file.is_file():
-        from fadrm_ray.scores import Evaluation
+        from fadrm_ray.evaluation.scores import Evaluation
 
         return Evaluation.model_validate_json(evaluation_file.read_text()).config
     return resolve_protocol(plan.evaluation or EvalConfig(), plan.ipc * len(plan.classes), plan.ipc)
@@ -242,7 +242,7 @@ def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
 
 def write_preview(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
     """The image grid of the request: its classes, IPC indices 0..ipc-1 (at most 20 of each)."""
-    from fadrm_ray.report import write_grid
+    from fadrm_ray.evaluation.report import write_grid
 
     partial = out.with_name(f".{out.name}.{os.getpid()}.png")
     try:
@@ -257,24 +257,24 @@ def write_preview(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
 def report(run_dir: Path, plan: "JobPlan", evaluation_file: Path) -> dict:
     """Recover losses (averaged over the run's units, at most LOSS_POINTS points each) and the
     evaluation when the job made one."""
-    from fadrm_ray.report import loss_curves
+    from fadrm_ray.evaluation.report import loss_curves
 
     curves = loss_curves(run_dir)
-    step = max(1, math.ceil(len(curves["ce"]) / LOSS_POINTS))
+    step = max(1, math.ceil(len(curves.ce) / LOSS_POINTS))
     losses = {
-        "iterations": len(curves["ce"]),
+        "iterations": len(curves.ce),
         "every": step,
-        "ce": [finite(v) for v in curves["ce"][::step].tolist()],
-        "bn": [finite(v) for v in curves["bn"][::step].tolist()],
-        "final_ce": finite(curves["ce"][-1]) if len(curves["ce"]) else None,
-        "final_bn": finite(curves["bn"][-1]) if len(curves["bn"]) else None,
-        "arc_merges_after": [int(m) for m in curves["merges"]],
-        "units": int(curves["units"]),
+        "ce": [finite(v) for v in curves.ce[::step].tolist()],
+        "bn": [finite(v) for v in curves.bn[::step].tolist()],
+        "final_ce": finite(curves.ce[-1]) if len(curves.ce) else None,
+        "final_bn": finite(curves.bn[-1]) if len(curves.bn) else None,
+        "arc_merges_after": [int(m) for m in curves.merges],
+        "units": int(curves.units),
     }
     evaluation = None
     if evaluation_file.is_file():  # the driver's `Evaluation`, less the server's paths and the curves
         from api.models import EvaluationReported
-        from fadrm_ray.scores import Evaluation
+        from fadrm_ray.evaluation.scores import Evaluation
 
         evaluation = EvaluationReported.of(Evaluation.model_validate_json(evaluation_file.read_text()))
     pilot, warnings = plan.recipe_notes

@@ -113,7 +113,7 @@ class JobPlan(BaseModel):
         job's, and with baselines the random real images and the starting patches); 0 without."""
         if not self.evaluate or self.evaluation is None:
             return 0
-        from fadrm_ray.evaluate import resolve_protocol
+        from fadrm_ray.evaluation.students import resolve_protocol
 
         images = self.ipc * len(self.classes)
         resolved = resolve_protocol(self.evaluation, images, self.ipc)
@@ -210,7 +210,7 @@ def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, i
     """The resolved job's recover work, and its evaluation's work and stored soft labels for
     `sets` sets of `images` images (the job's, and with baselines random real images and the
     starting patches)."""
-    from fadrm_ray.evaluate import resolve_protocol
+    from fadrm_ray.evaluation.students import resolve_protocol
 
     epochs, seeds, label_bytes = None, 1, 0
     if evaluation is not None:

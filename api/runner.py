@@ -2,7 +2,7 @@
 
 The service starts it as a process of its own session, so it outlives a restart of the HTTP
 process. It reads the job the request built (`DriverInput`: the plan and its execution spec),
-runs it through the coordinator on the Ray cluster the spec names (`actors.coordinator.run_on_ray`;
+runs it through the Ray door on the cluster the spec names (`actors.coordinator.run(job, spec)`;
 the job is neither resolved again nor given a new run id), evaluates when asked (a Ray task on the
 resources of one of the job's workers, a GPU share on a GPU cluster: `actors.evaluation`), and ends by writing the
 job's outcome file once: succeeded (with the result), failed (with one line saying why:
@@ -106,17 +106,18 @@ def bounded_output(path: Path, max_bytes: int) -> threading.Thread:
 
 
 def run(files: JobFiles) -> Outcome:
-    from actors.coordinator import ray_session, run_on_ray
+    from actors import coordinator
     from fadrm_ray.runtime import torch_threads
 
     given = DriverInput.model_validate_json(files.plan.read_text())
     plan, spec = given.plan, given.execution
-    with torch_threads(spec.threads), ray_session(spec.address):
-        result = run_on_ray(plan.job, spec)
+    # This process's torch threads, set once; the Ray session held for the evaluation too.
+    with torch_threads(spec.threads), coordinator.ray_session(spec.address):
+        result = coordinator.run(plan.job, spec)
         outcome = Outcome(state="succeeded")
         if plan.evaluate:
             from actors.evaluation import evaluate_on_ray
-            from fadrm_ray.eval_job import EvalJob
+            from fadrm_ray.evaluation.eval_job import EvalJob
             from fadrm_ray.layout import RunLayout
 
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":

@@ -1,4 +1,6 @@
-"""`fadrm serve`: run the REST service under uvicorn (settings: api/config.py)."""
+"""`fadrm serve`: run the REST service under uvicorn (settings: api/config.py), registered with the
+`fadrm` command through the `fadrm.commands` entry point (pyproject.toml): a subcommand module of
+the shape of `fadrm_ray.cli`'s (NAME, HEAVY, add_parser(sub), run(args))."""
 from __future__ import annotations
 
 import argparse
@@ -13,54 +15,59 @@ from fadrm_ray.errors import InputError
 UMASK = 0o027
 
 
-class ServeCommand:
-    name = "serve"
-    help = "run the REST service (settings from FADRM_* environment variables or --config)"
-    heavy = False
+NAME = "serve"
+HEAVY = False
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1",
-                            help="address to bind; one that is not loopback needs TLS (--ssl-*) or --insecure")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM; uvicorn's)")
-        parser.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM; uvicorn's)")
-        parser.add_argument("--insecure", action="store_true",
-                            help="serve plain HTTP on a non-loopback --host (e.g. behind a proxy that ends TLS)")
-        parser.add_argument("--config", default=None, help="YAML file of the FADRM_* settings (the environment wins)")
-        parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-        parser.add_argument("--stop-ray", action="store_true",
-                            help="stop the local Ray head this store's service started, then exit")
 
-    def run(self, args: argparse.Namespace) -> None:
-        from api.config import ServiceSettings
+def add_parser(sub) -> argparse.ArgumentParser:
+    from fadrm_ray.cli.common import common_parser
 
-        os.umask(UMASK)  # before anything is written, by this process or the ones it starts
-        if not 0 < args.port < 65536:
-            raise InputError(f"--port must be in 1..65535, got {args.port}")
-        if args.ssl_keyfile and not args.ssl_certfile:
-            raise InputError("--ssl-keyfile needs --ssl-certfile")
-        if not (args.stop_ray or args.ssl_certfile or args.insecure or _loopback(args.host)):
-            raise InputError(f"--host {args.host} is not a loopback address: the bearer token would cross the network "
-                             "in plain HTTP; give --ssl-certfile and --ssl-keyfile, or --insecure behind a proxy "
-                             "that ends TLS")
-        settings = ServiceSettings.load(args.config)  # a bad setting: SettingsError, an InputError
-        if args.stop_ray:
-            from api.local_ray import LocalRay
+    parser = sub.add_parser(NAME, parents=[common_parser()],
+                            help="run the REST service (settings from FADRM_* environment variables or --config)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind; one that is not loopback needs TLS (--ssl-*) or --insecure")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM; uvicorn's)")
+    parser.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM; uvicorn's)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve plain HTTP on a non-loopback --host (e.g. behind a proxy that ends TLS)")
+    parser.add_argument("--config", default=None, help="YAML file of the FADRM_* settings (the environment wins)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--stop-ray", action="store_true",
+                        help="stop the local Ray head this store's service started, then exit")
+    return parser
 
-            stopped = LocalRay(settings.state_dir, settings.ray_cpus).stop()
-            print(json.dumps({"stopped": stopped}) if args.json else ("stopped the local Ray head" if stopped
-                                                                      else "no local Ray head was running"))
-            return
-        import uvicorn
 
-        from api.app import create_app
-        from api.http import guarded_protocol, uvicorn_log_config
+def run(args: argparse.Namespace) -> None:
+    from api.config import ServiceSettings
 
-        app = create_app(settings)  # refuses a second service on the same store before binding
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True,
-                    log_config=uvicorn_log_config(settings.log_file, settings.log_max_bytes, settings.log_backups),
-                    ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_graceful_shutdown=10,
-                    http=guarded_protocol(settings.request_timeout, settings.max_connections))
+    os.umask(UMASK)  # before anything is written, by this process or the ones it starts
+    if not 0 < args.port < 65536:
+        raise InputError(f"--port must be in 1..65535, got {args.port}")
+    if args.ssl_keyfile and not args.ssl_certfile:
+        raise InputError("--ssl-keyfile needs --ssl-certfile")
+    if not (args.stop_ray or args.ssl_certfile or args.insecure or _loopback(args.host)):
+        raise InputError(f"--host {args.host} is not a loopback address: the bearer token would cross the network "
+                         "in plain HTTP; give --ssl-certfile and --ssl-keyfile, or --insecure behind a proxy "
+                         "that ends TLS")
+    settings = ServiceSettings.load(args.config)  # a bad setting: SettingsError, an InputError
+    if args.stop_ray:
+        from api.local_ray import LocalRay
+
+        stopped = LocalRay(settings.state_dir, settings.ray_cpus).stop()
+        print(json.dumps({"stopped": stopped}) if args.json else ("stopped the local Ray head" if stopped
+                                                                  else "no local Ray head was running"))
+        return
+    import uvicorn
+
+    from api.app import create_app
+    from api.http import guarded_protocol, uvicorn_log_config
+
+    app = create_app(settings)  # refuses a second service on the same store before binding
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True,
+                log_config=uvicorn_log_config(settings.log_file, settings.log_max_bytes, settings.log_backups),
+                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_graceful_shutdown=10,
+                http=guarded_protocol(settings.request_timeout, settings.max_connections))
 
 
 def _loopback(host: str) -> bool:
@@ -70,6 +77,3 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve to any interface
         return False
-
-
-COMMAND = ServeCommand()

@@ -5,7 +5,7 @@
 For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 10}, every method
 of docs/method.md sections 7 and 7c (random-real, rded, sre2l, sre2l++, fadrm, fadrm+, fadrm-paper,
 g-vbsm, edc, cv-dd) produces its
-images through `distill_local` into one store, and every run is evaluated by `evaluate_run` with
+images through the library's door (`fadrm_ray.run.execute.run`) into one store, and every run is evaluated by `evaluate_run` with
 the same student, protocol and seeds (docs/method.md section 6). Teachers are trained once with
 `squeeze` (`ensure_teacher`) and cached in the output folder, retrained when their squeeze
 settings change:
@@ -63,13 +63,14 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.baselines import baseline_configs, gain_text, paired_gain
+from fadrm_ray.evaluation.baselines import baseline_configs, gain_text, paired_gain
 from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import epochs_for_steps, evaluate_run
-from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run
+from fadrm_ray.evaluation.report import pyplot, save_figure
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 
@@ -124,7 +125,7 @@ def method_config(method: str, ipc: int, t: int, recover_overrides: dict, varian
     common = {"ipc": ipc, "ipc_per_unit": ipc, "pack": ipc}
     if method == "patches":
         fadrm = method_config("fadrm", ipc, t, recover_overrides, variants)
-        return baseline_configs(fadrm.to_dict())["starting_patches"].model_copy(update=common)
+        return baseline_configs(fadrm)["starting_patches"].model_copy(update=common)
     preset, overrides = variants.get(method, (method, {}))
     values = {"iterations": budget_of(preset, t), **common, **recover_overrides, **overrides}
     return make_config(preset, overrides=values)
@@ -184,7 +185,10 @@ def _cell_job(cell: dict) -> list[dict]:
     cfg = method_config(cell["method"], ipc, cell["t"], cell["recover_overrides"], cell["variants"])
     teacher_paths = [paths["t1"]] + ([paths["t2"], paths["t3"]] if cfg.preset in SEVERAL_TEACHERS else [])
     started = time.perf_counter()
-    run = distill_local(cfg, dataset, teacher_paths, cell["store"], progress=False)
+    spec = ExecutionSpec(local=True, progress=False)
+    distill_job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, cell["store"],
+                                     device_type=execute.device_type(spec))
+    run = execute.run(distill_job, spec, parts)
     distill_s = time.perf_counter() - started
     rows = []
     for method in [cell["method"]] + ([CONTROL] if cell["control"] else []):

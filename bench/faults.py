@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.commands import main as cli_main
+from fadrm_ray.cli import main as cli_main
 from fadrm_ray.events import StageDone, WorkerStarted, read_ledger
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import open_run
@@ -233,16 +233,19 @@ class Bench:
         return self.row(run, [], reference, LONG, during, given)
 
     def killed_worker(self) -> dict:
-        from actors.coordinator import distill_on_ray
+        from actors import coordinator
         from fadrm_ray.config import make_config
-        from fadrm_ray.run.job import ExecutionSpec
+        from fadrm_ray.data import get_dataset
+        from fadrm_ray.run.job import ExecutionSpec, prepare_job
 
         reference = self.long_run()
         store = self.work / "killed-worker"
         cfg = make_config("fadrm", overrides={"ipc": 3, "ipc_per_unit": 2, "precision": "fp32", "iterations": 400})
+        spec = ExecutionSpec(workers=2, progress=False)
+        job, parts = prepare_job(cfg, get_dataset("digits"), "digits", [str(self.teacher)], store,
+                                 device_type=coordinator.device_type(spec))
         box = {}
-        thread = threading.Thread(target=lambda: box.update(r=distill_on_ray(
-            cfg, "digits", [str(self.teacher)], store, ExecutionSpec(workers=2, progress=False))))
+        thread = threading.Thread(target=lambda: box.update(r=coordinator.run(job, spec, parts)))
         thread.start()
         run = store / reference.name
         ledger = RunLayout(run).ledger

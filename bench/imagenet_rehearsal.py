@@ -57,6 +57,7 @@ import sys
 import time
 from pathlib import Path
 
+from fadrm_ray.store.manifests import read_config, unit_manifest
 from bench.rehearsal_measure import ListingCounter, Phase, TreeSampler, become_subreaper, last_json, ledger_split
 from bench.decode import cpu_name
 from fadrm_ray.layout import RunLayout
@@ -244,7 +245,6 @@ def rest_phase(phase: Phase, work: Path, folder: Path, teacher: Path, overrides:
 
 # --------------------------------------------------------------------------- one class count
 def rehearse(n: int, args, out: Path, counter_for) -> dict:
-    import yaml
 
     folder_started = time.perf_counter()
     folder = make_folder(out / "data" / f"imagenet-{n}", n, args.train_per_class, args.val_per_class,
@@ -292,14 +292,13 @@ def rehearse(n: int, args, out: Path, counter_for) -> dict:
                                    "--out", "store", "--json", "--quiet"], args.timeout).stdout)
             run_dir = work / got["run_dir"]
             layout = RunLayout(run_dir)
-            resolved = yaml.safe_load(layout.config.read_text())
+            resolved = read_config(layout)
             split = ledger_split(run_dir)
             p.result.update({"run_id": got["run_id"], "images": got["images"], "own_s": round(got["seconds"], 2),
-                             "recipe": resolved.get("recipe"), "downsample_size": resolved.get("downsample_size"),
-                             "precision": resolved.get("precision"), **split})
+                             "recipe": resolved.recipe, "downsample_size": resolved.downsample_size,
+                             "precision": resolved.precision, **split})
             units = layout.unit_ids()
-            resolutions = (json.loads(layout.unit(units[0]).read_text())["stats"]["packs"][0]["resolutions"]
-                           if units else None)
+            resolutions = unit_manifest(layout, units[0]).stats.packs[0].resolutions if units else None
             p.result["stage_resolutions"] = resolutions
         d = p.result
         d["outside_recover_s"] = round(d["seconds"] - d["recover_wall_s"], 2)

@@ -18,7 +18,7 @@ Sections (each prints a table; all of them by default):
   Ray started once in this process (its start is not counted), so that the Ray overhead and the
   2-worker speed-up are those of the coordinator and workers alone.
 - patches: 2 workers, the real patches scored once per class and shared (the default) against
-  every worker scoring the classes it needs (distill_on_ray(..., share_patches=False)): the time saved.
+  every worker scoring the classes it needs (WorkerPool(share_patches=False)): the time saved.
 - omp: recover iterations/s of `fadrm distill --dataset digits --preset fadrm --ipc 2 --local`,
   idle and beside one busy single-threaded process, before (FADRM_DEFAULT_OMP=1: OpenMP's
   spinning threads) and after (the passive policy every heavy process now starts with).
@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from fadrm_ray.layout import RunLayout
+from fadrm_ray.store.run_files import RunManifest
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_DEFAULTS = ["--set", "pack=1", "--set", "ipc_per_unit=1"]
@@ -57,10 +58,10 @@ def recover_time(run_dir) -> tuple[float, int]:
 
     seconds, steps = 0.0, 0
     for manifest in open_run(run_dir).unit_manifests().values():
-        for pack in manifest.get("stats", {}).get("packs", []):
-            for stage in pack.get("stages", []):
-                seconds += stage["seconds"]
-                steps += stage["iterations"]
+        for pack in manifest.stats.packs:
+            for stage in pack.stages:
+                seconds += stage.seconds
+                steps += stage.iterations
     return seconds, steps
 
 
@@ -82,9 +83,9 @@ def fadrm_distill(argv: list[str], store: Path, env: dict | None = None) -> dict
         raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     inside, steps = recover_time(result["run_dir"])
-    manifest = json.loads(RunLayout(result["run_dir"]).manifest.read_text())
+    manifest = RunManifest.model_validate_json(RunLayout(result["run_dir"]).manifest.read_bytes())
     return {"wall": wall, "recover": inside, "steps": steps, "images": result["images"],
-            "images_per_second": result["images"] / wall, "summary": manifest.get("summary", {}),
+            "images_per_second": result["images"] / wall, "summary": manifest.summary.model_dump(mode="json"),
             "units": len(result["units_run"])}
 
 
@@ -124,11 +125,12 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
     import ray
     import torch
 
-    from actors.coordinator import distill_on_ray
-    from fadrm_ray.run.job import ExecutionSpec
+    from actors import coordinator
+    from actors.pool import WorkerPool
+    from fadrm_ray.run import execute
+    from fadrm_ray.run.job import ExecutionSpec, prepare_job
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.run.execute import distill_local
 
     teacher = teacher_for(name, out)
     overrides = {"ipc": ipc, "iterations": iterations}
@@ -141,9 +143,14 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
     def on_ray(count: int, share: bool = True) -> dict:
         store = work / f"ray{count}"
         shutil.rmtree(store, ignore_errors=True)
+        spec = ExecutionSpec(workers=count, cpus_per_worker=1, progress=False)
         t0 = time.perf_counter()
-        run = distill_on_ray(make_config("fadrm", overrides=overrides), name, [teacher], store,
-                             ExecutionSpec(workers=count, cpus_per_worker=1, progress=False), share_patches=share)
+        job, parts = prepare_job(make_config("fadrm", overrides=overrides), get_dataset(name), name, [teacher], store,
+                                 device_type=coordinator.device_type(spec))
+        if share:
+            run = coordinator.run(job, spec, parts)
+        else:  # the pool's own switch, below the door: every worker scores the classes it needs
+            run = execute.run_job(job, WorkerPool.for_job(job, spec, share_patches=False), parts)
         wall = time.perf_counter() - t0
         inside = sum(e["seconds"] for e in events(run.run_dir, "stage_done"))
         scoring = sum(e["seconds"] for e in events(run.run_dir, "patches_scored"))
@@ -154,9 +161,11 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
             torch.set_num_threads(1)
             store = work / "local"
             shutil.rmtree(store, ignore_errors=True)
+            spec = ExecutionSpec(local=True, device="cpu", progress=False)
             t0 = time.perf_counter()
-            distill_local(make_config("fadrm", overrides=overrides), get_dataset(name), [teacher], store,
-                          device="cpu", progress=False)
+            job, parts = prepare_job(make_config("fadrm", overrides=overrides), get_dataset(name), name, [teacher],
+                                     store, device_type=execute.device_type(spec))
+            execute.run(job, spec, parts)
             local = time.perf_counter() - t0
             result["local_1_thread"] = {"wall": local, "images_per_second": images / local}
             result["ray_1_worker"], result["ray_2_workers"] = on_ray(1), on_ray(2)

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from fadrm_ray.baselines import gain_text, paired_gain
-from fadrm_ray.eval_job import EvalJob
-from fadrm_ray.evaluate import evaluate_run
-from fadrm_ray.scores import Evaluation
-from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels
+from fadrm_ray.evaluation.baselines import gain_text, paired_gain
+from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.scores import Evaluation
+from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels
 from fadrm_ray.settings import EvalConfig, LabelStorage
-from fadrm_ray.soft_label_store import StoredSoftLabels, folders_of, precompute_soft_labels
+from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, folders_of, precompute_soft_labels
 from fadrm_ray.store import open_run
 
 

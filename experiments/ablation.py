@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 
 from bench.accuracy import STUDENT_STEPS, Grid, bench_dataset, method_config, run_grid
-from fadrm_ray.baselines import baseline_configs
+from fadrm_ray.evaluation.baselines import baseline_configs
 from fadrm_ray.config import SMALL_IMAGE, auto_values
-from fadrm_ray.run.execute import distill_local
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -71,11 +72,13 @@ SETTINGS = {
 
 def pixel_change(run_dir: str, cfg, dataset, teacher: Path, store: Path) -> float | None:
     """Mean absolute change (in [0, 1] pixel units) of a run's images from its starting patches."""
-    patches_cfg = baseline_configs(cfg.to_dict()).get("starting_patches")
+    patches_cfg = baseline_configs(cfg).get("starting_patches")
     if patches_cfg is None or cfg.iterations == 0:
         return None
-    start = distill_local(patches_cfg.model_copy(update={"ipc_per_unit": cfg.ipc, "pack": cfg.ipc}), dataset,
-                          [teacher], store, progress=False)
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(patches_cfg.model_copy(update={"ipc_per_unit": cfg.ipc, "pack": cfg.ipc}), dataset,
+                             dataset.name, [teacher], store, device_type=execute.device_type(spec))
+    start = execute.run(job, spec, parts)
     after, _, _ = open_run(run_dir).read()
     before, _, _ = open_run(start.run_dir).read()
     return round(float((after.float() - before.float()).abs().mean() / 255), 4)

@@ -28,14 +28,15 @@ from torch import nn
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run.execute import distill_local
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.run.stages import load_teachers, unit_states
 from fadrm_ray.run.units import plan_units
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import evaluate_run
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage
-from fadrm_ray.report import pyplot, save_figure
+from fadrm_ray.evaluation.report import pyplot, save_figure
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import to_plain
@@ -51,7 +52,7 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
                           out_dir: str | Path = "diagnostics", overrides: dict | None = None) -> dict:
     """Student top-1 against the total recover budget, with ARC and without.
 
-    Every run goes through `distill_local` into `out_dir/store` (finished runs are reused) and
+    Every run goes through the library's door (`execute.run`) into `out_dir/store` (finished runs are reused) and
     is evaluated under `job.config` with the teacher (`job.threads` torch threads; `job.progress`
     prints a line per run). Writes `out_dir/information_vanishing.{json,png}`.
     """
@@ -65,12 +66,15 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
     common = {"ipc": ipc, "ipc_per_unit": ipc, "pack": ipc, **dict(overrides or {})}
     variants = {"arc": ("fadrm", {}), "no_arc": ("sre2l++", {"precision": "auto"})}
     rows: dict[str, list[dict]] = {k: [] for k in variants}
+    spec = ExecutionSpec(local=True, progress=False)
     started = time.perf_counter()
     with torch_threads(job.threads):
         for budget in budgets:
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
-                run = distill_local(cfg, dataset, [teacher_path], store_root, progress=False)
+                distill_job, parts = prepare_job(cfg, dataset, dataset.name, [teacher_path], store_root,
+                                                 device_type=execute.device_type(spec))
+                run = execute.run(distill_job, spec, parts)
                 ev = evaluate_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), EvalParts(dataset=dataset))
                 rows[key].append({"budget": int(budget), "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
                                   "top1_per_seed": ev.top1_per_seed, "run_id": run.run_id,

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import evaluate_images, evaluate_run, run_dataset, run_teachers
+from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import evaluate_images, evaluate_run, open_for_evaluation
+from fadrm_ray.run.reopen import load_run_teachers, run_teachers
 from fadrm_ray.settings import ConfigError, EvalConfig
 from fadrm_ray.store import open_run
 
@@ -66,14 +67,17 @@ def main(argv=None) -> dict:
     except ConfigError as exc:
         parser.error(str(exc))
 
-    reader = open_run(args.run, ipc=args.ipc)
+    job = EvalJob(config=cfg, threads=args.threads, progress=False, ipc=args.ipc)
+    run = open_for_evaluation(args.run, job)
+    reader = run.reader
     baselines = baseline_configs(reader.config, args.ipc)
     if "starting_patches" not in baselines:
         parser.error(f"{args.run} starts from noise: it has no patches to compare with")
-    dataset, teachers = run_dataset(reader), run_teachers(reader)
-    patches_run = distill_baseline(reader, baselines["starting_patches"], dataset, num_threads=args.threads)
+    dataset, teachers = run.dataset, run_teachers(reader.run_dir, reader.provenance)
+    own = load_run_teachers(reader.run_dir, reader.provenance, device=job.on_device())
+    patches_run = distill_baseline(run, baselines["starting_patches"], own, job)
     patches, plabels, pindex = open_run(patches_run.run_dir, ipc=patches_run.ipc).read()
-    recovered, labels, index = reader.read()
+    recovered, labels, index = run.images, run.labels, run.ipc_index
     if not (torch.equal(plabels, labels) and torch.equal(pindex, index)):
         parser.error("the run and its starting patches hold different images")  # not expected: same classes and IPC
     sets = perturbed_sets(patches, recovered, labels, index)

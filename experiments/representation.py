@@ -33,9 +33,10 @@ from bench.accuracy import STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
 from fadrm_ray.config import SMALL_IMAGE, auto_values, make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import epochs_for_steps, evaluate_images
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_images
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import open_run
@@ -95,7 +96,10 @@ def main(argv=None) -> dict:
             images = {}
             for t in (0, iterations):
                 cfg = make_config("fadrm", overrides={**overrides, "iterations": t})
-                run = distill_local(cfg, ds, [teacher.path], out / "store", progress=False)
+                spec = ExecutionSpec(local=True, progress=False)
+                distill_job, parts = prepare_job(cfg, ds, ds.name, [teacher.path], out / "store",
+                                                 device_type=execute.device_type(spec))
+                run = execute.run(distill_job, spec, parts)
                 x, labels, _ = open_run(run.run_dir).read()
                 images[t] = (to_grey(x), labels)
             job = EvalJob(config=evaluation, teachers=[judge], progress=False)

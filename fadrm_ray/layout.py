@@ -3,6 +3,7 @@
 Layout of one run::
 
     config.yaml                                   the resolved configuration
+    job.json                                      the DistillJob that last wrote the run (config, data, teachers)
     label=<c>/part-ipc<start>-<end>.parquet       images of class c, ipc_index in [start, end)
     units/<unit_id>.json                          one manifest per finished unit (files + sha256)
     manifest.json                                 the run manifest, written when the run completes
@@ -26,6 +27,7 @@ import re
 from pathlib import Path
 
 _CONFIG = "config.yaml"
+_JOB = "job.json"
 _MANIFEST = "manifest.json"
 _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
@@ -63,6 +65,10 @@ class RunLayout:
     @property
     def config(self) -> Path:
         return self.run_dir / _CONFIG
+
+    @property
+    def job(self) -> Path:
+        return self.run_dir / _JOB
 
     @property
     def manifest(self) -> Path:

@@ -32,17 +32,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from fadrm_ray.baselines import paired_gain
+from fadrm_ray.evaluation.baselines import paired_gain
 from fadrm_ray.config import PILOT_CANDIDATES, RECIPES, DistillConfig, auto_recipe, make_config
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.fileio import sha256_file
-from fadrm_ray.evaluate import DEFAULT_BATCH_SIZE, epochs_for_steps, evaluate_run, resolve_protocol
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import DEFAULT_BATCH_SIZE, epochs_for_steps, resolve_protocol
 from fadrm_ray.models import create_model, load_teacher
 from fadrm_ray.pilot_record import PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
-from fadrm_ray.relabel import SoftLabeler
-from fadrm_ray.run.execute import LocalExecutor, run_job
-from fadrm_ray.run.job import JobParts, build_job
+from fadrm_ray.evaluation.relabel import SoftLabeler
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
 from fadrm_ray.settings import EvalConfig, PilotConfig
 
@@ -198,11 +199,11 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
     def measure(name: str, set_cfg: DistillConfig) -> PilotRow:
         begun = time.perf_counter()
         job = build_job(set_cfg, dataset, dataset.name, parts.infos, pilot_store, torch.device(device).type)
-        run_job(job, LocalExecutor(device, progress=False), parts)
+        execute.run(job, ExecutionSpec(local=True, device=device, progress=False), parts)
         # Read at the pilot's IPC: a run holds every IPC of its settings, and another pilot of the
         # same data may have grown it further.
-        result = evaluate_run(job.run_dir, EvalJob(config=eval_cfg, progress=False, ipc=plan.ipc),
-                              EvalParts(dataset=dataset, labeler=labeler))
+        result = evaluate_store_run(job.run_dir, EvalJob(config=eval_cfg, progress=False, ipc=plan.ipc),
+                                    parts=EvalParts(dataset=dataset, labeler=labeler)).evaluation
         row = PilotRow(recipe=name, run_id=job.run_id, top1_per_seed=result.top1_per_seed,
                        top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1))
         on_line(f"pilot: {name}: top-1 {row.top1_mean:.2f} on the sampled classes ({row.seconds:.0f} s)")

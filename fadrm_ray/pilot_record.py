@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import RECIPE_FIELDS, DistillConfig
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.scores import PairedGain
+from fadrm_ray.evaluation.scores import PairedGain
 from fadrm_ray.settings import PilotConfig
 
 if TYPE_CHECKING:
@@ -114,15 +114,15 @@ def pilot_reason(cfg: DistillConfig, dataset: "ImageDataset") -> str | None:
     return None
 
 
-def pilot_path(store: str | Path, fingerprint: str, teachers: Sequence[str], ipc: int) -> Path:
-    key = json.dumps({"data": fingerprint, "teachers": list(teachers), "ipc": ipc, "version": PILOT_VERSION},
+def pilot_path(store: str | Path, fingerprint: str, teacher_hashes: Sequence[str], ipc: int) -> Path:
+    key = json.dumps({"data": fingerprint, "teachers": list(teacher_hashes), "ipc": ipc, "version": PILOT_VERSION},
                      sort_keys=True)
     return Path(store) / PILOTS_DIR / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def cached_pilot(store: str | Path, fingerprint: str, teachers: Sequence[str], ipc: int) -> PilotRecord | None:
-    """The pilot measured for this data, teachers and IPC, or None (none yet, or unreadable)."""
-    path = pilot_path(store, fingerprint, teachers, ipc)
+def cached_pilot(store: str | Path, fingerprint: str, teacher_hashes: Sequence[str], ipc: int) -> PilotRecord | None:
+    """The pilot measured for this data, teachers (by sha256) and IPC, or None (none yet, or unreadable)."""
+    path = pilot_path(store, fingerprint, teacher_hashes, ipc)
     try:
         return PilotRecord.model_validate_json(path.read_text())
     except (OSError, ValueError):

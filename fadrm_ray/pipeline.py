@@ -11,17 +11,22 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
-from fadrm_ray.baselines import evaluate_with_baselines, gain_text
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.ranking import ranking_text
-from fadrm_ray.report import write_report
+from fadrm_ray.evaluation.baselines import gain_text
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.ranking import ranking_text
+from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.settings import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import export_imagefolder, open_run
+
+if TYPE_CHECKING:
+    from fadrm_ray.run.execute import Door
 
 # Budgets that finish in a few minutes on a 2-core CPU.
 DEMO_ITERATIONS = {"digits": 1000, "mnist-sample": 1000}
@@ -47,24 +52,27 @@ def reading(evaluation) -> str:
 
 
 def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: int = 10,
-             iterations: int | None = None, epochs: int | None = None, seeds: int = 2, progress: bool = True,
-             distill_fn: Callable | None = None) -> dict:
-    """Squeeze, distill and export; `distill_fn(cfg, dataset_spec, teachers, store_root)` runs the
-    distillation (the Ray executor), or None for this process."""
+             iterations: int | None = None, epochs: int | None = None, seeds: int = 2,
+             spec: ExecutionSpec | None = None, door: "Door | None" = None) -> dict:
+    """Squeeze, distill and export. The distillation is one job, built here for `door` and run
+    through it with `spec` (`door.run(job, spec, parts)`): the Ray door, or None for this process
+    (`fadrm_ray.run.execute`); `spec.progress` shows the progress bars of every phase."""
+    spec = spec or ExecutionSpec(local=True)
+    door = door or execute
+    progress = spec.progress
     out = Path(out)
     dataset = get_dataset(dataset_name)
     squeeze_cfg = SqueezeConfig(**({} if epochs is None else {"epochs": epochs}))
     teacher, teacher_info, reused = ensure_teacher(dataset, squeeze_cfg, out / "teacher", progress=progress)
     cfg = make_config("fadrm", overrides={"ipc": ipc, "iterations": iterations or DEMO_ITERATIONS.get(dataset_name, 1000)})
     store_root = out / "store"
-    if distill_fn is None:
-        from fadrm_ray.run.execute import distill_local
-        result = distill_local(cfg, dataset, [teacher], store_root, progress=progress)
-    else:
-        result = distill_fn(cfg, dataset_name, [str(teacher)], str(store_root))
+    distill_job, parts = prepare_job(cfg, dataset, dataset_name, [str(teacher)], str(store_root),
+                                     device_type=door.device_type(spec), data_root=spec.data_root)
+    result = door.run(distill_job, spec, parts)
     job = EvalJob(config=EvalConfig(seeds=seeds), teachers=[teacher], progress=progress, ipc=result.ipc)
-    evaluation = evaluate_with_baselines(result.run_dir, job, EvalParts(dataset=dataset))
-    report = write_report(result.run_dir, evaluation=evaluation)
+    measured = evaluate_store_run(result.run_dir, job, EvalScope(baselines=True, ranking="full", report=True),
+                                  EvalParts(dataset=dataset))
+    evaluation, report = measured.evaluation, measured.report
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export
         shutil.rmtree(export_dir)

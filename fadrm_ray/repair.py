@@ -14,33 +14,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Sequence
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run.execute import LocalExecutor, run_job
+from fadrm_ray.run import execute
 from fadrm_ray.runtime import resolve_device
-from fadrm_ray.evaluate import GIVE_DATASET, GIVE_TEACHERS, run_dataset, run_teachers
-from fadrm_ray.run.job import prepare_job
+from fadrm_ray.run.reopen import GIVE_DATASET, GIVE_TEACHERS, load_run_teachers, run_dataset
+from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError
 from fadrm_ray.store.lock import RunLock
-from fadrm_ray.store.manifests import read_config
+from fadrm_ray.store.manifests import migrate_config, read_config
 from fadrm_ray.store.records import part_provenance
+from fadrm_ray.store.run_files import RunProvenance
 from fadrm_ray.store.verify import verify_run
 
 
-def _provenance(layout: RunLayout) -> dict:
+def _provenance(layout: RunLayout) -> RunProvenance | None:
     """What the run's part files record about how it was made (any readable one will do)."""
     for part in layout.parts_on_disk():
         try:
             found = part_provenance(part)
         except StoreError:
             continue
-        if found:
+        if found is not None:
             return found
-    return {}
+    return None
 
 
 def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None = None,
@@ -49,7 +49,7 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     """Verify the run, recompute every unit that fails (and any not yet written), verify again.
 
     `dataset` and `teacher_copies` say where the run's data and teachers are now, when not where
-    the run records them (`evaluate.run_dataset`, `evaluate.run_teachers`: each checked against
+    the run records them (`reopen.run_dataset`, `reopen.run_teachers`: each checked against
     the fingerprint or sha256 the run records). Returns {"repaired":
     unit ids computed, "before": the first check, "after": the last}. StoreError or
     EvaluationError, with nothing changed, when the run's config, data or teachers cannot be
@@ -60,20 +60,21 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     if before["complete"] and not before["bad_units"]:
         return {"repaired": [], "before": before, "after": before}
     prov = _provenance(layout)
-    if not prov and (dataset is None or not teacher_copies):
+    if prov is None and (dataset is None or not teacher_copies):
         raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
                          f"name them: {GIVE_DATASET} and {GIVE_TEACHERS}")
-    saved = read_config(layout) or prov.get("config")
-    if not saved:
+    prov = prov or RunProvenance()
+    cfg = read_config(layout)
+    if cfg is None and prov.config:
+        cfg = DistillConfig.from_dict(migrate_config(prov.config))
+    if cfg is None:
         raise StoreError(f"{layout.run_dir}: neither {layout.config.name} nor any part file records the run's config; "
                          f"it cannot be recomputed")
-    cfg = DistillConfig.from_dict(saved)
-    recorded = SimpleNamespace(run_dir=layout.run_dir, provenance=prov)  # what run_dataset/run_teachers read
-    dataset = run_dataset(recorded, dataset)
-    teacher_paths = run_teachers(recorded, teacher_copies)
-    executor = LocalExecutor(resolve_device(device), progress)
+    dataset = run_dataset(layout.run_dir, prov, dataset)
+    spec = ExecutionSpec(local=True, device=resolve_device(device), progress=progress)
+    parts = JobParts.of(dataset, load_run_teachers(layout.run_dir, prov, teacher_copies, spec.device), spec.device)
     # By its name, which build_job records as the spec that reopens it from where it is now.
-    job, parts = prepare_job(cfg, dataset, dataset.name, teacher_paths, layout.run_dir.parent, executor.device)
+    job = build_job(cfg, dataset, dataset.name, parts.infos, layout.run_dir.parent, execute.device_type(spec))
     if job.run_id != layout.run_id:
         raise StoreError(f"the recorded config, data and teachers make run {job.run_id}, not {layout.run_id}; "
                          f"nothing was changed")
@@ -81,5 +82,5 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
         for uid in before["bad_units"]:
             layout.unit(uid).unlink(missing_ok=True)
         layout.manifest.unlink(missing_ok=True)
-    result = run_job(job, executor, parts)
+    result = execute.run(job, spec, parts)
     return {"repaired": result.units_run, "before": before, "after": verify_run(layout.run_dir)}

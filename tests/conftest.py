@@ -48,13 +48,16 @@ def one_thread():
 def small_run(digits, digits_teacher, tmp_path_factory):
     """A finished run of two units (digits, IPC 3 in units of 2 and 1) to copy and damage."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.run.execute import distill_local
+    from fadrm_ray.run import execute
+    from fadrm_ray.run.job import ExecutionSpec, prepare_job
     from fadrm_ray.runtime import torch_threads
 
     cfg = make_config("fadrm", overrides={"ipc": 3, "iterations": 8, "ipc_per_unit": 2, "precision": "fp32"})
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
     with torch_threads(1):
-        result = distill_local(cfg, digits, [digits_teacher[0]], tmp_path_factory.mktemp("small-run"),
-                               device="cpu", progress=False)
+        job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], tmp_path_factory.mktemp("small-run"),
+                                 device_type=execute.device_type(spec))
+        result = execute.run(job, spec, parts)
     return result.run_dir
 
 

@@ -31,3 +31,15 @@ def only_run_dir(root) -> Path:
     dirs = [d for d in Path(root).iterdir() if d.is_dir()]
     assert len(dirs) == 1, dirs
     return dirs[0]
+
+
+def distill(door, cfg, teachers, store, spec, dataset="digits"):
+    """`cfg` on `dataset` (its spec, or the dataset loaded) built into one job for `door` and run
+    through it, as every caller does: `door.run(job, spec, parts)` (`door`: the Ray door
+    `actors.coordinator`, or the library's `fadrm_ray.run.execute`)."""
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.run.job import prepare_job
+
+    data = get_dataset(dataset) if isinstance(dataset, str) else dataset
+    job, parts = prepare_job(cfg, data, data.name, teachers, store, device_type=door.device_type(spec))
+    return door.run(job, spec, parts)

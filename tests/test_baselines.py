@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fadrm_ray import evaluate as evaluate_module
-from fadrm_ray.baselines import baseline_configs, evaluate_with_baselines, gain_text, paired_gain
+from fadrm_ray.evaluation import students as evaluate_module
+from fadrm_ray.evaluation.baselines import baseline_configs, evaluate_with_baselines, gain_text, paired_gain
 from fadrm_ray.config import make_config
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob
-from fadrm_ray.evaluate import default_epochs, evaluate_run, images_per_class, resolve_protocol
-from fadrm_ray.report import write_report
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.students import default_epochs, evaluate_run, images_per_class, resolve_protocol
+from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -44,8 +45,9 @@ def store(digits, digits_teacher, tmp_path_factory):
     teacher = root / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)
     cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 8, "ipc_per_unit": 2, "pack": 2, "classes": [0, 1, 2, 3]})
-    run = distill_local(cfg, digits, [teacher], root / "store", progress=False)
-    return run.run_dir, teacher
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [teacher], root / "store", device_type=execute.device_type(spec))
+    return execute.run(job, spec, parts).run_dir, teacher
 
 
 def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store, monkeypatch):
@@ -69,7 +71,7 @@ def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store
 def test_the_baselines_are_random_real_images_and_the_starting_patches():
     cfg = make_config("fadrm", overrides={"ipc": 3, "seed": 5, "classes": [1, 2], "patch_selection": "medium",
                                           "patch_crop_scale": [1.0, 1.0], "lr": 0.05})
-    configs = baseline_configs(cfg.to_dict())
+    configs = baseline_configs(cfg)
     real, patches = configs["random_real"], configs["starting_patches"]
     assert (real.preset, real.patch_selection, real.iterations) == ("random-real", "whole", 0)
     assert (patches.preset, patches.iterations, patches.patch_selection, patches.patch_crop_scale) == \
@@ -77,7 +79,7 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
     for b in (real, patches):
         assert (b.ipc, b.seed, b.classes) == (3, 5, [1, 2])
     noise = make_config("sre2l", overrides={"ipc": 3})
-    assert set(baseline_configs(noise.to_dict())) == {"random_real"}  # noise has no starting patches
+    assert set(baseline_configs(noise)) == {"random_real"}  # noise has no starting patches
 
 
 def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
@@ -141,7 +143,7 @@ def test_the_demo_reads_its_chart_from_the_paired_gain_over_random_real_images()
     from types import SimpleNamespace
 
     from fadrm_ray.pipeline import CLEAR_GAIN, reading
-    from fadrm_ray.scores import PairedGain
+    from fadrm_ray.evaluation.scores import PairedGain
 
     def line(mean, stderr):
         gain = PairedGain(mean=mean, stderr=stderr, higher=2, seeds=2)
@@ -156,8 +158,8 @@ def test_the_demo_reads_its_chart_from_the_paired_gain_over_random_real_images()
 
 
 def test_below_random_speaks_only_when_the_set_is_clearly_below():
-    from fadrm_ray.baselines import below_random
-    from fadrm_ray.scores import PairedGain
+    from fadrm_ray.evaluation.baselines import below_random
+    from fadrm_ray.evaluation.scores import PairedGain
 
     clear = PairedGain(mean=-6.0, stderr=1.0, higher=0, seeds=3)
     line = below_random(clear, "cifar", 32, 3)
@@ -179,11 +181,14 @@ def test_below_random_speaks_only_when_the_set_is_clearly_below():
 def test_a_set_clearly_below_random_real_images_is_warned_about(store, digits, capsys):
     """Gaussian noise no iteration moved (preset sre2l, T = 0) teaches far less than random real images:
     the evaluation says so in one line, which the report keeps and `fadrm evaluate` prints."""
-    from fadrm_ray.commands import main
+    from fadrm_ray.cli import main
 
     run_dir, teacher = store
     noise = make_config("sre2l", overrides={"ipc": 2, "iterations": 0, "classes": [0, 1, 2, 3]})
-    run = distill_local(noise, digits, [teacher], Path(run_dir).parent, progress=False)
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(noise, digits, "digits", [teacher], Path(run_dir).parent,
+                             device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts)
     result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=40, seeds=3), progress=False),
                                      ranking=False)
     gain = result.paired_gains["random_real"]

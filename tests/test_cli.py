@@ -1,5 +1,6 @@
 """The `fadrm` command end to end: squeeze -> distill -> info -> export, and its errors."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,10 +11,10 @@ import torch
 import torchvision
 import yaml
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.run.job import DistillJob, ExecutionSpec
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -49,8 +50,8 @@ def test_squeeze_distill_info_export(teacher_path, tmp_path, capsys):
     assert sorted(labels.tolist()) == sorted(list(range(10)) * 2)     # every class twice
     assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(2)]
     assert run.class_names == [str(c) for c in range(10)]
-    assert run.provenance["teachers"][0]["sha256"] and run.provenance["config"]["alpha"] == 0.5
-    assert run.provenance["class_map"]["3"] == "3" or run.provenance["class_map"].get(3) == "3"
+    assert run.provenance.teachers[0].sha256 and run.provenance.config["alpha"] == 0.5
+    assert run.provenance.class_map[3] == "3"
     assert (run.run_dir / "config.yaml").is_file() and run.complete
 
     code, out, _ = run_cli(capsys, "info", "--run", result["run_dir"], "--json")
@@ -144,21 +145,31 @@ def test_flags_are_the_last_layer_and_configs_round_trip(digits, digits_teacher,
         assert EvalConfig.model_validate(json.load(fh)["config"]) == expected
 
 
-def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher, tmp_path, capsys):
+def test_without_local_the_run_goes_through_the_ray_door_as_one_job_and_one_spec(digits_teacher, tmp_path, capsys):
+    """The job is built once, in this process (dataset and teachers loaded and checked before any
+    cluster), for the device type the door names, and handed to the door whole with the spec."""
     calls = []
 
-    def fake_ray_distill(cfg, dataset_spec, teacher_paths, out_root, spec, dataset=None):
-        assert dataset is not None and dataset.name == "digits"  # loaded and checked before any cluster
-        calls.append((cfg, dataset_spec, list(teacher_paths), out_root, spec))
-        return DistillResult(run_id="run", run_dir=tmp_path / "run", images=0)
+    class FakeRayDoor:
+        def device_type(self, spec):
+            calls.append(("device_type", spec))
+            return "cpu"
+
+        def run(self, job, spec, parts=None):
+            assert parts is not None and parts.dataset.name == "digits"
+            calls.append(("run", job, spec))
+            return DistillResult(run_id=job.run_id, run_dir=job.run_dir, images=0)
 
     argv = ["distill", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--ipc", "2", "--address", "ray://h:1",
             "--workers", "3", "--gpus-per-worker", "0.5", "--data-root", "/data", "--out", str(tmp_path), "--quiet", "--json"]
-    assert main(argv, ray_distill=fake_ray_distill) == 0
-    cfg, dataset_spec, teachers, out_root, spec = calls[0]
-    assert isinstance(cfg, DistillConfig) and cfg.ipc == 2 and dataset_spec == "digits"
-    assert teachers == [str(digits_teacher[0])] and out_root == str(tmp_path)
-    assert spec == ExecutionSpec(address="ray://h:1", workers=3, gpus_per_worker=0.5, data_root="/data", progress=False)
+    assert main(argv, ray_distill=FakeRayDoor()) == 0
+    spec = ExecutionSpec(address="ray://h:1", workers=3, gpus_per_worker=0.5, data_root="/data", progress=False)
+    assert [c[0] for c in calls] == ["device_type", "run"] and calls[0][1] == spec
+    _, job, given = calls[1]
+    assert isinstance(job, DistillJob) and isinstance(job.config, DistillConfig) and job.config.ipc == 2
+    assert job.dataset_spec == "digits" and job.data_root == "/data" and job.device_type == "cpu"
+    assert job.teacher_paths == [os.path.abspath(digits_teacher[0])] and job.store == str(tmp_path)
+    assert given == spec
     capsys.readouterr()
     code, _, err = run_cli(capsys, *argv)  # no Ray function given: only --local can run
     assert code == 2 and "--local" in err
@@ -167,10 +178,10 @@ def test_without_local_the_run_goes_to_ray_distill_with_one_spec(digits_teacher,
 def test_every_bad_input_error_of_the_library_is_reported_in_one_line():
     """`fadrm` reports USER_ERRORS in one line (exit 2) without importing the modules that define
     the library's error classes: each of them must be one of USER_ERRORS."""
-    from fadrm_ray.commands import USER_ERRORS
+    from fadrm_ray.cli import USER_ERRORS
     from fadrm_ray.config import ConfigError
     from fadrm_ray.data.base import DatasetError
-    from fadrm_ray.evaluate import EvaluationError
+    from fadrm_ray.evaluation.students import EvaluationError
     from fadrm_ray.models import ModelError
     from fadrm_ray.store import StoreError
 

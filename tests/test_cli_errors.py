@@ -5,7 +5,8 @@ from typing import Callable
 
 import pytest
 
-from fadrm_ray.commands import EXIT_BAD_INPUT, EXIT_FAILED, main
+from fadrm_ray.cli import EXIT_BAD_INPUT, EXIT_FAILED, main
+from fadrm_ray.cli.common import common_parser
 from fadrm_ray.data.base import DatasetError
 from fadrm_ray.errors import InputError
 from fadrm_ray.settings import ConfigError, EvaluationError
@@ -13,15 +14,14 @@ from fadrm_ray.settings import ConfigError, EvaluationError
 
 @dataclass
 class Raising:
-    """A subcommand (as `fadrm tune` and `fadrm serve` plug in) whose work raises `error()`."""
+    """A subcommand (of the shape `fadrm tune` and `fadrm serve` plug in) whose work raises `error()`."""
 
     error: Callable[[], BaseException]
-    name: str = "boom"
-    help: str = "raises"
-    heavy: bool = False
+    NAME: str = "boom"
+    HEAVY: bool = False
 
-    def add_arguments(self, parser) -> None:
-        pass
+    def add_parser(self, sub):
+        return sub.add_parser(self.NAME, parents=[common_parser()], help="raises")
 
     def run(self, args) -> None:
         raise self.error()
@@ -54,7 +54,7 @@ def test_every_bad_input_class_of_the_library_is_an_input_error():
     from fadrm_ray.codec import CodecError
     from fadrm_ray.fileio import OutputError
     from fadrm_ray.models import ModelError
-    from fadrm_ray.soft_label_store import SoftLabelError
+    from fadrm_ray.evaluation.soft_labels import SoftLabelError
     from fadrm_ray.store.records import IntegrityError, StoreError
 
     for cls in (ConfigError, EvaluationError, DatasetError, ModelError, StoreError, IntegrityError, CodecError,

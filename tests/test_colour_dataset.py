@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.data import DATASET_NAMES, DatasetError, get_dataset
 from fadrm_ray.data import clipart10
 from fadrm_ray.data.clipart10 import CLASS_NAMES, CLASSES

@@ -71,10 +71,10 @@ def pyproject_requirement(name: str):
 def command_args(module: str, argv: list[str]) -> argparse.Namespace:
     """`argv` parsed as the `fadrm` subcommand that entry point module `module` (tune.sweep_command,
     api.serve_command) registers, by the real `fadrm` parser (common flags included)."""
-    from fadrm_ray.commands import build_parser
+    from fadrm_ray.cli import build_parser
 
-    command = importlib.import_module(module).COMMAND
-    return build_parser(commands=[command]).parse_args([command.name, *argv])
+    command = importlib.import_module(module)
+    return build_parser(commands=[command]).parse_args([command.NAME, *argv])
 
 
 def ray_cluster_specs() -> list[tuple[str, dict]]:
@@ -251,7 +251,7 @@ def test_rayjobs_shut_down_are_bounded_and_carry_the_runtime_env(name, module):
 
 
 def test_rayjob_distill_entrypoint_is_a_valid_distill_command():
-    from fadrm_ray.commands import build_parser
+    from fadrm_ray.cli import build_parser
 
     args = build_parser().parse_args(module_args(shlex.split(rayjob("distill")["spec"]["entrypoint"]), "actors.job"))
     assert args.command == "distill" and args.out.startswith("/shared/") and args.teacher[0].startswith("/shared/")
@@ -407,7 +407,7 @@ def test_every_module_named_in_deploy_imports(module, where):
     entry = {e.split(":")[0]: n for n, e in PYPROJECT["project"]["entry-points"]["fadrm.commands"].items()}
     if module.endswith(".cli") or module in entry:  # a `fadrm SUBCOMMAND`: registered under that name
         assert module in entry
-        assert importlib.import_module(module).COMMAND.name == entry[module]
+        assert importlib.import_module(module).NAME == entry[module]
 
 
 def test_runtime_env_is_accepted_by_ray(tmp_path):
@@ -426,7 +426,7 @@ def test_runtime_env_is_accepted_by_ray(tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(package).namelist()
-    assert "actors/job.py" in names and "fadrm_ray/commands.py" in names and "pyproject.toml" in names
+    assert "actors/job.py" in names and "fadrm_ray/cli/__init__.py" in names and "pyproject.toml" in names
     assert not any(n.startswith((".git/", "tests/", "deploy/")) for n in names)
     assert package.stat().st_size < 5 * 2**20
 
@@ -448,7 +448,7 @@ def test_readme_covers_every_file_and_step():
 
 
 def test_readme_distill_command_is_a_valid_job_submission():
-    from fadrm_ray.commands import build_parser
+    from fadrm_ray.cli import build_parser
 
     words = readme_command("distill", "ray")
     assert words[:3] == ["ray", "job", "submit"]

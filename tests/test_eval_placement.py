@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from actors.evaluation import evaluate_on_ray, placement
-from fadrm_ray.eval_job import EvalJob
-from fadrm_ray.evaluate import evaluate_run
+from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.settings import EvalConfig, EvaluationError

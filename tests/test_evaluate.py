@@ -12,12 +12,13 @@ from torch import nn
 
 from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
-from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
-from fadrm_ray.soft_label_store import StoredSoftLabels, precompute_soft_labels
+from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
+from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, precompute_soft_labels
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -179,8 +180,9 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
     teacher = root / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)
     cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 8, "ipc_per_unit": 2, "pack": 2})
-    result = distill_local(cfg, digits, [teacher], root / "store", progress=False)
-    return result.run_dir, teacher
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [teacher], root / "store", device_type=execute.device_type(spec))
+    return execute.run(job, spec, parts).run_dir, teacher
 
 
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
@@ -255,7 +257,10 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
     their two outputs: far above the 50 % of chance there, where the whole test set would put
     it near 20 % (it never saw the other eight classes)."""
     cfg = make_config("random-real", overrides={"ipc": 5, "classes": [3, 7]})
-    run = distill_local(cfg, digits, [digits_teacher[0]], tmp_path / "store", progress=False)
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], tmp_path / "store",
+                             device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts)
     result = evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)))
     tested = int(sum(int((digits.test.labels == c).sum()) for c in (3, 7)))
     assert result.classes == [3, 7] and result.test_size == tested < len(digits.test)
@@ -272,7 +277,7 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
 
 
 def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digits, labeler, monkeypatch):
-    from fadrm_ray import evaluate as evaluate_module
+    from fadrm_ray.evaluation import students as evaluate_module
 
     specs = []
     real_source = evaluate_module.soft_label_source

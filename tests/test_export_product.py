@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torchvision
 
-from fadrm_ray.commands import main
-from fadrm_ray.eval_job import EvalJob
-from fadrm_ray.evaluate import evaluate_run, resolve_protocol
+from fadrm_ray.cli import main
+from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.students import evaluate_run, resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.settings import EvalConfig
 
@@ -60,12 +60,15 @@ def test_nothing_is_replaced_and_a_refused_export_writes_nothing(small_run, tmp_
 
 def test_a_teacher_that_changed_since_the_run_is_refused(digits, digits_teacher, tmp_path, capsys, one_thread):
     from fadrm_ray.config import make_config
-    from fadrm_ray.run.execute import distill_local
+    from fadrm_ray.run import execute
+    from fadrm_ray.run.job import ExecutionSpec, prepare_job
 
     teacher = tmp_path / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)
     cfg = make_config("fadrm", overrides={"ipc": 1, "iterations": 4, "precision": "fp32", "classes": [0]})
-    run = distill_local(cfg, digits, [teacher], tmp_path / "store", device="cpu", progress=False).run_dir
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [teacher], tmp_path / "store", device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts).run_dir
     teacher.write_bytes(teacher.read_bytes() + b"\0")
     folder = tmp_path / "folder"
     code, err = export(capsys, "--run", run, "--format", "imagefolder", "--out", folder)
@@ -108,7 +111,7 @@ def test_stored_soft_labels_travel_instead_of_the_teacher_and_give_the_same_stud
     argv = ["train-student", "--data", str(out), "--soft-labels", str(tmp_path / "set.soft-labels.parquet"),
             "--recipe", str(tmp_path / "set.recipe.json"), "--test", "digits", "--threads", "1", "--json", "--quiet"]
     # One student unless more are asked for; --seeds 2 trains the recipe's two.
-    proc = subprocess.run([sys.executable, "-m", "fadrm_ray.commands", *argv, "--seeds", "2"], cwd=tmp_path / "..",
+    proc = subprocess.run([sys.executable, "-m", "fadrm_ray.cli", *argv, "--seeds", "2"], cwd=tmp_path / "..",
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     trained = json.loads(proc.stdout)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_a_split_made_here_is_said_by_each_command_and_recorded_in_the_run(tmp_p
                  "--set", "iterations=2", "--out", str(tmp_path / "store"), "--quiet", "--json"]) == 0
     out, err = capsys.readouterr()
     assert "no test split of its own" in err
-    recorded = open_run(json.loads(out)["run_dir"]).provenance["dataset"]["test_split"]
+    recorded = open_run(json.loads(out)["run_dir"]).provenance.dataset.test_split
     assert recorded.startswith("held out per class by a fixed stratified split (20% of each class)")
 
 
@@ -107,7 +107,7 @@ def _loads_at_most(split):
 def test_the_full_data_reference_says_its_cost_streams_its_split_and_keeps_to_its_budget(digits, tmp_path, one_thread):
     from dataclasses import replace
 
-    from fadrm_ray.ranking import FULL_DATA_BATCH, full_data_student
+    from fadrm_ray.evaluation.ranking import FULL_DATA_BATCH, full_data_student
     from fadrm_ray.settings import EvalConfig
 
     train = replace(digits.train)
@@ -134,8 +134,8 @@ def test_the_full_data_reference_says_its_cost_streams_its_split_and_keeps_to_it
 
 
 def test_the_hard_label_line_says_what_is_so_in_both_directions():
-    from fadrm_ray.ranking import hard_label_line
-    from fadrm_ray.scores import Ranking
+    from fadrm_ray.evaluation.ranking import hard_label_line
+    from fadrm_ray.evaluation.scores import Ranking
 
     below = hard_label_line(Ranking(hard_top1_per_seed=[40.0, 42.0]), soft_top1=60.0)
     assert "19.00 points below the soft-label top-1" in below and "need the teacher's soft labels" in below
@@ -151,7 +151,7 @@ def test_info_shows_the_runs_ipc(small_run, capsys):
 
 
 def test_the_loss_trend_follows_each_stage_and_keeps_the_merges_jumps():
-    from fadrm_ray.report import trend
+    from fadrm_ray.evaluation.report import trend
 
     steps = np.concatenate([np.linspace(10, 5, 100) + np.sin(np.arange(100)), np.linspace(8, 2, 100)])
     smooth = trend(steps, [(0, 100, 28), (100, 200, 32)])

@@ -17,9 +17,10 @@ import torch
 import yaml
 
 from fadrm_ray.config import make_config, without_later_fields
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import evaluate_run
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.settings import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -106,10 +107,12 @@ def golden_runs(digits, digits_teacher, tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("golden")
     runs = {}
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
     for name, (preset, overrides) in RUNS.items():
         cfg = make_config(preset, overrides=overrides)
-        runs[name] = distill_local(cfg, digits, [digits_teacher[0]], root / "store", device="cpu",
-                                   progress=False).run_dir
+        job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], root / "store",
+                                 device_type=execute.device_type(spec))
+        runs[name] = execute.run(job, spec, parts).run_dir
     return runs
 
 

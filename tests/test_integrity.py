@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import RunStore, open_run
 from fadrm_ray.store import ImageRecord, StoreError

@@ -116,3 +116,20 @@ def test_nothing_imports_the_tests():
     for path in sources:
         for name in top_level_imports(path):
             assert name.split(".")[0] != "tests", f"{path.relative_to(ROOT)} imports {name}"
+
+
+# The store sits under every phase: it keeps runs and reads them back, and knows nothing of how
+# they are made, evaluated, reopened or shown.
+ABOVE_THE_STORE = ("fadrm_ray.evaluation", "fadrm_ray.run", "fadrm_ray.cli", "fadrm_ray.pilot", "fadrm_ray.repair",
+                   "fadrm_ray.pipeline", "fadrm_ray.recover", "fadrm_ray.squeeze", "fadrm_ray.patches")
+
+
+def test_the_store_imports_nothing_above_it():
+    graph = library_import_graph()
+    store = sorted(name for name in graph if name.startswith("fadrm_ray.store"))
+    assert "fadrm_ray.store.reader" in store and "fadrm_ray.evaluation.students" in graph  # the graph is the package's
+    for name in store:
+        above = sorted(t for t in graph[name] if any(t == up or t.startswith(up + ".") for up in ABOVE_THE_STORE))
+        assert above == [], f"{name} imports {above}: the store must not depend on the layers that use it"
+    # What used to join the store to the evaluation (the teacher and recipe beside an export) is evaluation's.
+    assert "fadrm_ray.evaluation.product" in graph and "fadrm_ray.store.product" not in graph

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.layout import RunLayout
 
 

@@ -9,7 +9,8 @@ import torch
 
 from experiments.perturbation import main, perturbed_sets
 from fadrm_ray.config import make_config
-from fadrm_ray.run.execute import distill_local
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,7 +33,9 @@ def test_the_bench_scores_all_four_sets_with_the_same_students(digits, digits_te
     teacher = tmp_path / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)
     cfg = make_config("fadrm", overrides={"ipc": 2, "iterations": 8, "classes": [0, 1, 2], "precision": "fp32"})
-    run = distill_local(cfg, digits, [teacher], tmp_path / "store", progress=False)
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [teacher], tmp_path / "store", device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts)
     report = main(["--run", str(run.run_dir), "--seeds", "2", "--protocol", "short", "--epochs", "1",
                    "--out", str(tmp_path / "p.json")])
     assert list(report["top1_per_seed"]) == ["patches", "recovered", "reversed", "another class's change"]

@@ -16,11 +16,11 @@ import secrets
 
 import torch
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.pilot_record import PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
-from fadrm_ray.scores import PairedGain
+from fadrm_ray.evaluation.scores import PairedGain
 from fadrm_ray.settings import PilotConfig
 
 
@@ -148,8 +148,8 @@ def test_where_crops_lose_the_pilot_keeps_a_whole_image_recipe_and_every_later_r
     assert (record.below_random is None) == (chosen.mean >= -chosen.stderr)
     assert said["recipe"].startswith(f"{record.chosen}, auto's choice for this data by its pilot")
     reader = open_run(said["run_dir"])
-    assert reader.config["recipe"] == record.chosen
-    assert PilotRecord.model_validate(reader.provenance["pilot"]) == record
+    assert reader.config.recipe == record.chosen
+    assert PilotRecord.model_validate(reader.provenance.pilot) == record
     assert main(["info", "--run", said["run_dir"], "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["pilot"] == record.summary() and "by its pilot" in shown["recipe"]

@@ -242,7 +242,7 @@ def test_equip_teachers_brings_class_targets_for_edc_only(digits):
 
 # ------------------------------------------------------------------ batch-specific soft labels (CV-DD)
 def test_batch_statistics_labels_use_the_batch_and_leave_the_teacher_as_it_was():
-    from fadrm_ray.relabel import SoftLabeler
+    from fadrm_ray.evaluation.relabel import SoftLabeler
     m = model(2)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     running = SoftLabeler([m], [MEAN], [STD], [1], ids=["t"])

@@ -13,12 +13,14 @@ import torch
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
-from actors.coordinator import distill_on_ray  # noqa: E402
+from actors import coordinator  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
-from fadrm_ray.run.execute import distill_local  # noqa: E402
+from fadrm_ray.run import execute  # noqa: E402
 from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import events, only_run_dir, wait_for  # noqa: E402
+from tests.ray_helpers import distill, events, only_run_dir, wait_for  # noqa: E402
+
+LOCAL = ExecutionSpec(local=True, device="cpu", progress=False)
 
 PRESETS = ("g-vbsm", "edc", "cv-dd")
 CFG = {"ipc": 2, "iterations": 12, "precision": "fp32", "classes_per_batch": 5}
@@ -39,8 +41,8 @@ def teachers(digits, digits_teacher, tmp_path_factory):
 def test_preset_on_ray_makes_the_local_images_and_names_its_teachers(preset, local_ray, digits, teachers, tmp_path):
     torch.set_num_threads(1)
     cfg = make_config(preset, overrides=CFG)
-    local = distill_local(cfg, digits, teachers, tmp_path / "local", device="cpu", progress=False)
-    on_ray = distill_on_ray(cfg, "digits", teachers, tmp_path / "ray", ExecutionSpec(workers=2, progress=False))
+    local = distill(execute, cfg, teachers, tmp_path / "local", LOCAL, digits)
+    on_ray = distill(coordinator, cfg, teachers, tmp_path / "ray", ExecutionSpec(workers=2, progress=False))
     assert local.run_id == on_ray.run_id
     a, b = open_run(local.run_dir).read(), open_run(on_ray.run_dir).read()
     assert a[0].shape == (20, 1, 8, 8) and all(torch.equal(x, y) for x, y in zip(a, b))
@@ -52,8 +54,8 @@ def test_preset_on_ray_makes_the_local_images_and_names_its_teachers(preset, loc
 
 def test_cv_dd_run_says_each_teachers_vote(local_ray, teachers, tmp_path):
     cfg = make_config("cv-dd", overrides=CFG)
-    run = distill_on_ray(cfg, "digits", teachers, tmp_path, ExecutionSpec(workers=1, progress=False))
-    out = subprocess.run([sys.executable, "-m", "fadrm_ray.commands", "info", "--run", str(run.run_dir), "--json"],
+    run = distill(coordinator, cfg, teachers, tmp_path, ExecutionSpec(workers=1, progress=False))
+    out = subprocess.run([sys.executable, "-m", "fadrm_ray.cli", "info", "--run", str(run.run_dir), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
@@ -94,7 +96,7 @@ def test_stopped_preset_run_resumes_only_unfinished_units_and_ends_as_an_unbroke
     resumed = open_run(run_dir).read()
     assert sorted(zip(resumed[1].tolist(), resumed[2].tolist())) == [(c, i) for c in range(10) for i in range(4)]
     torch.set_num_threads(1)  # as the Ray worker: the same images need the same thread count
-    unbroken = distill_local(make_config(preset, overrides={**overrides, "ipc": 4}), digits, teachers,
-                             tmp_path / "local", device="cpu", progress=False)
+    unbroken = distill(execute, make_config(preset, overrides={**overrides, "ipc": 4}), teachers, tmp_path / "local",
+                       LOCAL, digits)
     assert unbroken.run_dir.name == run_dir.name
     assert all(torch.equal(a, b) for a, b in zip(open_run(unbroken.run_dir).read(), resumed))

@@ -9,15 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fadrm_ray import evaluate as evaluate_module
-from fadrm_ray import ranking
-from fadrm_ray.baselines import evaluate_with_baselines
-from fadrm_ray.eval_job import EvalJob
+from fadrm_ray.evaluation import students as evaluate_module
+from fadrm_ray.evaluation import ranking
+from fadrm_ray.evaluation.baselines import evaluate_with_baselines
+from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.students import open_for_evaluation
 from fadrm_ray.config import make_config
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
-from fadrm_ray.report import write_report
-from fadrm_ray.scores import Evaluation
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
+from fadrm_ray.evaluation.report import write_report
+from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.settings import EvalConfig
 
 E = math.e
@@ -91,7 +93,10 @@ def ranked(digits, digits_teacher, tmp_path_factory):
     ranking.FULL_DATA_STEPS = 40  # a short full-data student: the test is of the bookkeeping
     try:
         with torch_threads(1):
-            run = distill_local(cfg, digits, [teacher], root / "store", progress=False)
+            spec = ExecutionSpec(local=True, progress=False)
+            job, parts = prepare_job(cfg, digits, "digits", [teacher], root / "store",
+                                     device_type=execute.device_type(spec))
+            run = execute.run(job, spec, parts)
             result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
                                              ars=True)
     finally:
@@ -148,5 +153,6 @@ def test_the_hard_label_ranking_reads_the_students_the_full_ranking_kept(ranked,
         raise AssertionError("a kept student was trained again")
 
     monkeypatch.setattr(ranking, "train_student", no_training)
-    hard = ranking.hard_label_ranking(run_dir, result)
+    job = EvalJob(progress=False)
+    hard = ranking.hard_label_ranking(open_for_evaluation(run_dir, job), result, job)
     assert hard.hard_top1_per_seed == result.ranking.hard_top1_per_seed

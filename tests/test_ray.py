@@ -11,13 +11,14 @@ import torch
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
-from actors.coordinator import distill_on_ray  # noqa: E402
+from actors import coordinator  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
-from fadrm_ray.data import get_dataset  # noqa: E402
+from fadrm_ray.run import execute  # noqa: E402
 from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
-from fadrm_ray.run.execute import distill_local  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import events, wait_for  # noqa: E402
+from tests.ray_helpers import distill, events, wait_for  # noqa: E402
+
+LOCAL = ExecutionSpec(local=True, device="cpu", progress=False)
 
 CFG = {"ipc": 2, "iterations": 16, "precision": "fp32", "classes_per_batch": 5}
 
@@ -30,12 +31,11 @@ def read(run_dir):
 def test_same_seed_same_images_on_1_and_2_workers_and_local(local_ray, digits, digits_teacher, tmp_path):
     teacher = digits_teacher[0]
     torch.set_num_threads(1)
-    local = distill_local(make_config("fadrm", overrides=CFG), digits, [teacher], tmp_path / "local", device="cpu",
-                          progress=False)
-    one = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "one",
-                         ExecutionSpec(workers=1, progress=False))
-    two = distill_on_ray(make_config("fadrm", overrides=CFG), "digits", [teacher], tmp_path / "two",
-                         ExecutionSpec(workers=2, progress=False))
+    local = distill(execute, make_config("fadrm", overrides=CFG), [teacher], tmp_path / "local", LOCAL, digits)
+    one = distill(coordinator, make_config("fadrm", overrides=CFG), [teacher], tmp_path / "one",
+                  ExecutionSpec(workers=1, progress=False))
+    two = distill(coordinator, make_config("fadrm", overrides=CFG), [teacher], tmp_path / "two",
+                  ExecutionSpec(workers=2, progress=False))
     assert local.run_id == one.run_id == two.run_id  # same config, data and teacher
     a, b, c = read(local.run_dir), read(one.run_dir), read(two.run_dir)
     assert a[0].shape == (20, 1, 8, 8)
@@ -49,8 +49,8 @@ def test_same_seed_same_images_on_1_and_2_workers_and_local(local_ray, digits, d
 def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digits_teacher, tmp_path):
     cfg = make_config("fadrm", overrides={**CFG, "ipc": 4, "iterations": 240, "ipc_per_unit": 1})
     result = {}
-    thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
-        cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
+    thread = threading.Thread(target=lambda: result.update(r=distill(
+        coordinator, cfg, [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
     thread.start()
     run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None))
     wait_for(lambda: events(run_dir, "stage_done"))
@@ -107,7 +107,7 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
 def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, digits_teacher, tmp_path):
     teacher = digits_teacher[0]
     cfg = make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 4})  # one shard of 10 classes
-    result = distill_on_ray(cfg, "digits", [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
+    result = distill(coordinator, cfg, [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
     run_dir = result.run_dir
     scored = events(run_dir, "patches_scored")
     assert sorted(e["label"] for e in scored) == list(range(10))     # each class once, not once per worker
@@ -117,13 +117,13 @@ def test_patches_are_scored_once_per_class_per_run_with_2_workers(local_ray, dig
     assert sorted(events(run_dir, "unit_done")[i]["unit"] for i in range(2)) == [
         "shard0000-ipc00000-00002", "shard0000-ipc00002-00004"]     # IPC 4 on 2 workers: two units of 2
 
-    grown = distill_on_ray(make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}), "digits",
-                           [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
+    grown = distill(coordinator, make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}),
+                    [teacher], tmp_path, ExecutionSpec(workers=2, progress=False))
     assert grown.run_id == result.run_id and len(events(run_dir, "patches_scored")) == 10  # kept in the run
     assert sum(e["patches_scored"] for e in events(run_dir, "stage_done")) == 0
     assert sorted(grown.units_run) == ["shard0000-ipc00004-00005", "shard0000-ipc00005-00006"]
-    local = distill_local(make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}), get_dataset(
-        "digits"), [teacher], tmp_path / "local", device="cpu", progress=False)
+    local = distill(execute, make_config("fadrm", overrides={**CFG, "classes_per_batch": 0, "ipc": 6}), [teacher],
+                    tmp_path / "local", LOCAL)
     assert all(torch.equal(a, b) for a, b in zip(read(local.run_dir), read(run_dir)))
 
 

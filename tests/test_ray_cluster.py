@@ -8,11 +8,11 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from actors.coordinator import distill_on_ray  # noqa: E402
+from actors import coordinator  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
 from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import events, wait_for  # noqa: E402
+from tests.ray_helpers import distill, events, wait_for  # noqa: E402
 
 
 def test_losing_a_node_mid_run_still_completes(digits_teacher, tmp_path):
@@ -22,8 +22,8 @@ def test_losing_a_node_mid_run_still_completes(digits_teacher, tmp_path):
         ray.init(address=cluster.address, log_to_driver=False)
         cfg = make_config("fadrm", overrides={"ipc": 4, "iterations": 160, "precision": "fp32", "ipc_per_unit": 1})
         result = {}
-        thread = threading.Thread(target=lambda: result.update(r=distill_on_ray(
-            cfg, "digits", [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
+        thread = threading.Thread(target=lambda: result.update(r=distill(
+            coordinator, cfg, [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
         thread.start()
         run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None))
         wait_for(lambda: len({e["pid"] for e in events(run_dir, "stage_done")}) == 2, timeout=180)

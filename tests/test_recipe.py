@@ -7,7 +7,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from fadrm_ray.commands import main, run_recipe
+from fadrm_ray.cli import main
+from fadrm_ray.cli.info import run_recipe
+from fadrm_ray.config import make_config
+from fadrm_ray.store.run_files import RecordedDataset, RunProvenance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,9 +42,10 @@ def test_distill_and_info_name_the_recipe(digits_teacher, tmp_path, capsys):
 
 
 def test_the_recipe_line_reads_the_run_s_own_record():
-    colour = SimpleNamespace(config={"recipe": "cifar"}, provenance={"dataset": {"image_size": 32, "channels": 3}})
+    colour_data = RunProvenance(dataset=RecordedDataset(image_size=32, channels=3))
+    colour = SimpleNamespace(config=make_config(overrides={"recipe": "cifar"}), provenance=colour_data)
     assert run_recipe(colour).startswith("cifar, auto's choice for 3-channel 32-px images: the released")
-    pinned = SimpleNamespace(config={"recipe": "small-grey"}, provenance={"dataset": {"image_size": 32, "channels": 3}})
+    pinned = SimpleNamespace(config=make_config(overrides={"recipe": "small-grey"}), provenance=colour_data)
     assert run_recipe(pinned).startswith("small-grey, set (auto takes cifar for 3-channel 32-px images)")
-    older = SimpleNamespace(config={}, provenance={})  # a run distilled before recipes were recorded
+    older = SimpleNamespace(config=None, provenance=RunProvenance())  # a run distilled before recipes were recorded
     assert run_recipe(older).startswith("not recorded")

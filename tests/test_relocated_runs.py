@@ -16,7 +16,7 @@ import torch
 from torchvision.io import encode_png, write_file
 
 from fadrm_ray.run import execute as distill
-from fadrm_ray.commands import build_parser
+from fadrm_ray.cli import build_parser
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.run.job import make_run_id
@@ -68,9 +68,9 @@ def test_a_run_is_evaluated_from_anywhere_and_follows_its_moved_data_and_teacher
     monkeypatch.chdir(work)
     made = distill_here(capsys, "imagefolder:data/imgs", "t/teacher.pt", "../store")
     prov = open_run(made["run_dir"]).provenance
-    assert prov["dataset"]["spec"] == f"imagefolder:{work / 'data' / 'imgs'}"
-    assert prov["dataset"]["name"] == "imagefolder:imgs"  # the name (and so the fingerprint) as before
-    assert [t["path"] for t in prov["teachers"]] == [str(work / "t" / "teacher.pt")]
+    assert prov.dataset.spec == f"imagefolder:{work / 'data' / 'imgs'}"
+    assert prov.dataset.name == "imagefolder:imgs"  # the name (and so the fingerprint) as before
+    assert [t.path for t in prov.teachers] == [str(work / "t" / "teacher.pt")]
 
     monkeypatch.chdir(work.parent / "elsewhere")
     run = Path("..") / "store" / made["run_id"]
@@ -80,7 +80,7 @@ def test_a_run_is_evaluated_from_anywhere_and_follows_its_moved_data_and_teacher
     code, out, err = run_cli(capsys, "info", "--run", run, "--json")
     assert code == 0, err
     info = json.loads(out)
-    assert info["dataset"]["spec"] == prov["dataset"]["spec"] and info["teachers"][0]["path"] == str(work / "t" / "teacher.pt")
+    assert info["dataset"]["spec"] == prov.dataset.spec and info["teachers"][0]["path"] == str(work / "t" / "teacher.pt")
     code, out, err = run_cli(capsys, "evaluate", "--run", run, *EVALUATE)
     assert code == 0, err
     assert json.loads(out)["dataset"] == "imagefolder:imgs"
@@ -135,16 +135,15 @@ def test_a_run_recorded_by_relative_paths_works_where_it_was_made(work, monkeypa
 
     def recorded_before(job, dataset):  # what runs recorded before the spec and absolute paths
         prov = made_by(job, dataset)
-        del prov["dataset"]["spec"]
-        for teacher in prov["teachers"]:
-            teacher["path"] = os.path.relpath(teacher["path"])
-        return prov
+        return prov.model_copy(update={
+            "format_version": 1, "dataset": prov.dataset.model_copy(update={"spec": None}),
+            "teachers": [t.model_copy(update={"path": os.path.relpath(t.path)}) for t in prov.teachers]})
 
     monkeypatch.setattr(distill, "provenance", recorded_before)
     monkeypatch.chdir(work / "data")  # where `imagefolder:imgs`, the name the run records, reopens
     made = distill_here(capsys, "imagefolder:imgs", "../t/teacher.pt", "../../store")
     prov = open_run(made["run_dir"]).provenance
-    assert "spec" not in prov["dataset"] and prov["teachers"][0]["path"] == os.path.join("..", "t", "teacher.pt")
+    assert prov.dataset.spec_from_name and prov.teachers[0].path == os.path.join("..", "t", "teacher.pt")
     code, _, err = run_cli(capsys, "evaluate", "--run", made["run_dir"], *EVALUATE)
     assert code == 0, err
 
@@ -183,10 +182,11 @@ def test_the_run_id_depends_on_neither_paths_nor_the_directory(work, monkeypatch
 LIBRARY = Path(__file__).resolve().parents[1] / "fadrm_ray"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 NAMED_COMMAND = re.compile(r"`fadrm ([a-z][a-z-]*)([^`]*)`")  # `fadrm verify --run RUN --repair`
-# Modules whose messages reach the user under these subcommands only: evaluate.run_dataset and
-# run_teachers are raised under `fadrm evaluate` and `fadrm verify --repair` alike.
-RAISED_UNDER = {"evaluate.py": ("evaluate", "verify"), "repair.py": ("verify",), "baselines.py": ("evaluate",),
-                "ranking.py": ("evaluate",)}
+# Modules (by their path in the library) whose messages reach the user under these subcommands
+# only: run.reopen's run_dataset and run_teachers are raised under `fadrm evaluate` and
+# `fadrm verify --repair` alike.
+RAISED_UNDER = {"run/reopen.py": ("evaluate", "verify"), "repair.py": ("verify",),
+                "evaluation/baselines.py": ("evaluate",), "evaluation/ranking.py": ("evaluate",)}
 
 
 def subcommand_options() -> dict[str, set[str]]:
@@ -238,7 +238,7 @@ def test_every_message_that_suggests_a_flag_names_an_option_of_its_command():
                         wrong.append(f"{where}: `fadrm {command}` has no {flag}")
             for flag in FLAG.findall(NAMED_COMMAND.sub("", text)):
                 checked += 1
-                under = RAISED_UNDER.get(path.name)
+                under = RAISED_UNDER.get(path.relative_to(LIBRARY).as_posix())
                 if under is not None:
                     wrong += [f"{where}: `fadrm {c}` has no {flag}" for c in under if flag not in options[c]]
                 elif flag not in every and flag not in own:

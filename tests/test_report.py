@@ -9,12 +9,13 @@ import torch
 
 from experiments.arc_diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
-from fadrm_ray.report import loss_curves, report_files, write_report
-from fadrm_ray.scores import Evaluation
+from fadrm_ray.evaluation.report import loss_curves, report_files, write_report
+from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.settings import EvalConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,8 +37,12 @@ def runs(digits, digits_teacher, tmp_path_factory):
     root = tmp_path_factory.mktemp("reportstore")
     fadrm = make_config("fadrm", overrides={"ipc": 3, "iterations": 12, "ipc_per_unit": 1, "pack": 1})
     rded = make_config("rded", overrides={"ipc": 2})
-    return {"fadrm": distill_local(fadrm, digits, [digits_teacher[0]], root, progress=False),
-            "rded": distill_local(rded, digits, [digits_teacher[0]], root, progress=False)}
+    spec = ExecutionSpec(local=True, progress=False)
+    runs = {}
+    for name, cfg in (("fadrm", fadrm), ("rded", rded)):
+        job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], root, device_type=execute.device_type(spec))
+        runs[name] = execute.run(job, spec, parts)
+    return runs
 
 
 def test_report_files_exist_and_are_readable_pngs(runs):
@@ -64,14 +69,14 @@ def test_report_files_exist_and_are_readable_pngs(runs):
 
 def test_loss_curves_concatenate_stages_and_mark_every_merge(runs):
     curves = loss_curves(runs["fadrm"].run_dir)
-    assert len(curves["ce"]) == len(curves["bn"]) == 12
-    assert curves["merges"] == [3, 6, 9]  # k = 3 merges after stages of 3 iterations, none after the last
-    assert curves["units"] == 3  # ipc 3, one pack per IPC index
-    assert torch.isfinite(torch.as_tensor(curves["ce"])).all()
+    assert len(curves.ce) == len(curves.bn) == 12
+    assert curves.merges == [3, 6, 9]  # k = 3 merges after stages of 3 iterations, none after the last
+    assert curves.units == 3  # ipc 3, one pack per IPC index
+    assert torch.isfinite(torch.as_tensor(curves.ce)).all()
 
 
 def test_a_selection_only_run_gets_a_placeholder_loss_plot(runs):
-    assert loss_curves(runs["rded"].run_dir)["units"] == 0
+    assert loss_curves(runs["rded"].run_dir).units == 0
     paths = write_report(runs["rded"].run_dir)
     assert png_size(paths["losses"])[0] > 100 and "evaluation" not in paths
 
@@ -122,8 +127,8 @@ def test_information_vanishing_returns_numbers_and_a_plot(digits, digits_teacher
 def test_the_evaluation_plot_shows_the_images_with_hard_labels_only(tmp_path):
     """Where DD-Ranking measured the set with hard labels, the bars show it beside the run (what
     the teacher's soft labels add) and the summary line names it."""
-    from fadrm_ray.scores import BaselineScore, PairedGain, Ranking
-    from fadrm_ray.report import write_evaluation_plot
+    from fadrm_ray.evaluation.scores import BaselineScore, PairedGain, Ranking
+    from fadrm_ray.evaluation.report import write_evaluation_plot
 
     ranking = Ranking(full_hard_top1=90.0, hard_top1_per_seed=[41.0, 43.0], hlr=48.0)
     evaluation = Evaluation(top1_mean=60.0, top1_std=1.0, top1_per_seed=[59.0, 61.0], best_top1_mean=61.0,

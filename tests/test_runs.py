@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.run.job import make_run_id
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, make_run_id, prepare_job
 from fadrm_ray.run.units import Unit
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError, export_tensors, open_run
@@ -19,8 +19,10 @@ SMALL = {"iterations": 6, "k": 1, "precision": "fp32"}
 
 
 def distill(digits, teacher, root, **overrides):
-    return distill_local(make_config("fadrm", overrides={**SMALL, **overrides}), digits, [teacher], root,
-                         device="cpu", progress=False)
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
+    job, parts = prepare_job(make_config("fadrm", overrides={**SMALL, **overrides}), digits, "digits", [teacher], root,
+                             device_type=execute.device_type(spec))
+    return execute.run(job, spec, parts)
 
 
 def per_shard_indices(unit_ids) -> list[int]:

@@ -10,6 +10,8 @@ import pytest
 import torch
 import yaml
 
+from fadrm_ray.config import make_config
+from fadrm_ray.store.run_files import RecordedTeacher, RunManifest, RunProvenance, UnitManifest, UnitStats
 from fadrm_ray.store import (
     ImageRecord,
     RunStore,
@@ -21,7 +23,8 @@ from fadrm_ray.store import (
 )
 
 CLASSES = ["airplane", "bird", "cat", "dog"]
-PROVENANCE = {"seed": 7, "teacher": {"id": "convnet-test", "sha256": "ab" * 32}, "code_version": "test"}
+PROVENANCE = RunProvenance(seed=7, teachers=[RecordedTeacher(path="convnet-test.pt", sha256="ab" * 32)],
+                           code_version="test")
 
 
 def make_image(label: int, ipc: int, channels: int = 3, size: int = 8) -> torch.Tensor:
@@ -40,7 +43,7 @@ def make_records(labels, ipcs, channels: int = 3, size: int = 8) -> list[ImageRe
 @pytest.fixture
 def store(tmp_path) -> RunStore:
     s = RunStore(tmp_path / "runs", "run1")
-    s.write_config({"dataset": {"name": "toy", "image_size": 8}, "ipc": 4, "class_names": CLASSES})
+    s.write_config(make_config("fadrm", overrides={"ipc": 4}))
     return s
 
 
@@ -61,14 +64,14 @@ def test_layout_and_file_names(store):
     leftovers = [p for p in run.rglob("*") if p.name.startswith(".")]
     assert leftovers == []
 
-    assert manifest["unit_id"] == "u-ipc0-2"
-    assert manifest["stats"] == {"seconds": 1.5}
-    assert "written_at" in manifest
-    entries = {e["path"]: e for e in manifest["files"]}
+    assert manifest.unit_id == "u-ipc0-2"
+    assert manifest.stats == UnitStats(seconds=1.5)
+    assert manifest.written_at
+    entries = {e.path: e for e in manifest.files}
     assert set(entries) == {"label=0/part-ipc00000-00002.parquet", "label=2/part-ipc00000-00002.parquet"}
     e = entries["label=2/part-ipc00000-00002.parquet"]
-    assert (e["rows"], e["label"], e["ipc_start"], e["ipc_end"]) == (2, 2, 0, 2)
-    assert json.loads((run / "units" / "u-ipc0-2.json").read_text()) == manifest
+    assert (e.rows, e.label, e.ipc_start, e.ipc_end) == (2, 2, 0, 2)
+    assert UnitManifest.model_validate_json((run / "units" / "u-ipc0-2.json").read_text()) == manifest
 
     # Schema and metadata of a part file.
     schema = pq.read_schema(run / "label=2" / "part-ipc00000-00002.parquet")
@@ -76,7 +79,7 @@ def test_layout_and_file_names(store):
     assert str(schema.field("image").type) == "struct<bytes: binary, path: string>"
     hf = json.loads(schema.metadata[b"huggingface"])
     assert hf["info"]["features"]["label"] == {"names": CLASSES, "_type": "ClassLabel"}
-    assert json.loads(schema.metadata[b"fadrm"]) == PROVENANCE
+    assert RunProvenance.model_validate_json(schema.metadata[b"fadrm"]) == PROVENANCE
     paths = pq.read_table(run / "label=2" / "part-ipc00000-00002.parquet").column("image").to_pylist()
     assert [p["path"] for p in paths] == ["cat/ipc00000.png", "cat/ipc00001.png"]
 
@@ -84,7 +87,7 @@ def test_layout_and_file_names(store):
     store.write_unit("u-ipc2-5", make_records([1], [2, 3, 4]), CLASSES, PROVENANCE)
     assert (run / "label=1" / "part-ipc00002-00005.parquet").is_file()
 
-    assert yaml.safe_load((run / "config.yaml").read_text())["dataset"] == {"name": "toy", "image_size": 8}
+    assert yaml.safe_load((run / "config.yaml").read_text())["ipc"] == 4
 
 
 @pytest.mark.parametrize("channels", [3, 1])
@@ -102,7 +105,7 @@ def test_round_trip_bit_exact(store, channels):
         assert torch.equal(images[k], r.image)
     assert reader.class_names == CLASSES
     assert reader.provenance == PROVENANCE
-    assert reader.config["ipc"] == 4
+    assert reader.config.ipc == 4
 
     recs = reader.records()
     assert [(r["label"], r["ipc_index"]) for r in recs] == [(r.label, r.ipc_index) for r in expected]
@@ -121,7 +124,7 @@ def test_unit_done_and_corruption(store):
     assert store.finished_units() == {"u0": m0, "u1": m1}
 
     # Flip one byte in the middle of a part: same size, different checksum.
-    part = store.run_dir / m0["files"][0]["path"]
+    part = store.run_dir / m0.files[0].path
     data = bytearray(file_bytes(part))
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
@@ -130,7 +133,7 @@ def test_unit_done_and_corruption(store):
     assert set(store.finished_units()) == {"u1"}
 
     # Deleting a part also undoes the unit.
-    (store.run_dir / m1["files"][1]["path"]).unlink()
+    (store.run_dir / m1.files[1].path).unlink()
     assert not store.unit_done("u1")
     assert store.finished_units() == {}
 
@@ -150,7 +153,7 @@ def test_retry_overwrites_own_files_only(store):
 
     # The retry produces different pixels for the same slots.
     retry = [ImageRecord(r.label, r.ipc_index, 255 - r.image, ce_loss=9.0) for r in make_records([0, 1], [0, 1])]
-    store.write_unit("u0", retry, CLASSES, {**PROVENANCE, "attempt": 2})
+    store.write_unit("u0", retry, CLASSES, PROVENANCE.model_copy(update={"seed": 8}))
     assert store.unit_done("u0") and store.unit_done("u1")
     for p, b in u1_files.items():
         assert file_bytes(p) == b
@@ -224,10 +227,10 @@ def test_finalize_is_complete_info(store):
 
     manifest = store.finalize({"timings": {"total_s": 5.0}, "note": "ok"})
     assert store.is_complete()
-    assert manifest["complete"] is True and manifest["run_id"] == "run1"
-    assert manifest["rows"] == 8 and manifest["classes"] == [0, 1]
-    assert [u["unit_id"] for u in manifest["units"]] == ["u0", "u1"]
-    assert json.loads((store.run_dir / "manifest.json").read_text()) == manifest
+    assert manifest.complete is True and manifest.run_id == "run1"
+    assert manifest.rows == 8 and manifest.classes == [0, 1]
+    assert [u.unit_id for u in manifest.units] == ["u0", "u1"]
+    assert RunManifest.model_validate_json((store.run_dir / "manifest.json").read_text()) == manifest
 
     reader = open_run(store.run_dir)  # complete: no flag needed
     assert reader.manifest == manifest
@@ -236,14 +239,14 @@ def test_finalize_is_complete_info(store):
     assert info["rows"] == 8 and info["classes"] == [0, 1]
     assert info["images_per_class"] == {0: 4, 1: 4}
     assert info["image_shape"] == [3, 8, 8]
-    assert info["config"]["dataset.name"] == "toy" and info["config"]["ipc"] == 4
+    assert info["config"]["preset"] == "fadrm" and info["config"]["ipc"] == 4
     assert info["timings"]["total_s"] == 5.0
     json.dumps(info)  # info is plain data
 
 
 def test_finalize_refuses_corrupted_units(store):
     m = store.write_unit("u0", make_records([0], [0]), CLASSES, PROVENANCE)
-    (store.run_dir / m["files"][0]["path"]).unlink()
+    (store.run_dir / m.files[0].path).unlink()
     with pytest.raises(StoreError, match="u0"):
         store.finalize({})
     assert not store.is_complete()
@@ -298,7 +301,7 @@ def test_export_imagefolder(tmp_path, names):
     from torchvision.io import ImageReadMode, decode_image
 
     s = RunStore(tmp_path, "r")
-    s.write_config({"class_names": names})
+    s.write_config(make_config())
     labels = list(range(len(names)))
     s.write_unit("u0", make_records(labels, [0, 1, 2]), names, PROVENANCE)
     out = tmp_path / "export"
@@ -417,7 +420,7 @@ def test_reader_on_a_bare_copy_of_the_part_files(store, tmp_path):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(part.read_bytes())
     reader = open_run(copy, incomplete=True)  # no config.yaml, no manifests: the label folders are all there is
-    assert not reader.complete and reader.config == {} and reader.class_names == CLASSES
+    assert not reader.complete and reader.config is None and reader.class_names == CLASSES
     images, labels, ipcs = reader.read()
     assert labels.tolist() == [0, 0, 1, 1, 1, 1] and ipcs.tolist() == [0, 1, 0, 1, 2, 3]
     assert torch.equal(images, open_run(store.run_dir, incomplete=True).read()[0])

@@ -174,7 +174,7 @@ def _rows():
 
 
 def test_pruned_and_interrupted_trials_are_drawn_and_marked_apart():
-    from fadrm_ray.report import pyplot
+    from fadrm_ray.evaluation.report import pyplot
 
     plt = pyplot()
     _, swept = split_space(parse_space(["alpha=0.3,0.5,0.7", "k=1,2"]))
@@ -316,10 +316,9 @@ def test_every_choice_flag_accepts_what_the_request_accepts():
     published` parses, as every other choice of the sweep's request does."""
     import argparse
 
-    from tune.sweep_command import TuneCommand
+    from tune.sweep_command import add_parser
 
-    parser = argparse.ArgumentParser()
-    TuneCommand().add_arguments(parser)
+    parser = add_parser(argparse.ArgumentParser().add_subparsers())
     base = ["--dataset", "clipart10", "--teacher", "t.pt", "--out", "o"]
     for flag, values in {"--protocol": ["short", "published"], "--search": ["grid", "random", "optuna"],
                          "--scheduler": ["asha", "fifo"], "--metric": ["top1"]}.items():

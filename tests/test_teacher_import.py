@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import pytest
 
-from fadrm_ray.commands import main
+from fadrm_ray.cli import main
 from fadrm_ray.models import load_teacher
 from fadrm_ray.runtime import torch_threads
 
@@ -177,7 +177,8 @@ def test_imported_teacher_distills_and_sets_the_normalization(torchvision_weight
     """An imported teacher distills like a squeezed one, and its recorded mean/std (here given as
     flags) is the normalization every phase uses for it (`models.teacher_view`)."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.run.execute import distill_local
+    from fadrm_ray.run import execute
+    from fadrm_ray.run.job import ExecutionSpec, prepare_job
     from fadrm_ray.store import open_run
     from fadrm_ray.teacher_import import ImportSettings, import_teacher
 
@@ -187,9 +188,11 @@ def test_imported_teacher_distills_and_sets_the_normalization(torchvision_weight
                                            accept_chance=True))
     assert result.mean == (0.3,) and result.record.normalization == "flags"
     cfg = make_config("fadrm", overrides={"ipc": 1, "iterations": 2, "precision": "fp32"}, classes=[0, 1])
-    run = distill_local(cfg, digits, [out], tmp_path / "store", device="cpu", progress=False)
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
+    job, parts = prepare_job(cfg, digits, "digits", [out], tmp_path / "store", device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts)
     reader = open_run(run.run_dir)
-    assert reader.provenance["dataset"]["mean"] == [0.3] and reader.provenance["dataset"]["std"] == [0.4]
+    assert reader.provenance.dataset.mean == [0.3] and reader.provenance.dataset.std == [0.4]
     assert reader.read()[0].shape[0] == 2
 
 

@@ -32,8 +32,8 @@ def downloaded(api_service, tmp_path_factory):
 
 
 def test_train_student_from_the_downloaded_files_reaches_the_reported_top1(downloaded, one_thread):
-    from fadrm_ray.eval_job import EvalJob
-    from fadrm_ray.student import read_recipe, train_from_files
+    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.from_files import read_recipe, train_from_files
 
     files, reported = downloaded
     assert reported["seeds"] == [0] and reported["classes"] == [2, 6]
@@ -46,7 +46,7 @@ def test_train_student_from_the_downloaded_files_reaches_the_reported_top1(downl
 
 def test_the_command_runs_from_another_folder_without_ray_or_the_service(downloaded, tmp_path):
     files, reported = downloaded
-    code = ("import sys; from fadrm_ray.commands import main; "
+    code = ("import sys; from fadrm_ray.cli import main; "
             f"rc = main(['train-student', '--data', {str(files.data)!r}, '--teacher', {str(files.teachers[0])!r}, "
             f"'--recipe', {str(files.recipe)!r}, '--test', 'digits', '--seed', '0', '--threads', '1', '--json', "
             "'--quiet']); "
@@ -62,7 +62,7 @@ def test_the_command_runs_from_another_folder_without_ray_or_the_service(downloa
 
 
 def test_files_that_do_not_fit_are_refused_in_one_line(downloaded, tmp_path, capsys):
-    from fadrm_ray.commands import main
+    from fadrm_ray.cli import main
 
     files, _ = downloaded
     other = tmp_path / "other.parquet"
@@ -82,8 +82,8 @@ def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported
     """A job whose evaluation stores top-k soft labels of a few epochs: the client fetches them with
     the images and the recipe (no teacher), and the student trained from those files is the
     reported one."""
-    from fadrm_ray.eval_job import EvalJob
-    from fadrm_ray.student import read_recipe, train_from_files
+    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.from_files import read_recipe, train_from_files
 
     body = request(classes=[1, 8], ipc=2, seed=52)
     evaluation = {"epochs": 4, "seeds": 1, "soft_labels": "stored", "soft_label_topk": 3, "soft_label_epochs": 2}

@@ -291,7 +291,7 @@ def plot_results(out: Path, rows: list[dict], swept: dict[str, Param], seeds: in
     """top1_vs_KEY.png for each swept key and a heat map: every trial that reported, at its last
     top-1; finished trials as dots (with their seeds' std when there are several), stopped and
     interrupted ones with their own markers."""
-    from fadrm_ray.report import pyplot, save_figure
+    from fadrm_ray.evaluation.report import pyplot, save_figure
 
     plt = pyplot()
     shown = [r for r in rows if r["state"] in ("done", "stopped", "interrupted") and r["top1"] is not None]

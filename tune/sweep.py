@@ -321,7 +321,7 @@ def mark_below_random(rows: list[TrialRow], reference, interrupted: bool) -> str
     those students: the same command, resuming, compares."""
     import ray
 
-    from fadrm_ray.baselines import gain_text, paired_gain
+    from fadrm_ray.evaluation.baselines import gain_text, paired_gain
 
     if interrupted:
         return "not compared: the sweep was interrupted (resuming it compares)"

@@ -31,11 +31,14 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fadrm_ray.events import append_event
 
 from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialState
+
+if TYPE_CHECKING:
+    from fadrm_ray.run.job import ExecutionSpec
 
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
@@ -81,16 +84,20 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     evaluation is cached in its run, so a resumed sweep reads it back)."""
     import torch
 
-    from fadrm_ray.baselines import baseline_configs
-    from fadrm_ray.run.execute import distill_local
-    from fadrm_ray.evaluate import evaluate_run
+    from fadrm_ray.evaluation.baselines import baseline_configs
+    from fadrm_ray.run import execute
+    from fadrm_ray.run.job import ExecutionSpec, prepare_job
+    from fadrm_ray.evaluation.students import evaluate_run
     from tune.space import trial_config
 
     torch.set_num_threads(sweep.threads)
     paths = teacher_files(sweep, teacher_blobs)
-    cfg = baseline_configs(trial_config(sweep.base, {}).to_dict())["random_real"]  # what fadrm evaluate compares with
-    run = distill_local(cfg, dataset, paths, sweep.store, device=sweep.device, progress=False)
-    from fadrm_ray.eval_job import EvalJob, EvalParts
+    cfg = baseline_configs(trial_config(sweep.base, {}))["random_real"]  # what fadrm evaluate compares with
+    spec = ExecutionSpec(local=True, device=sweep.device, progress=False)
+    distill_job, parts = prepare_job(cfg, dataset, dataset.name, paths, sweep.store,
+                                     device_type=execute.device_type(spec))
+    run = execute.run(distill_job, spec, parts)
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 
     job = EvalJob(config=sweep.eval, teachers=paths, threads=sweep.threads, device=sweep.device, progress=False,
                   ipc=cfg.ipc)
@@ -125,7 +132,7 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     from ray import tune
 
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.evaluate import evaluate_run
+    from fadrm_ray.evaluation.students import evaluate_run
     from tune.space import trial_config
 
     threads = sweep.threads
@@ -168,7 +175,7 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     evaluated = time.perf_counter()
     device = sweep.device
-    from fadrm_ray.eval_job import EvalJob, EvalParts
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 
     job = EvalJob(config=eval_cfg, teachers=paths if labeler is None else None, threads=threads, device=device,
                   progress=False, ipc=cfg.ipc)
@@ -191,63 +198,56 @@ def _checkpoint(state: TrialState):
     return tune.Checkpoint.from_directory(folder)
 
 
-def trial_executor(sweep: TrialSettings):
-    """The executor of a trial's distillation, on the trial's device: this process, or (with
-    `workers_per_trial` > 1) a WorkerPool whose DistillWorkers get the trial's GPUs, none for a
-    CPU trial. Its actors start here, so a caller closes it on every path."""
-    from fadrm_ray.run.execute import LocalExecutor
+def trial_spec(sweep: TrialSettings) -> ExecutionSpec:
+    """How a trial's distillation runs: in this process on the trial's device, or (with
+    `workers_per_trial` > 1) on DistillWorker actors in the trial's placement group, which get the
+    trial's GPUs, none for a CPU trial."""
+    from fadrm_ray.run.job import ExecutionSpec
 
     if sweep.workers_per_trial <= 1:
-        return LocalExecutor(sweep.device, progress=False)
-    from actors.pool import WorkerPool
-
+        return ExecutionSpec(local=True, device=sweep.device, progress=False)
     # No GPUs (0, not None) for a CPU trial: left None, the pool takes one GPU per worker
     # wherever the cluster has GPUs, and the job resolved for the CPU would not run there.
     gpus = sweep.gpus_per_worker if sweep.device == "cuda" else 0.0
-    executor = WorkerPool(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker,
-                          gpus_per_worker=gpus, progress=False)
-    if executor.device_type != sweep.device:
-        executor.close()
-        raise ValueError(f"the trial runs on {sweep.device}, but its workers would run on {executor.device_type}")
-    return executor
+    return ExecutionSpec(workers=sweep.workers_per_trial, cpus_per_worker=sweep.cpus_per_worker, gpus_per_worker=gpus,
+                         progress=False)
 
 
 def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
                   selections: dict | None) -> tuple[TrialState, Any]:
     """Distill `cfg` into the sweep's store (content-addressed: what the store holds is not
     recomputed), with the sweep's patch rankings written into the run first. The trial builds
-    its job once (teachers loaded once) and runs it in this process, or on DistillWorker actors
-    in the trial's placement group with `workers_per_trial` > 1. Returns what it did and the
-    teachers as a SoftLabeler for the evaluation."""
-    from fadrm_ray.run.execute import run_job
+    its job once (teachers loaded once) and runs it through the door of its `trial_spec`: in this
+    process, or on DistillWorker actors in the trial's placement group with `workers_per_trial`
+    > 1 (which stop on every path). Returns what it did and the teachers as a SoftLabeler for the
+    evaluation."""
+    from fadrm_ray.run import execute
     from fadrm_ray.run.stages import needed_classes, save_selection
     from fadrm_ray.run.units import plan_units
     from fadrm_ray.run.job import prepare_job
     from fadrm_ray.layout import RunLayout
-    from fadrm_ray.relabel import SoftLabeler
+    from fadrm_ray.evaluation.relabel import SoftLabeler
 
     started = time.perf_counter()
-    store_root, device = sweep.store, sweep.device
-    on_ray = sweep.workers_per_trial > 1
-    executor = trial_executor(sweep)
-    try:
-        job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, store_root,
-                                 device="cpu" if on_ray else device, device_type=executor.device_type,
-                                 data_root=sweep.data_root)
-        layout = RunLayout(job.run_dir)
-        labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
-        key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
-        shared = (selections or {}).get(key, {})
-        for label in labels:
-            if label in shared and not layout.patch_selection(label).is_file():
-                save_selection(layout, shared[label])
-        before = sum(layout.patch_selection(label).is_file() for label in labels)
-        result = run_job(job, executor, parts)
-    finally:
-        if on_ray:
-            executor.close()  # idempotent: the actors stop on every path, not only when the job ran
+    spec = trial_spec(sweep)
+    if spec.local:
+        door = execute
+    else:
+        from actors import coordinator as door
+    job, parts = prepare_job(cfg, dataset, sweep.dataset, teacher_paths, sweep.store,
+                             device=sweep.device if spec.local else "cpu", device_type=sweep.device,
+                             data_root=sweep.data_root)
+    layout = RunLayout(job.run_dir)
+    labels = needed_classes(plan_units(job.config, job.num_classes, image_size=job.image_size), job.config)
+    key = patch_key(job.config, job.dataset_fingerprint, [t.sha256 for t in job.teachers])
+    shared = (selections or {}).get(key, {})
+    for label in labels:
+        if label in shared and not layout.patch_selection(label).is_file():
+            save_selection(layout, shared[label])
+    before = sum(layout.patch_selection(label).is_file() for label in labels)
+    result = door.run(job, spec, parts)
     after = sum(layout.patch_selection(label).is_file() for label in labels)
     state = TrialState(run_dir=str(result.run_dir), units_run=len(result.units_run),
                        units_skipped=len(result.units_skipped), patches_scored=after - before,
                        distill_seconds=round(time.perf_counter() - started, 3))
-    return state, SoftLabeler.from_loaded(parts.models, parts.infos, device)
+    return state, SoftLabeler.from_loaded(parts.models, parts.infos, sweep.device)

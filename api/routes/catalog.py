@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fadrm_ray.config import PRESETS, make_config
 
 from api.catalog import UnknownName, UnusableTeacher
-from api.models import DatasetInfo, TeacherInfo
+from api.models import DatasetInfo, TeacherListed
 from api.routes.common import AUTH, ERRORS, ServiceDep
 
 log = logging.getLogger("fadrm.api")
@@ -29,7 +29,7 @@ def datasets(service: ServiceDep) -> list[DatasetInfo]:
 
 
 @router.get("/v1/teachers")
-def teachers(service: ServiceDep) -> list[TeacherInfo]:
+def teachers(service: ServiceDep) -> list[TeacherListed]:
     out = []
     for name in service.catalog.teacher_names():  # those that load (each file read once per version)
         try:
@@ -37,7 +37,7 @@ def teachers(service: ServiceDep) -> list[TeacherInfo]:
         except (UnknownName, UnusableTeacher):  # changed since it was listed
             continue
         accuracy = info.test_accuracy if info.test_accuracy == info.test_accuracy else None
-        out.append(TeacherInfo(name=name, model=info.model_name, dataset=info.dataset, num_classes=info.num_classes,
+        out.append(TeacherListed(name=name, model=info.model_name, dataset=info.dataset, num_classes=info.num_classes,
                                class_names=list(info.class_names), image_size=info.image_size,
                                in_chans=info.in_chans, test_accuracy=accuracy))
     return out

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from fadrm_ray.settings import EvalConfig
-from fadrm_ray.soft_label_store import SoftLabelError
+from fadrm_ray.evaluation.soft_labels import SoftLabelError
 
 from api.models import MAX_TEACHERS, STATES, DistillationRequest, Job, JobList, Problem, Report
 from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, report, stored_labels, write_dataset,

@@ -1,13 +1,21 @@
-"""Running a job: `run_job` holds the run's lock, plans the units around those the run has, hands
-the rest to an executor and finishes the manifest. `LocalExecutor` runs them in this process
-(`fadrm distill --local`, a Tune trial); `actors.coordinator` runs them on Ray actors.
+"""Running a job: one door, `run(job, spec, parts=None)`, whichever executor the spec names.
+
+A job is built once (`run.job.build_job` / `prepare_job`), for the device type of the door that
+runs it (`device_type(spec)`), and handed to the door whole with its `ExecutionSpec`. This module
+is the library's door: `run` runs the job in this process (`fadrm distill --local`, the demo, a
+Tune trial, the benchmarks). `actors.coordinator` is the Ray door, with the same two functions
+(`Door`); the library never imports it, so the `fadrm` command is given it (actors/cli.py).
+
+Behind both doors, `run_job` holds the run's lock, plans the units around those the run has,
+hands the rest to an executor and finishes the manifest: `LocalExecutor` here, the Ray layer's
+`actors.pool.WorkerPool` there.
 """
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 from pydantic import BaseModel, Field
@@ -16,11 +24,13 @@ from fadrm_ray import __version__
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run.job import DistillJob, JobParts, prepare_job
+from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
 from fadrm_ray.run.stages import distill_unit, frozen_teachers, prepare_patches
 from fadrm_ray.run.units import Unit, checkpointed_units, plan_units, request_images, steps_of
 from fadrm_ray.runtime import resolve_device, tune_allocator
-from fadrm_ray.store import RunStore
+from fadrm_ray.store import RunStore, StoreError
+from fadrm_ray.store.manifests import read_config
+from fadrm_ray.store.run_files import RecordedDataset, RecordedTeacher, RunProvenance
 
 
 class DistillResult(BaseModel):
@@ -39,38 +49,29 @@ class DistillResult(BaseModel):
         return self.model_dump(mode="json")
 
 
-def run_config(cfg: DistillConfig, layout: RunLayout) -> dict:
+def run_config(cfg: DistillConfig, layout: RunLayout) -> DistillConfig:
     """What config.yaml records: this request's resolved config, with `ipc` the largest IPC the
     run has been asked for (the images present are what the manifests list)."""
-    import yaml
-
-    saved = {}
-    if layout.config.is_file():
-        try:
-            saved = yaml.safe_load(layout.config.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            saved = {}
-    before = saved.get("ipc") if isinstance(saved, dict) else None
-    ipc = max(cfg.ipc, before) if isinstance(before, int) and not isinstance(before, bool) else cfg.ipc
-    return {**cfg.to_dict(), "ipc": ipc}
+    try:
+        saved = read_config(layout)
+    except StoreError:
+        saved = None
+    return cfg.model_copy(update={"ipc": max(cfg.ipc, saved.ipc) if saved is not None else cfg.ipc})
 
 
-def provenance(job: DistillJob, dataset: ImageDataset) -> dict:
+def provenance(job: DistillJob, dataset: ImageDataset) -> RunProvenance:
     """What every part file records about how it was made: the dataset with the spec that
     reopens it and the teachers with their sha256, by the job's absolute paths
     (`job.build_job`), so `fadrm evaluate` and `fadrm verify --repair` find them from any
     directory."""
-    return {
-        "run_id": job.run_id,
-        "config": job.config.to_dict(),
-        "dataset": {**{k: v for k, v in dataset.describe().items() if k != "class_names"}, "spec": job.dataset_spec},
-        "class_map": {i: name for i, name in enumerate(dataset.class_names)},
-        "teachers": [{"path": t.path, "sha256": t.sha256, "model": t.model, "test_accuracy": t.test_accuracy}
-                     for t in job.teachers],
-        "seed": job.config.seed,
-        "code_version": __version__,
-        **({"pilot": job.pilot.model_dump(mode="json")} if job.pilot is not None else {}),
-    }
+    described = {k: v for k, v in dataset.describe().items() if k != "class_names"}
+    return RunProvenance(
+        run_id=job.run_id, config=job.config.to_dict(), dataset=RecordedDataset(**described, spec=job.dataset_spec),
+        class_map=dict(enumerate(dataset.class_names)),
+        teachers=[RecordedTeacher(path=t.path, sha256=t.sha256, model=t.model, test_accuracy=t.test_accuracy)
+                  for t in job.teachers],
+        seed=job.config.seed, code_version=__version__,
+        pilot=job.pilot.model_dump(mode="json") if job.pilot is not None else None)
 
 
 class RunExecutor(Protocol):
@@ -98,7 +99,7 @@ def run_job(job: DistillJob, executor: RunExecutor, parts: JobParts | None = Non
     started = time.perf_counter()
     cfg = job.config
     store = RunStore(job.store, job.run_id)
-    with store.session(run_config(cfg, store.layout)):
+    with store.session(run_config(cfg, store.layout), job=job):
         # Planned after the lock: a writer we waited for may have added units, or done them all.
         done = store.finished_units()
         units = plan_units(cfg, job.num_classes, image_size=job.image_size, workers=executor.parallelism,
@@ -146,12 +147,27 @@ class LocalExecutor:
                 "patch_seconds": patch_seconds, "patches_scored": len(scored_now)}
 
 
-def distill_local(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path],
-                  out_root: str | Path, device: str | None = None, progress: bool = True,
-                  dataset_spec: str | None = None, data_root: str | None = None) -> DistillResult:
-    """Build the job of `cfg` and run it in this process (`fadrm distill --local`, the library's
-    own door)."""
-    executor = LocalExecutor(device, progress)
-    job, parts = prepare_job(cfg, dataset, dataset_spec or dataset.name, teacher_paths, out_root, executor.device,
-                             data_root=data_root)
-    return run_job(job, executor, parts)
+class Door(Protocol):
+    """Where a job runs, one signature for all: this module (this process) or `actors.coordinator`
+    (Ray actors). Build the job for `device_type(spec)`, then `run(job, spec, parts)`."""
+
+    def device_type(self, spec: ExecutionSpec) -> str:
+        """The device type a job must be resolved for to run through this door with `spec`."""
+        ...
+
+    def run(self, job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> DistillResult:
+        """Run `job` as `spec` says; `parts`: what building the job loaded in this process."""
+        ...
+
+
+def device_type(spec: ExecutionSpec) -> str:
+    """The device type of a run in this process: `spec.device`'s (default: cuda when torch sees a GPU)."""
+    return torch.device(resolve_device(spec.device)).type
+
+
+def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> DistillResult:
+    """The library's door: run `job` in this process, on `spec.device` (default: the device type
+    the job was built for), with a progress bar unless `spec.progress` is off. Torch threads are
+    the caller's (the `fadrm` command sets `--threads` once for the whole command)."""
+    return run_job(job, LocalExecutor(spec.device or job.device_type, spec.progress), parts)
+

@@ -23,6 +23,7 @@ from fadrm_ray.patches import ClassSelection, score_class, scored, select_patche
 from fadrm_ray.recover import FrozenTeacher, RecoverState, final_images, init_state, run_stage
 from fadrm_ray.run.job import JobParts
 from fadrm_ray.run.units import Unit, chunks
+from fadrm_ray.store.run_files import PackRecord, StageRecord, UnitStats
 from fadrm_ray.store import ImageRecord, RunStore
 from fadrm_ray.errors import InputError
 
@@ -84,7 +85,7 @@ def run_unit_stage(states: Sequence[RecoverState], teachers: Sequence[FrozenTeac
 
 
 def unit_records(unit: Unit, states: Sequence[RecoverState], teachers: Sequence[FrozenTeacher],
-                 device: str = "cpu") -> tuple[list[ImageRecord], list[dict]]:
+                 device: str = "cpu") -> tuple[list[ImageRecord], list[PackRecord]]:
     """The finished images of a unit as store records, and each pack's loss history."""
     records, packs = [], []
     for state in states:
@@ -93,20 +94,20 @@ def unit_records(unit: Unit, states: Sequence[RecoverState], teachers: Sequence[
             records.append(ImageRecord(label=int(state.labels[j]),
                                        ipc_index=state.ipc_indices[j // len(unit.classes)],
                                        image=images[j], ce_loss=float(ce[j]), bn_loss=float(bn[j])))
-        packs.append({"ipc_indices": state.ipc_indices, "resolutions": state.resolutions,
-                      "budgets": state.budgets, "stages": state.history})
+        packs.append(PackRecord(ipc_indices=state.ipc_indices, resolutions=state.resolutions, budgets=state.budgets,
+                                stages=[StageRecord.model_validate(stage) for stage in state.history]))
     return records, packs
 
 
-def unit_stats(unit: Unit, packs: list[dict], device: str, seconds: float, **extra) -> dict:
-    return {"unit_id": unit.unit_id, "classes": list(unit.classes), "ipc_start": unit.ipc_start,
-            "ipc_end": unit.ipc_end, "images": unit.images, "device": str(device), "seconds": seconds,
-            "packs": packs, **extra}
+def unit_stats(unit: Unit, packs: list[PackRecord], device: str, seconds: float, **extra) -> UnitStats:
+    return UnitStats(unit_id=unit.unit_id, classes=list(unit.classes), ipc_start=unit.ipc_start,
+                     ipc_end=unit.ipc_end, images=unit.images, device=str(device), seconds=seconds, packs=packs,
+                     **extra)
 
 
 def distill_unit(unit: Unit, cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[FrozenTeacher],
                  device: str = "cpu", on_step: Callable[[int], None] | None = None,
-                 patch_cache: dict | None = None) -> tuple[list[ImageRecord], dict]:
+                 patch_cache: dict | None = None) -> tuple[list[ImageRecord], UnitStats]:
     """Recover every IPC index of `unit` in one go: the records to store and the unit's statistics."""
     started = time.perf_counter()
     states = unit_states(unit, cfg, dataset, teachers, device, patch_cache)

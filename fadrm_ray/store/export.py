@@ -20,8 +20,11 @@ import pyarrow.parquet as pq
 import torch
 
 from fadrm_ray.fileio import atomic_create_bytes, check_new_output, fsync_dir
-from fadrm_ray.store.reader import open_run
+from pydantic import BaseModel
+
+from fadrm_ray.store.reader import RunReader, open_run
 from fadrm_ray.store.records import StoreError, json_dumps, part_schema
+from fadrm_ray.store.run_files import ExportedRun
 
 _UNSAFE_DIR_CHARS = re.compile(r"[/\\\x00]")
 
@@ -57,7 +60,7 @@ def export_imagefolder(
     ImageFolder numbers only the exported folders; ``classes.json`` maps them to global indices.
     `incomplete` allows a run that is not finished, `ipc` reads the run at that IPC (IPC indices
     0..ipc-1; `open_run`). `extra` maps file names to bytes written at the top of the folder
-    with the rest (the run's teacher and recipe: `store.product`).
+    with the rest (the run's teacher and recipe: `fadrm_ray.evaluation.product`).
     """
     out_dir = Path(out_dir)
     check_new_output(out_dir, "export target", empty_dir_ok=True)
@@ -140,7 +143,7 @@ def export_tensors(
     return int(labels.numel())
 
 
-def parquet_bytes(reader, classes: Iterable[int] | None, about: dict) -> bytes:
+def parquet_bytes(reader: RunReader, classes: Iterable[int] | None, about: BaseModel | dict) -> bytes:
     """One Parquet file of the images of `classes` as the store keeps them (PNG bytes, label,
     ipc_index, the recover losses), sorted by (label, ipc_index), with the class names (a
     ClassLabel in the `huggingface` metadata) and `about` (the `fadrm` metadata)."""
@@ -172,8 +175,8 @@ def export_parquet(
     check_new_output(out_file, "export target")
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     chosen = sorted({r["label"] for r in reader.records(classes)})
-    about = {**(reader.provenance or {}), "run_id": reader.run_id, "ipc": ipc or reader.config.get("ipc"),
-             "classes": chosen}
+    about = ExportedRun(**{**reader.provenance.model_dump(), "run_id": reader.run_id, "classes": chosen,
+                           "ipc": ipc or (reader.config.ipc if reader.config is not None else None)})
     data = parquet_bytes(reader, classes, about)
     try:
         atomic_create_bytes(out_file, data)

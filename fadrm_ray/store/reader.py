@@ -31,8 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from fadrm_ray.config import DistillConfig
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import lock, manifests
+from fadrm_ray.store.run_files import RunManifest, RunProvenance, RunSummary, UnitManifest
 from fadrm_ray.store.records import (
     COLUMNS,
     IntegrityError,
@@ -55,18 +57,14 @@ class Part:
     ipc_range: tuple[int, int] | None = None
 
 
-def unit_parts(layout: RunLayout, unit: dict) -> list[Part]:
+def unit_parts(layout: RunLayout, unit: UnitManifest) -> list[Part]:
     """The parts a unit manifest lists; IntegrityError for an entry that points outside the run."""
     parts = []
-    for e in unit.get("files", []):
-        path = layout.resolve(str(e.get("path", ""))) if isinstance(e, dict) else None
+    for e in unit.files:
+        path = layout.resolve(e.path)
         if path is None:
-            raise IntegrityError(f"unit {unit.get('unit_id')} of {layout.run_dir} lists a file outside the run: "
-                                 f"{e.get('path') if isinstance(e, dict) else e!r}")
-        label, rows, start, end = e.get("label"), e.get("rows"), e.get("ipc_start"), e.get("ipc_end")
-        parts.append(Part(path, int(label) if isinstance(label, int) else RunLayout.label_of(path),
-                          int(rows) if isinstance(rows, int) else None, str(e.get("sha256")), str(unit.get("unit_id")),
-                          (start, end) if isinstance(start, int) and isinstance(end, int) else None))
+            raise IntegrityError(f"unit {unit.unit_id} of {layout.run_dir} lists a file outside the run: {e.path}")
+        parts.append(Part(path, e.label, e.rows, e.sha256, unit.unit_id, (e.ipc_start, e.ipc_end)))
     return parts
 
 
@@ -153,22 +151,23 @@ def open_run(run_dir: str | os.PathLike, *, incomplete: bool = False, ipc: int |
 class RunReader:
     """What `open_run` returns: the config, manifest, class names and images of one run."""
 
-    def __init__(self, layout: RunLayout, config: dict, manifest: dict | None, ipc: int | None = None):
+    def __init__(self, layout: RunLayout, config: DistillConfig | None, manifest: RunManifest | None,
+                 ipc: int | None = None):
         self.layout = layout
         self.run_dir = layout.run_dir
-        self.config = config
+        self.config = config      # config.yaml; None for a bare copy of part files
         self.manifest = manifest  # only a manifest that marks the run complete
         self.ipc = ipc            # the view: IPC indices below it; None = every image of the run
         self._parts = [p for p in self._discover_parts() if self._in_view(p)]
         self.class_names: list[str] = self._find_class_names()
-        self.provenance: dict = self._find_provenance()
+        self.provenance: RunProvenance = self._find_provenance()
 
     def __repr__(self) -> str:
         return f"RunReader({str(self.run_dir)!r})"
 
     @property
     def run_id(self) -> str:
-        return self.manifest.get("run_id", self.run_dir.name) if self.manifest else self.run_dir.name
+        return self.manifest.run_id if self.manifest else self.run_dir.name
 
     @property
     def complete(self) -> bool:
@@ -182,7 +181,7 @@ class RunReader:
             problems = manifests.run_manifest_problems(self.layout, self.manifest, units)
             if problems:
                 raise IntegrityError(f"{next(iter(problems.values()))}; {manifests.repair_hint(self.layout)}")
-            listed = [u for u in self.manifest.get("units", []) if isinstance(u, dict)]
+            listed = list(self.manifest.units)
         elif units:
             listed = list(units.values())
         else:
@@ -200,26 +199,25 @@ class RunReader:
         return self.ipc is None or rng is None or rng[0] < self.ipc
 
     def _find_class_names(self) -> list[str]:
-        if self.manifest and self.manifest.get("class_names"):
-            return [str(n) for n in self.manifest["class_names"]]
+        if self.manifest and self.manifest.class_names:
+            return list(self.manifest.class_names)
         for part in self._parts[:1]:
             if part.path.is_file():
                 names = part_class_names(part.path)
                 if names is not None:
                     return names
-        names = self.config.get("class_names")
-        return [str(n) for n in names] if isinstance(names, list) else []
+        return []
 
-    def _find_provenance(self) -> dict:
+    def _find_provenance(self) -> RunProvenance:
         # Any part that can still be read will do: they all record the same provenance.
         for part in self._parts:
             try:
                 found = part_provenance(part.path)
             except StoreError:
                 continue
-            if found:
+            if found is not None:
                 return found
-        return {}
+        return RunProvenance(format_version=1)
 
     @property
     def classes(self) -> list[int]:
@@ -252,20 +250,19 @@ class RunReader:
             if wanted is None or part.label in wanted:
                 part_bytes(self.layout, part)
 
-    def unit_manifests(self) -> dict[str, dict]:
+    def unit_manifests(self) -> dict[str, UnitManifest]:
         """Every readable unit manifest (files, rows, stats), verified or not."""
         return manifests.unit_manifests(self.layout)
 
     def content_hash(self) -> str:
         """`manifests.content_hash`: since every read is checked against the same sha256 values,
         it names the images a reader of this run actually gets."""
+        files = [f for u in self._units for f in u.files]
         if self.ipc is None:
-            return manifests.content_hash(self.layout, self._units)
+            return manifests.content_hash(self.layout, files)
         # A view: the parts it reads from, and the IPC that cuts them.
         paths = {self.layout.relative(p.path) for p in self._parts}
-        units = [{"files": [f for f in u.get("files", []) if isinstance(f, dict) and str(f.get("path")) in paths]}
-                 for u in self._units]
-        return manifests.content_hash(self.layout, units + [{"files": [{"path": "ipc", "sha256": str(self.ipc)}]}])
+        return manifests.content_hash(self.layout, [f for f in files if f.path in paths], view=self.ipc)
 
     def part_files(self, classes: Iterable[int] | None = None) -> list[Path]:
         if classes is None:
@@ -359,9 +356,9 @@ class RunReader:
         self.verify()
         per_class = self._images_per_class()
         image_shape = first_image_shape(self._parts[0].path) if self._parts else None
-        summary = (self.manifest or {}).get("summary", {})
-        units = (self.manifest or {}).get("units", [])
-        written = sorted(u.get("written_at") for u in units if u.get("written_at"))
+        summary = self.manifest.summary if self.manifest else RunSummary()
+        units = self.manifest.units if self.manifest else []
+        written = sorted(u.written_at for u in units if u.written_at)
         return {
             "run_id": self.run_id,
             "run_dir": str(self.run_dir),
@@ -377,16 +374,16 @@ class RunReader:
             "images_per_class": per_class,
             "image_shape": image_shape,
             "parts": len(self._parts),
-            "config": _config_summary(self.config),
-            "teachers": [{k: t.get(k) for k in ("path", "model", "test_accuracy", "sha256")}
-                         for t in (self.provenance or {}).get("teachers", []) if isinstance(t, dict)],
+            "config": _config_summary(self.config.to_dict() if self.config is not None else {}),
+            "teachers": [t.model_dump(include={"path", "model", "test_accuracy", "sha256"})
+                         for t in self.provenance.teachers],
             "timings": {
-                **(summary.get("timings", {}) if isinstance(summary.get("timings"), dict) else {}),
+                **summary.timings,
                 "first_unit_written_at": written[0] if written else None,
                 "last_unit_written_at": written[-1] if written else None,
-                "finalized_at": (self.manifest or {}).get("finalized_at"),
+                "finalized_at": self.manifest.finalized_at if self.manifest else None,
             },
-            "summary": summary,
+            "summary": summary.model_dump(mode="json"),
         }
 
 

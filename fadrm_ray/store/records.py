@@ -24,7 +24,10 @@ import pyarrow.parquet as pq
 import torch
 
 from fadrm_ray import codec
+from pydantic import BaseModel
+
 from fadrm_ray.errors import InputError
+from fadrm_ray.store.run_files import RunProvenance
 
 COLUMNS = ("image", "label", "ipc_index", "ce_loss", "bn_loss")
 
@@ -135,7 +138,7 @@ def hf_features(class_names: Sequence[str]) -> dict:
     }
 
 
-def part_schema(class_names: Sequence[str], provenance: dict | None = None) -> pa.Schema:
+def part_schema(class_names: Sequence[str], provenance: BaseModel | dict | None = None) -> pa.Schema:
     # Every field stays nullable: `datasets` only trusts the metadata features for a column
     # when its field equals the one it would build, and it builds nullable fields.
     fields = [
@@ -147,7 +150,8 @@ def part_schema(class_names: Sequence[str], provenance: dict | None = None) -> p
     ]
     metadata = {
         b"huggingface": json.dumps({"info": {"features": hf_features(class_names)}}).encode(),
-        b"fadrm": json_dumps(provenance or {}, indent=None).encode(),
+        b"fadrm": (provenance.model_dump_json() if isinstance(provenance, BaseModel)
+                   else json_dumps(provenance or {}, indent=None)).encode(),
     }
     return pa.schema(fields, metadata=metadata)
 
@@ -158,7 +162,7 @@ def _opt_float(value: Any) -> float | None:
     return float(value)
 
 
-def encode_part(records: list[ImageRecord], class_names: list[str], provenance: dict) -> bytes:
+def encode_part(records: list[ImageRecord], class_names: list[str], provenance: RunProvenance) -> bytes:
     """The bytes of one part file holding `records` (already checked and sorted by the caller)."""
     images = []
     for r in records:
@@ -200,16 +204,10 @@ def part_class_names(path: Path) -> list[str] | None:
     return [str(n) for n in names]
 
 
-def part_provenance(path: Path) -> dict:
-    """The provenance a part file records ({} if none or unreadable)."""
+def part_provenance(path: Path) -> RunProvenance | None:
+    """The provenance a part file records (None if none or unreadable)."""
     raw = _schema_metadata(path).get(b"fadrm")
-    if raw is None:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    return None if raw is None else RunProvenance.from_json(raw)
 
 
 def first_image_shape(path: Path) -> list[int] | None:

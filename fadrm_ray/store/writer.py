@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from pydantic import BaseModel
 
+from fadrm_ray.config import DistillConfig
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text, sha256_bytes
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import manifests
 from fadrm_ray.store.lock import RunLock, waiting_notice
+from fadrm_ray.store.run_files import PartFile, RunManifest, RunProvenance, RunSummary, UnitManifest, UnitStats
 from fadrm_ray.store.records import (
     ImageRecord,
     StoreError,
     check_image,
     encode_part,
-    json_dumps,
     part_class_names,
     to_plain,
     utc_now,
@@ -54,16 +56,21 @@ class RunStore:
     def __repr__(self) -> str:
         return f"RunStore({str(self.run_dir)!r})"
 
-    def write_config(self, config: dict) -> Path:
-        text = yaml.safe_dump(to_plain(config), sort_keys=False)
+    def write_config(self, config: DistillConfig, job: BaseModel | None = None) -> Path:
+        """config.yaml, and beside it job.json: the job that writes the run (`DistillJob`), read
+        back typed by `fadrm_ray.run.reopen`."""
+        if job is not None:
+            atomic_write_text(self.layout.job, job.model_dump_json(indent=2))
+        text = yaml.safe_dump(config.to_dict(), sort_keys=False)
         return atomic_write_text(self.layout.config, text)
 
     # -- one writing command
     @contextlib.contextmanager
-    def session(self, config: dict, *, timeout: float | None = None,
+    def session(self, config: DistillConfig, *, job: BaseModel | None = None, timeout: float | None = None,
                 on_wait: Callable[[dict], None] | None = None):
         """Write the run as its only writer: take the writer lock (waiting while another command
-        writes the run; it then finds that command's units done), write config.yaml, yield.
+        writes the run; it then finds that command's units done), write config.yaml and job.json,
+        yield.
 
         A session that fails before any unit or stage checkpoint is on disk removes what it
         wrote, so a failed start leaves no half-created run that readers would report.
@@ -73,7 +80,7 @@ class RunStore:
         lock.acquire(timeout, on_wait if on_wait is not None else waiting_notice(self.layout))
         discard = False
         try:
-            self.write_config(config)
+            self.write_config(config, job)
             yield self
         except BaseException:
             discard = not self.layout.unit_ids() and not self.layout.checkpoints()
@@ -87,7 +94,7 @@ class RunStore:
 
     def _discard_files(self) -> None:
         # No unit manifest exists, so any part file or patch ranking is a leftover of this attempt.
-        for path in (self.layout.config, self.layout.ledger, *self.layout.parts_on_disk(),
+        for path in (self.layout.config, self.layout.job, self.layout.ledger, *self.layout.parts_on_disk(),
                      *self.layout.patch_selections()):
             path.unlink(missing_ok=True)
 
@@ -105,7 +112,7 @@ class RunStore:
         manifest = manifests.unit_manifest(self.layout, unit_id)
         return manifest is not None and manifests.verify(self.layout, manifest)
 
-    def finished_units(self) -> dict[str, dict]:
+    def finished_units(self) -> dict[str, UnitManifest]:
         """unit_id -> unit manifest for every unit whose files all verify."""
         return {uid: m for uid, m in manifests.unit_manifests(self.layout).items()
                 if manifests.verify(self.layout, m)}
@@ -116,9 +123,9 @@ class RunStore:
         unit_id: str,
         records: list[ImageRecord],
         class_names: list[str],
-        provenance: dict,
-        stats: dict | None = None,
-    ) -> dict:
+        provenance: RunProvenance,
+        stats: UnitStats | dict | None = None,
+    ) -> UnitManifest:
         """Write one unit's images (one part file per label) and then its manifest.
 
         The manifest is written last, so a crash before it leaves the unit not done and a retry
@@ -155,35 +162,24 @@ class RunStore:
             plan.append((label, start, end, recs, self.layout.part(label, start, end)))
 
         old = manifests.unit_manifest(self.layout, unit_id)
-        own_old = {str(e.get("path")) for e in old["files"]} if old else set()
+        own_old = {e.path for e in old.files} if old else set()
         self._check_no_foreign_overlap(unit_id, plan, own_old)
 
         files = []
         for label, start, end, recs, path in plan:
             data = encode_part(recs, class_names, provenance)
             atomic_write_bytes(path, data)
-            files.append(
-                {
-                    "path": self.layout.relative(path),
-                    "rows": len(recs),
-                    "sha256": sha256_bytes(data),
-                    "label": label,
-                    "ipc_start": start,
-                    "ipc_end": end,
-                }
-            )
+            files.append(PartFile(path=self.layout.relative(path), rows=len(recs), sha256=sha256_bytes(data),
+                                  label=label, ipc_start=start, ipc_end=end))
 
-        manifest = {
-            "unit_id": unit_id,
-            "files": files,
-            "rows": sum(f["rows"] for f in files),
-            "stats": to_plain(stats or {}),
-            "written_at": utc_now(),
-        }
-        atomic_write_text(self.layout.unit(unit_id), json_dumps(manifest))
+        if not isinstance(stats, UnitStats):
+            stats = UnitStats.model_validate(to_plain(stats or {}))
+        manifest = UnitManifest(unit_id=unit_id, files=files, rows=sum(f.rows for f in files), stats=stats,
+                                written_at=utc_now())
+        atomic_write_text(self.layout.unit(unit_id), manifest.model_dump_json(indent=2))
 
         # Files of an earlier attempt of this unit that the new attempt no longer produces.
-        new_paths = {f["path"] for f in files}
+        new_paths = {f.path for f in files}
         for rel in own_old - new_paths:
             stale = self.layout.resolve(rel)
             if stale is not None:
@@ -215,8 +211,8 @@ class RunStore:
         for other_id, m in manifests.unit_manifests(self.layout).items():
             if other_id == unit_id:
                 continue
-            for e in m["files"]:
-                owners[str(e.get("path"))] = other_id
+            for e in m.files:
+                owners[e.path] = other_id
         for rel, label, start, end in suspects:
             if rel in owners:
                 raise StoreError(
@@ -226,7 +222,7 @@ class RunStore:
         # Files nobody lists are leftovers of a crashed attempt; readers go by the manifests.
 
     # -- completing the run
-    def finalize(self, summary: dict) -> dict:
+    def finalize(self, summary: RunSummary | dict) -> RunManifest:
         """Write manifest.json marking the run complete; refuses if any unit fails to verify."""
         units_by_id = manifests.unit_manifests(self.layout)
         bad = sorted(uid for uid, m in units_by_id.items() if not manifests.verify(self.layout, m))
@@ -236,23 +232,17 @@ class RunStore:
                 f"cannot finalize {self.run_dir}: {len(bad)} unit(s) have missing or corrupted files: {shown}"
             )
         units = [units_by_id[uid] for uid in sorted(units_by_id)]
-        files = [f for m in units for f in m["files"]]
-        classes = sorted({int(f["label"]) for f in files})
+        files = [f for m in units for f in m.files]
         class_names: list[str] = []
         if files:
             # Every listed file verified above, so its path resolves inside the run.
-            class_names = part_class_names(self.layout.resolve(files[0]["path"])) or []
-        manifest = {
-            "run_id": self.run_id,
-            "complete": True,
-            "finalized_at": utc_now(),
-            "rows": sum(int(f["rows"]) for f in files),
-            "classes": classes,
-            "class_names": class_names,
-            "units": units,
-            "summary": to_plain(summary or {}),
-        }
-        atomic_write_text(self.layout.manifest, json_dumps(manifest))
+            class_names = part_class_names(self.layout.resolve(files[0].path)) or []
+        if not isinstance(summary, RunSummary):
+            summary = RunSummary.model_validate(to_plain(summary or {}))
+        manifest = RunManifest(run_id=self.run_id, complete=True, finalized_at=utc_now(),
+                               rows=sum(f.rows for f in files), classes=sorted({f.label for f in files}),
+                               class_names=class_names, units=units, summary=summary)
+        atomic_write_text(self.layout.manifest, manifest.model_dump_json(indent=2))
         return manifest
 
     def is_complete(self) -> bool:

@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray import codec
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.common import decode_bytes
-from fadrm_ray.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.data.parquet import fadrm_hflip, label_names
 from fadrm_ray.models import TeacherInfo, load_teacher
-from fadrm_ray.scores import Evaluation
+from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.settings import EvalConfig, EvaluationError
 
 
@@ -92,7 +92,7 @@ class PackedSoftLabels:
         self.teacher_ids: list[str] = []
 
     def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int):
-        from fadrm_ray.soft_label_store import SoftLabelError, StoredSoftLabels
+        from fadrm_ray.evaluation.soft_labels import SoftLabelError, StoredSoftLabels
 
         stored = StoredSoftLabels(self.path, images_uint8, seed=seed)
         if stored.batch_size != batch_size:
@@ -102,7 +102,7 @@ class PackedSoftLabels:
         return stored
 
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor:
-        from fadrm_ray.evaluate import kd_loss
+        from fadrm_ray.evaluation.students import kd_loss
 
         return kd_loss(logits, step.logits.to(logits.device), self.temperature)
 
@@ -144,8 +144,8 @@ def train_from_files(data: str | Path, job: EvalJob, parts: EvalParts | None = N
     dataset (`parts.dataset`, or the spec `job.dataset`, read under `data_root`), each is scored
     on the test images of the file's classes; without, `top1_*` are NaN."""
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.evaluate import evaluate_images
-    from fadrm_ray.relabel import SoftLabeler
+    from fadrm_ray.evaluation.students import evaluate_images
+    from fadrm_ray.evaluation.relabel import SoftLabeler
 
     file = read_distilled(data)
     cfg, device, teachers = job.config, job.on_device(), job.teachers or ()

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.settings import EvalConfig, EvaluationError, LabelStorage
-from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
+from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
 from fadrm_ray.errors import InputError
 
 SOFT_LABEL_MODES = ("online", "stored")

@@ -21,25 +21,26 @@ from pathlib import Path
 from typing import Sequence
 
 from fadrm_ray.config import DistillConfig, make_config, recipe_to_try
-from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run.execute import distill_local
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import evaluate_run, run_dataset, run_teachers
-from fadrm_ray.ranking import rank_evaluation
+import torch
+
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
+from fadrm_ray.run import execute
+from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
+from fadrm_ray.evaluation.ranking import rank_evaluation
 from fadrm_ray.runtime import torch_threads
-from fadrm_ray.scores import BaselineScore, Evaluation, PairedGain
+from fadrm_ray.evaluation.scores import BaselineScore, Evaluation, PairedGain
 from fadrm_ray.settings import EvaluationError
-from fadrm_ray.store import open_run
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
 _PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group")
 
 
-def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, DistillConfig]:
+def baseline_configs(run_config: DistillConfig, ipc: int | None = None) -> dict[str, DistillConfig]:
     """The distill configs of the baselines of a run read at `ipc` (default: the largest IPC the
     run was asked for), from the run's saved config. A run that starts from noise has no
     starting patches to compare with."""
-    cfg = DistillConfig.from_dict(run_config)
+    cfg = run_config
     common = {"ipc": ipc or cfg.ipc, "classes": cfg.classes, "seed": cfg.seed}
     out = {"random_real": make_config("random-real", overrides=common)}
     if cfg.init == "real":
@@ -48,14 +49,17 @@ def baseline_configs(run_config: dict, ipc: int | None = None) -> dict[str, Dist
     return out
 
 
-def distill_baseline(reader, bcfg: DistillConfig, dataset: ImageDataset, *, device: str = "cpu",
-                     num_threads: int | None = None, teacher_copies: Sequence[str | Path] | None = None):
-    """The baseline `bcfg` of the run `reader` reads, distilled (or found) beside it in the same
-    store with the run's own teachers (`run_teachers`: where the run records them, or among
-    `teacher_copies`), whose scores pick the patches; returns the DistillResult."""
-    with torch_threads(num_threads):
-        return distill_local(bcfg, dataset, run_teachers(reader, teacher_copies), Path(reader.run_dir).parent,
-                             device=device, progress=False)
+def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple], job: EvalJob):
+    """The baseline `bcfg` of the opened run, distilled (or found) beside it in the same store with
+    the run's own teachers (`loaded_teachers`: (model, TeacherInfo) pairs, as `load_run_teachers`
+    gives them), whose scores pick the patches, on `job`'s device and threads; returns the
+    DistillResult."""
+    device = job.on_device()
+    parts = JobParts.of(run.dataset, loaded_teachers, device)
+    distill_job = build_job(bcfg, run.dataset, run.dataset.name, parts.infos, run.reader.run_dir.parent,
+                            torch.device(device).type)
+    with torch_threads(job.threads):
+        return execute.run(distill_job, ExecutionSpec(local=True, device=device, progress=False), parts)
 
 
 def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> PairedGain:
@@ -110,20 +114,21 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts 
     training split.
     """
     parts = parts or EvalParts()
-    device, num_threads, ipc, teacher_copies = job.on_device(), job.threads, job.ipc, job.teacher_copies
-    reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
-    dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
-    parts = replace(parts, dataset=dataset)
-    if job.teachers is None and teacher_copies:  # the run's own, found where they are now
-        job = job.model_copy(update={"teachers": tuple(run_teachers(reader, teacher_copies))})
+    run = parts.run
+    if run is None or not run.serves(run_dir, job) or not (run.own_teachers or run.own_missing):
+        run = open_for_evaluation(run_dir, job, parts, own_teachers=True)
+    reader, dataset = run.reader, run.dataset
+    parts = replace(parts, dataset=dataset, labeler=run.labeler, run=run)
     result = evaluate_run(run_dir, job, parts)
     baselines, gains, paired, evaluations = {}, {}, {}, {}
-    for name, bcfg in baseline_configs(reader.config, ipc).items():
+    for name, bcfg in baseline_configs(reader.config, job.ipc).items():
+        if run.own_missing is not None:
+            baselines[name] = BaselineScore(error=run.own_missing)
+            continue
         try:
-            run = distill_baseline(reader, bcfg, dataset, device=device, num_threads=num_threads,
-                                   teacher_copies=teacher_copies)
-            ev = result if run.run_id == reader.run_id else evaluate_run(
-                run.run_dir, job.model_copy(update={"ipc": run.ipc, "incomplete": False}), parts)
+            made = distill_baseline(run, bcfg, list(run.own_teachers), job)
+            ev = result if made.run_id == reader.run_id else evaluate_run(
+                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), parts)
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = BaselineScore(error=str(exc))
             continue
@@ -132,8 +137,7 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts 
         paired[name] = paired_gain(result.top1_per_seed, ev.top1_per_seed)
     scores = None
     if ranking:
-        scores = rank_evaluation(run_dir, result, evaluations.get("random_real"), job, parts, ars=ars)
-    warning = below_random(paired.get("random_real"), str(reader.config.get("recipe", "")), dataset.image_size,
-                           dataset.channels)
+        scores = rank_evaluation(run, result, evaluations.get("random_real"), job, parts, ars=ars)
+    warning = below_random(paired.get("random_real"), reader.config.recipe, dataset.image_size, dataset.channels)
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
                                      "ranking": scores, "warnings": [warning] if warning else []})

@@ -30,8 +30,7 @@ finds it. A teacher's folder would tie it to a teacher it does not depend on.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
+from dataclasses import replace
 import math
 import statistics
 from pathlib import Path
@@ -41,15 +40,15 @@ import torch
 import torch.nn.functional as F
 
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.eval_job import EvalJob, EvalParts
-from fadrm_ray.evaluate import EVALUATION_CACHE_VERSION, epochs_for_steps, evaluate_run, run_classes, train_student
+from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep, read_kept
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.data.parallel import prefetch
-from fadrm_ray.relabel import epoch_batches, epoch_generator, steps_per_epoch
+from fadrm_ray.evaluation.relabel import epoch_batches, epoch_generator, steps_per_epoch
 from fadrm_ray.runtime import torch_threads
-from fadrm_ray.scores import Evaluation, Ranking, StudentScore
+from fadrm_ray.evaluation.scores import Evaluation, Ranking, StudentScore
 from fadrm_ray.settings import EvalConfig
-from fadrm_ray.store import open_run
 
 WEIGHT = 0.5  # w of LRS and gamma of ARS: DD-Ranking's default, both parts counted alike
 # The full-data student: larger batches than a distilled set's students (a training split has
@@ -178,17 +177,12 @@ class StreamedHardLabels(HardLabels):
         return _SplitBatches(self.split, batch_size, seed)
 
 
-def _digest(source: dict) -> str:
-    return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:32]
-
-
 def _cached_student(path: Path, train) -> StudentScore:
     """The student kept at `path`, or `train()`'s, kept there (an unreadable file is trained again)."""
-    with contextlib.suppress(OSError, ValueError):
-        return StudentScore.model_validate_json(path.read_bytes())
-    student = train()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, student.model_dump_json())
+    student = read_kept(StudentScore, path)
+    if student is None:
+        student = train()
+        keep(path, student)
     return student
 
 
@@ -229,7 +223,7 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
            "batch_size": full.batch_size, "lr": full.lr, "weight_decay": full.weight_decay,
            "classes": None if classes is None else sorted(int(c) for c in classes),
            "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
-    path = Path(references) / f"full-hard-{_digest(key)}.json"
+    path = Path(references) / f"full-hard-{digest(key)}.json"
     what = f"a {full.student} trained with hard labels on the {len(split):,} training images"
     with contextlib.suppress(OSError, ValueError):
         kept = StudentScore.model_validate_json(path.read_bytes())
@@ -255,59 +249,52 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
     return FullReference(student.final_top1, f"{what} (kept in {path.parent})")
 
 
-def hard_label_students(run_dir: str | Path, evaluation: Evaluation, dataset: ImageDataset,
-                        job: EvalJob) -> list[StudentScore]:
-    """One hard-label student per seed of `evaluation` on the run's images read at `job.ipc` (as
-    `evaluate_run` reads them), with its settings (epochs included), each kept in the run's
-    evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
-    device, progress = job.on_device(), job.progress
-    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
-    images, labels, _ = reader.read()
-    classes = run_classes(reader.config, dataset.num_classes)
+def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob) -> list[StudentScore]:
+    """One hard-label student per seed of `evaluation` on the opened run's images (read at
+    `job.ipc`, as `evaluate_run` reads them), with its settings (epochs included), each kept in
+    the run's evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
+    device, dataset = job.on_device(), run.dataset
+    classes = run_classes(run.reader.config, dataset.num_classes)
     cfg = evaluation.config
-    key = {"kind": "hard labels", "config": cfg.model_dump(mode="json", exclude={"seeds", "teacher_bn"}),
-           "data": dataset.fingerprint(), "images": reader.content_hash(), "test_classes": classes,
-           "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
-    job = EvalJob(config=cfg, device=device, progress=progress)
-    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(labels))
-    return [_cached_student(reader.layout.evaluation(_digest({**key, "seed": seed})),
-                            lambda seed=seed: train_student(images, seed, job, parts))
+    key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
+                  test_classes=classes, device=torch.device(device).type)
+    job = EvalJob(config=cfg, device=device, progress=job.progress)
+    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(run.labels))
+    return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()),
+                            lambda seed=seed: train_student(run.images, seed, job, parts))
             for seed in evaluation.seeds]
 
 
 # --------------------------------------------------------------------------- one evaluation's ranking
-def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evaluation | None, job: EvalJob,
+def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation | None, job: EvalJob,
                     parts: EvalParts, *, ars: bool = False) -> Ranking:
-    """The scores of the run's evaluation `result` (the run read at `job.ipc`, on the loaded
-    `parts.dataset`) beside its `random_real` baseline's (None when that baseline could not be
-    built): HLR, IOR and LRS, and ARS with `ars` (students of `job.teachers`, or of the runs' own
-    teachers, without augmentation). What cannot be measured is named in `missing`, with why,
-    instead of failing the evaluation."""
-    dataset, device, progress = parts.dataset, job.on_device(), job.progress
+    """The scores of the opened run's evaluation `result` (the run read at `job.ipc`) beside its
+    `random_real` baseline's (None when that baseline could not be built): HLR, IOR and LRS, and
+    ARS with `ars` (students of the run's labeler, without augmentation). What cannot be measured
+    is named in `missing`, with why, instead of failing the evaluation."""
+    dataset, device, progress = run.dataset, job.on_device(), job.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
     if random_real is None:
         missing.append("IOR, LRS and ARS: no random real images to compare with")
-    store = Path(run_dir).parent
-    classes = result.classes
-    teachers = (open_run(run_dir, incomplete=True).provenance or {}).get("teachers") or []
-    recorded = [float(t["test_accuracy"]) for t in teachers
-                if isinstance(t, dict) and isinstance(t.get("test_accuracy"), (int, float))]
+    store = run.reader.run_dir.parent
+    recorded = [t.test_accuracy for t in run.reader.provenance.teachers if t.test_accuracy is not None]
     full_source = None
     with torch_threads(job.threads):
         try:
-            full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES, classes=classes,
-                                                       device=device, progress=progress, teacher_top1=recorded,
-                                                       on_note=parts.on_note)
-            hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
+            full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES,
+                                                       classes=result.classes, device=device, progress=progress,
+                                                       teacher_top1=recorded, on_note=parts.on_note)
+            hard = [s.final_top1 for s in hard_label_students(run, result, job)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
         if ars and random_real is not None:
             plain_job = job.model_copy(update={"config": result.config, "augment": False})
+            plain_parts = replace(parts, run=run, dataset=dataset, labeler=run.labeler)
             try:
-                plain = evaluate_run(run_dir, plain_job, parts).top1_per_seed
+                plain = evaluate_run(run.run_dir, plain_job, plain_parts).top1_per_seed
                 plain_random = evaluate_run(random_real.run_dir, plain_job.model_copy(
-                    update={"ipc": random_real.ipc, "incomplete": False}), parts).top1_per_seed
+                    update={"ipc": random_real.ipc, "incomplete": False}), plain_parts).top1_per_seed
             except (OSError, ValueError) as exc:
                 missing.append(f"ARS: {exc}")
         elif not ars:
@@ -316,19 +303,13 @@ def rank_evaluation(run_dir: str | Path, result: Evaluation, random_real: Evalua
     return ranking.model_copy(update={"full_source": full_source})
 
 
-def hard_label_ranking(run_dir: str | Path, result: Evaluation, dataset: ImageDataset | None = None, *,
-                       device: str = "cpu", num_threads: int | None = None, ipc: int | None = None) -> Ranking:
-    """What the images of the run's evaluation `result` reach with their hard labels alone (one
-    student per seed, `hard_label_students`), beside nothing else: the part of `rank_evaluation`
-    whose cost is the evaluation's own (no full-data student, no random real images). `dataset`
-    defaults to the one the run records."""
-    if dataset is None:
-        from fadrm_ray.evaluate import run_dataset
-
-        dataset = run_dataset(open_run(run_dir, ipc=ipc))
-    with torch_threads(num_threads):
-        job = EvalJob(device=device, progress=False, ipc=ipc)
-        hard = [s.final_top1 for s in hard_label_students(run_dir, result, dataset, job)]
+def hard_label_ranking(run: OpenedRun, result: Evaluation, job: EvalJob) -> Ranking:
+    """What the images of the opened run's evaluation `result` reach with their hard labels alone
+    (one student per seed, `hard_label_students`), beside nothing else: the part of
+    `rank_evaluation` whose cost is the evaluation's own (no full-data student, no random real
+    images)."""
+    with torch_threads(job.threads):
+        hard = [s.final_top1 for s in hard_label_students(run, result, job.model_copy(update={"progress": False}))]
     return ranking_scores(result.top1_per_seed, hard_top1=hard,
                           missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
 

@@ -19,17 +19,20 @@ Figures use matplotlib's Agg backend: reports are written on headless workers.
 """
 from __future__ import annotations
 
-import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from pydantic import BaseModel
 
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.scores import BaselineScore, Evaluation
+from fadrm_ray.evaluation.eval_job import OpenedRun
+from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
 from fadrm_ray.store import open_run
+from fadrm_ray.store.reader import RunReader
 from fadrm_ray.store.manifests import content_hash
 from fadrm_ray.store.records import utc_now
 
@@ -61,12 +64,19 @@ def report_files(run_dir: str | Path) -> dict[str, str]:
     return {k: str(p) for k, p in RunLayout(run_dir).report_files().items() if p.is_file()}
 
 
+class ReportSource(BaseModel):
+    """report/source.json: the images the figures were drawn from, and when."""
+
+    content_hash: str | None = None
+    written_at: str | None = None
+
+
 def _recorded_hash(path: Path) -> str | None:
+    """The content hash a report file records (source.json, or an evaluation.json)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return ReportSource.model_validate_json(path.read_bytes()).content_hash
     except (OSError, ValueError):
         return None
-    return data.get("content_hash") if isinstance(data, dict) else None
 
 
 def stale_reports(run_dir: str | Path) -> dict[str, str]:
@@ -88,11 +98,15 @@ def stale_reports(run_dir: str | Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- image grid
 def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20, *,
-               incomplete: bool = False) -> Path:
-    """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices."""
+               incomplete: bool = False, run: OpenedRun | None = None) -> Path:
+    """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices.
+    `run`: the run opened for an evaluation, whose images are used where it reads all of them."""
     plt = pyplot()
-    reader = open_run(run_dir, incomplete=incomplete)
-    images, labels, ipcs = reader.read()
+    if run is not None and run.reader.ipc is None:
+        reader, images, labels, ipcs = run.reader, run.images, run.labels, run.ipc_index
+    else:
+        reader = open_run(run_dir, incomplete=incomplete)
+        images, labels, ipcs = reader.read()
     path = Path(path)
     if labels.numel() == 0:
         return _message_png(path, "no images in this run yet")
@@ -125,30 +139,41 @@ def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    preset = reader.config.get("preset", "")
+    preset = reader.config.preset if reader.config is not None else ""
     shown = "" if len(set(labels.tolist())) <= max_classes and len(set(ipcs.tolist())) <= max_ipc else " (first rows/columns)"
     ax.set_title(f"{reader.run_id}  {preset}{shown}", fontsize=9)
     return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- loss curves
-def loss_curves(run_dir: str | Path, *, incomplete: bool = False) -> dict:
-    """CE and BN curves of recover, stages concatenated, averaged over every pack of every unit.
+@dataclass(frozen=True)
+class LossCurves:
+    """CE and BN curves of recover over the global iteration (stages concatenated), averaged over
+    every pack of every unit; the iterations after which an ARC merge happened; each stage as
+    (start, end, resolution); the packs averaged."""
 
-    Returns {"ce", "bn": arrays over the global iteration, "merges": iterations after which an
-    ARC merge happened, "stages": [(start, end, resolution)], "units": packs averaged}.
-    """
+    ce: np.ndarray
+    bn: np.ndarray
+    merges: list[int]
+    stages: list[tuple[int, int, int | None]]
+    units: int
+
+
+def loss_curves(run_dir: str | Path, *, incomplete: bool = False, reader: RunReader | None = None) -> LossCurves:
+    """The run's `LossCurves`, from the loss history its unit manifests record (`reader`: the run
+    already opened)."""
+    reader = reader if reader is not None else open_run(run_dir, incomplete=incomplete)
     ce_runs, bn_runs, merge_sets, stage_sets = [], [], [], []
-    for manifest in open_run(run_dir, incomplete=incomplete).unit_manifests().values():
-        for pack in (manifest.get("stats") or {}).get("packs", []) or []:
+    for manifest in reader.unit_manifests().values():
+        for pack in manifest.stats.packs:
             ce, bn, merges, stages, t = [], [], [], [], 0
-            for st in pack.get("stages", []) or []:
-                n = len(st.get("ce", []))
-                ce.extend(st.get("ce", []))
-                bn.extend(st.get("bn", []))
-                stages.append((t, t + n, st.get("resolution")))
+            for st in pack.stages:
+                n = len(st.ce)
+                ce.extend(st.ce)
+                bn.extend(st.bn)
+                stages.append((t, t + n, st.resolution))
                 t += n
-                if st.get("merged_after"):
+                if st.merged_after:
                     merges.append(t)
             if ce:
                 ce_runs.append(ce)
@@ -156,7 +181,7 @@ def loss_curves(run_dir: str | Path, *, incomplete: bool = False) -> dict:
                 merge_sets.append(tuple(merges))
                 stage_sets.append(stages)
     if not ce_runs:
-        return {"ce": np.zeros(0), "bn": np.zeros(0), "merges": [], "stages": [], "units": 0}
+        return LossCurves(np.zeros(0), np.zeros(0), [], [], 0)
     length = max(len(c) for c in ce_runs)
 
     def mean(runs):
@@ -166,8 +191,7 @@ def loss_curves(run_dir: str | Path, *, incomplete: bool = False) -> dict:
         return np.nanmean(a, axis=0)
 
     merges = sorted({m for s in merge_sets for m in s})
-    return {"ce": mean(ce_runs), "bn": mean(bn_runs), "merges": merges, "stages": stage_sets[0],
-            "units": len(ce_runs)}
+    return LossCurves(mean(ce_runs), mean(bn_runs), merges, stage_sets[0], len(ce_runs))
 
 
 def trend(y: np.ndarray, stages: list, fraction: float = 0.05) -> np.ndarray:
@@ -189,31 +213,31 @@ def trend(y: np.ndarray, stages: list, fraction: float = 0.05) -> np.ndarray:
     return out
 
 
-def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = False) -> Path:
+def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = False,
+                 reader: RunReader | None = None) -> Path:
     plt = pyplot()
-    curves = loss_curves(run_dir, incomplete=incomplete)
+    curves = loss_curves(run_dir, incomplete=incomplete, reader=reader)
     path = Path(path)
-    if curves["units"] == 0:
+    if curves.units == 0:
         return _message_png(path, "no recover iterations in this run\n(selection-only method, or no unit finished)")
     fig, axes = plt.subplots(2, 1, figsize=(7, 5), dpi=120, sharex=True)
-    x = np.arange(1, len(curves["ce"]) + 1)
-    for ax, key, label, color in ((axes[0], "ce", "teacher cross-entropy", "tab:blue"),
-                                  (axes[1], "bn", "BN statistics loss", "tab:orange")):
-        y = curves[key]
+    x = np.arange(1, len(curves.ce) + 1)
+    for ax, y, label, color in ((axes[0], curves.ce, "teacher cross-entropy", "tab:blue"),
+                                (axes[1], curves.bn, "BN statistics loss", "tab:orange")):
         ax.plot(x, y, color=color, lw=0.6, alpha=0.3, label="each step")
-        ax.plot(x, trend(y, curves["stages"]), color=color, lw=1.6, label="trend (moving mean, per stage)")
+        ax.plot(x, trend(y, curves.stages), color=color, lw=1.6, label="trend (moving mean, per stage)")
         if np.all(y[np.isfinite(y)] > 0):
             ax.set_yscale("log")
         ax.set_ylabel(label)
-        for i, m in enumerate(curves["merges"]):
+        for i, m in enumerate(curves.merges):
             ax.axvline(m + 0.5, color="tab:red", ls="--", lw=0.9, label="ARC merge" if i == 0 else None)
         ax.grid(alpha=0.3)
-    for start, end, res in curves["stages"]:
+    for start, end, res in curves.stages:
         axes[0].annotate(f"{res}px", xy=((start + end) / 2 + 0.5, 1.0), xycoords=("data", "axes fraction"),
                          ha="center", va="bottom", fontsize=7)
     axes[0].legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("iteration (stages concatenated)")
-    fig.suptitle(f"recover losses, mean of {curves['units']} batch(es): {Path(run_dir).name}", fontsize=9)
+    fig.suptitle(f"recover losses, mean of {curves.units} batch(es): {Path(run_dir).name}", fontsize=9)
     return save_figure(fig, path)
 
 
@@ -252,7 +276,7 @@ def write_evaluation_plot(evaluation: Evaluation, path: str | Path) -> Path | No
 
 def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScore]) -> None:
     """Final top-1 of the run and of each baseline: bars at the mean, dots per seed, gains above."""
-    from fadrm_ray.baselines import BASELINES, gain_text
+    from fadrm_ray.evaluation.baselines import BASELINES, gain_text
 
     # (gain, its label) per baseline; an evaluation.json written before paired gains were
     # recorded has the plain gain only.
@@ -285,7 +309,7 @@ def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScor
                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     if evaluation.ranking is not None:  # DD-Ranking's scores under the bars (ranking.py)
-        from fadrm_ray.ranking import ranking_text
+        from fadrm_ray.evaluation.ranking import ranking_text
 
         ax.set_xlabel("DD-Ranking: " + ranking_text(evaluation.ranking).replace(", IOR", ",\nIOR"), fontsize=8)
 
@@ -299,19 +323,20 @@ def _message_png(path: Path, message: str) -> Path:
 
 
 def write_report(run_dir: str | Path, evaluation: Evaluation | None = None, max_classes: int = 20,
-                 max_ipc: int = 20, *, incomplete: bool = False) -> dict[str, str]:
+                 max_ipc: int = 20, *, incomplete: bool = False, run: OpenedRun | None = None) -> dict[str, str]:
     """Write `<run_dir>/report/` and return {name: path} of every report file there.
 
     Without `evaluation`, an evaluation.json written before is kept (and listed; `stale_reports`
     says whether it still describes the run). `incomplete` allows a run that is not finished.
+    `run`: the run as the evaluation opened it (nothing is read twice).
     """
     layout = RunLayout(run_dir)
     layout.report_dir.mkdir(parents=True, exist_ok=True)
     files = layout.report_files()
     source = content_hash(layout)  # before drawing: a unit rewritten meanwhile makes the report stale
-    write_grid(run_dir, files["grid"], max_classes, max_ipc, incomplete=incomplete)
-    write_losses(run_dir, files["losses"], incomplete=incomplete)
-    atomic_write_text(layout.report_source, json.dumps({"content_hash": source, "written_at": utc_now()}))
+    write_grid(run_dir, files["grid"], max_classes, max_ipc, incomplete=incomplete, run=run)
+    write_losses(run_dir, files["losses"], incomplete=incomplete, reader=run.reader if run is not None else None)
+    atomic_write_text(layout.report_source, ReportSource(content_hash=source, written_at=utc_now()).model_dump_json())
     if evaluation is not None:
         atomic_write_text(files["evaluation"], evaluation.model_dump_json(indent=2))
         write_evaluation_plot(evaluation, files["evaluation_plot"])

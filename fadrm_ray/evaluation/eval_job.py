@@ -28,9 +28,12 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from fadrm_ray.settings import EvalConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from fadrm_ray.data.base import ImageDataset
-    from fadrm_ray.relabel import SoftLabeler
-    from fadrm_ray.scores import StudentScore
+    from fadrm_ray.store.reader import RunReader
+    from fadrm_ray.evaluation.relabel import SoftLabeler
+    from fadrm_ray.evaluation.scores import StudentScore
 
 
 def _paths(value: Any) -> tuple[str, ...] | None:
@@ -81,6 +84,32 @@ class EvalJob(BaseModel):
 
 
 @dataclass(frozen=True)
+class OpenedRun:
+    """A store run opened once for an evaluation (`open_for_evaluation`): its reader, its images
+    read once (every part hashed once against its manifest), their content hash, and the data
+    and teachers it was distilled with, loaded once. Every step of one evaluation (the run's
+    students, DD-Ranking's hard-label and plain students, the report) takes them from here."""
+
+    reader: "RunReader"
+    images: "torch.Tensor"       # uint8 (N, C, H, W), by (label, ipc_index)
+    labels: "torch.Tensor"
+    ipc_index: "torch.Tensor"
+    content_hash: str
+    dataset: "ImageDataset"      # checked by fingerprint against the run's
+    labeler: "SoftLabeler"       # the teachers that label its students
+    own_teachers: tuple = ()     # the run's own teachers, loaded ((model, TeacherInfo) pairs), where asked for
+    own_missing: str | None = None  # why they could not be loaded (then no baseline can be distilled)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.reader.run_dir
+
+    def serves(self, run_dir: str | Path, job: "EvalJob") -> bool:
+        """Whether this is the run `run_dir` read as `job` reads it (its IPC)."""
+        return Path(run_dir).resolve() == self.reader.run_dir.resolve() and job.ipc == self.reader.ipc
+
+
+@dataclass(frozen=True)
 class EvalParts:
     """What an evaluation is handed already made in this process (module docstring); all optional."""
 
@@ -94,3 +123,5 @@ class EvalParts:
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
     progress_label: str | None = None          # what a student's progress bar calls it (default: its model, seed)
+    run: OpenedRun | None = None               # the run evaluated, opened and read once
+    on_open: "Callable[[RunReader], None] | None" = None  # the run just opened, before it is read

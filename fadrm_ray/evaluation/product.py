@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, check_new_output, sha256_bytes
 from fadrm_ray.settings import EvalConfig, LabelStorage
-from fadrm_ray.store.reader import open_run
+from fadrm_ray.store.reader import RunReader, open_run
 from fadrm_ray.store.records import StoreError
 
 
@@ -56,13 +56,14 @@ def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, 
     """The run's teachers (unless `teachers` is False) and report recipe, for an export of
     `classes` of the run read at `ipc`; with `soft_labels`, the recipe's students' labels stored
     so (at the recipe's temperature), and the recipe says so."""
-    from fadrm_ray.evaluate import run_teacher_paths, run_teachers
+    from fadrm_ray.run.reopen import run_teachers
 
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     blobs = []
-    for entry, path in zip(run_teacher_paths(reader.provenance), run_teachers(reader)):
+    paths = run_teachers(reader.run_dir, reader.provenance)
+    for entry, path in zip(reader.provenance.teachers, paths):
         blob = Path(path).read_bytes()
-        if entry.get("sha256") and sha256_bytes(blob) != entry["sha256"]:
+        if entry.sha256 and sha256_bytes(blob) != entry.sha256:
             raise StoreError(f"teacher {path} changed while it was read (its sha256 is not the run's); nothing "
                              "was written")
         blobs.append(blob)
@@ -72,25 +73,25 @@ def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, 
         recipe = EvalConfig.model_validate({**recipe.model_dump(), "soft_labels": "stored",
                                             "soft_label_dtype": soft_labels.dtype, "soft_label_topk": soft_labels.topk,
                                             "soft_label_epochs": soft_labels.epochs})
-        packed, per_image = stored_soft_labels(reader, classes, recipe, run_teachers(reader), progress=progress)
+        packed, per_image = stored_soft_labels(reader, classes, recipe, paths, progress=progress)
     return Product(tuple(blobs) if teachers else (), recipe, source, packed, per_image)
 
 
-def stored_soft_labels(reader, classes: Iterable[int] | None, recipe: EvalConfig, teachers: list[str], *,
+def stored_soft_labels(reader: RunReader, classes: Iterable[int] | None, recipe: EvalConfig, teacher_paths: list[str], *,
                        progress: bool = False) -> tuple[bytes, float]:
     """The soft labels that students of `recipe` (one part per seed) learn from on the images of
     `classes`, stored as `recipe.label_storage()` says and packed in one file; and their bytes
     per image for one seed."""
     import tempfile
 
-    from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
-    from fadrm_ray.soft_label_store import pack_soft_labels, precompute_soft_labels
+    from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
+    from fadrm_ray.evaluation.soft_labels import pack_soft_labels, precompute_soft_labels
 
     images, _, _ = reader.read(classes)
-    labeler = SoftLabeler.from_paths(teachers).with_batch_statistics(recipe.teacher_bn == "batch")
-    dataset = reader.provenance.get("dataset") or {}
+    labeler = SoftLabeler.from_paths(teacher_paths).with_batch_statistics(recipe.teacher_bn == "batch")
+    dataset = reader.provenance.dataset
     spec = AugmentSpec(out_size=int(images.shape[-1]), crop_scale=tuple(recipe.crop_scale),
-                       hflip=bool(dataset.get("hflip", False)), cutmix_prob=recipe.cutmix_prob)
+                       hflip=dataset is not None and dataset.hflip, cutmix_prob=recipe.cutmix_prob)
     with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as tmp:
         folders = [precompute_soft_labels(OnlineSoftLabels(images, labeler, spec, recipe.batch_size, seed),
                                           recipe.epochs, tmp, recipe.label_storage(), progress=progress)
@@ -99,13 +100,13 @@ def stored_soft_labels(reader, classes: Iterable[int] | None, recipe: EvalConfig
     return packed, len(packed) / len(folders) / max(1, int(images.shape[0]))
 
 
-def report_recipe(reader, classes: Iterable[int] | None = None) -> tuple[EvalConfig, str]:
+def report_recipe(reader: RunReader, classes: Iterable[int] | None = None) -> tuple[EvalConfig, str]:
     """The `EvalConfig` the run's report used, and where it was read: the `config` of
     report/evaluation.json, else of the newest evaluation cached in the run, of these very images
     (their content hash) with augmented students; without one, the defaults resolved for the
     images of `classes` as `evaluate_run` resolves them."""
-    from fadrm_ray.evaluate import resolve_protocol
-    from fadrm_ray.scores import Evaluation
+    from fadrm_ray.evaluation.students import resolve_protocol
+    from fadrm_ray.evaluation.scores import Evaluation
 
     layout, want = reader.layout, reader.content_hash()
     cached = layout.evaluations_dir.glob("*.json") if layout.evaluations_dir.is_dir() else ()
@@ -147,7 +148,6 @@ def export_with_product(run_dir: str | os.PathLike, out: str | os.PathLike, form
     `export_tensors` for "pt") with what `shipped` names (default: its teachers; and/or stored soft labels)
     and the report recipe (`gather`): inside the folder, or beside the file. All or nothing:
     (images exported, what was gathered, the files written beside the images)."""
-    from fadrm_ray.evaluate import run_teacher_paths
     from fadrm_ray.store.export import export_imagefolder, export_parquet, export_tensors
 
     shipped = shipped or Shipped()
@@ -160,7 +160,7 @@ def export_with_product(run_dir: str | os.PathLike, out: str | os.PathLike, form
         files = product.files()
         count = export_imagefolder(run_dir, out, classes, incomplete=incomplete, ipc=ipc, extra=files)
         return count, product, [out / name for name in files]
-    recorded = len(run_teacher_paths(open_run(run_dir, incomplete=incomplete).provenance)) if teachers else 0
+    recorded = len(open_run(run_dir, incomplete=incomplete).provenance.teachers) if teachers else 0
     for name in [out.name, *file_names(max(1, recorded) if teachers else 0, f"{out.stem}.", soft_labels is not None)]:
         check_new_output(out.with_name(name), "export target")  # every target checked before any work
     product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, teachers=teachers,

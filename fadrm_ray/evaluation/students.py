@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-import hashlib
-import json
 import math
 import statistics
 import time
@@ -51,16 +49,18 @@ from torch import nn
 
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.eval_job import EvalJob, EvalParts
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.evaluation.cache import EvalKey, keep, read_kept
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
 from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.recover import mixed_precision
-from fadrm_ray.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
-from fadrm_ray.soft_label_store import soft_label_source
+from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
+from fadrm_ray.evaluation.soft_labels import soft_label_source
 from fadrm_ray.runtime import torch_threads, tune_allocator
-from fadrm_ray.scores import Evaluation, StudentScore
+from fadrm_ray.evaluation.scores import Evaluation, StudentScore
 from fadrm_ray.settings import EvalConfig, EvaluationError
-from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.store import open_run
+from fadrm_ray.run.reopen import load_run_teachers, run_dataset
 
 # The published 300 epochs (1000 for IPC 1) are thousands of steps even on 100 images. The
 # default is set by steps instead, so that 3 seeds take about a minute on mnist-sample with one
@@ -78,8 +78,6 @@ def default_epochs(num_images: int, batch_size: int = DEFAULT_BATCH_SIZE) -> int
     return int(min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(DEFAULT_STEPS / per_epoch))))
 
 
-# Part of every evaluation's cache key: raise it when a change of student training changes results.
-EVALUATION_CACHE_VERSION = 1
 # The published student schedule (docs/method.md section 6).
 PUBLISHED_EPOCHS, PUBLISHED_EPOCHS_IPC1 = 300, 1000
 
@@ -250,25 +248,21 @@ def _as_dataset(dataset: ImageDataset | str) -> ImageDataset:
     return get_dataset(dataset) if isinstance(dataset, str) else dataset
 
 
-def _as_labeler(teachers, dataset: ImageDataset, device: str) -> SoftLabeler:
-    if isinstance(teachers, SoftLabeler):
-        return teachers
-    if isinstance(teachers, (str, Path)):
-        teachers = [teachers]
-    teachers = list(teachers or [])
-    if not teachers:
+def _load_labeler(teacher_paths: Sequence[str | Path] | None, dataset: ImageDataset, device: str) -> SoftLabeler:
+    """The teachers at `teacher_paths`, loaded to label students on `dataset` (checked to fit it)."""
+    if not teacher_paths:
         raise EvaluationError("at least one teacher is needed for soft labels")
-    return SoftLabeler.from_paths(teachers, dataset, device=device)
+    return SoftLabeler.from_paths(list(teacher_paths), dataset, device=device)
 
 
 def _spread(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0  # sample std (n - 1) over seeds
 
 
-def run_classes(config: dict, num_classes: int) -> list[int] | None:
+def run_classes(config: DistillConfig | None, num_classes: int) -> list[int] | None:
     """The classes a run was distilled for, as its saved config names them; None when it is every
     class of the dataset (then nothing is restricted)."""
-    classes = config.get("classes")
+    classes = config.classes if config is not None else None
     if classes is None or sorted(classes) == list(range(num_classes)):
         return None
     return sorted(int(c) for c in classes)
@@ -302,12 +296,13 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
     n = images_uint8.shape[0]
     cfg = resolve_protocol(job.config, n, images_per_class(labels, n, dataset.num_classes))
     targets, classes, augment = parts.targets, parts.classes, job.augment
-    teachers = parts.labeler if parts.labeler is not None else job.teachers
     started = time.perf_counter()
     known = {s: r for s, r in (parts.known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
     with torch_threads(job.threads):
-        labeler = _as_labeler(teachers, dataset, job.on_device()) if targets is None or teachers else None
+        labeler = parts.labeler
+        if labeler is None and (targets is None or job.teachers):
+            labeler = _load_labeler(job.teachers, dataset, job.on_device())
         student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
         for s in cfg.seed_list:
             if s not in per_seed:
@@ -332,178 +327,105 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
         teachers=list(labeler.ids) if labeler is not None else list(targets.teacher_ids), config=cfg, augment=augment)
 
 
-def run_teacher_paths(provenance: dict) -> list[dict]:
-    """The teachers a run was distilled with, as recorded in its provenance: [{path, sha256}]."""
-    return [t for t in provenance.get("teachers", []) if isinstance(t, dict) and t.get("path")]
-
-
-# What a message about the run's data or teachers suggests: the argument of the library
-# functions, and the option of `fadrm evaluate` and `fadrm verify` (--repair) that sets it. The
-# run's own teachers where they are now are `teacher_copies` (EvalJob, repair_run), checked by
-# sha256 against the run's; `EvalJob.teachers` would replace them unchecked.
-GIVE_DATASET = "dataset=... (--dataset SPEC)"
-GIVE_TEACHERS = "teacher_copies=[...] (--teacher PATH)"
-
-
-def _check_teacher_file(entry: dict) -> str:
-    from fadrm_ray.fileio import sha256_file
-
-    path = Path(entry["path"])
-    if not path.is_file():
-        where = "" if path.is_absolute() else " (a path relative to the directory the run was distilled in)"
-        raise EvaluationError(f"teacher {path} recorded in the run does not exist here{where}; say where the "
-                              f"same file is now: {GIVE_TEACHERS}")
-    want = entry.get("sha256")
-    if want and sha256_file(path) != want:
-        raise EvaluationError(f"teacher {path} has changed since the run was distilled (sha256 differs from the "
-                              f"recorded {want[:12]}...); give a copy of the teacher it was distilled with: "
-                              f"{GIVE_TEACHERS}")
-    return str(path)
-
-
-def run_dataset(reader, dataset: ImageDataset | str | None = None) -> ImageDataset:
-    """The data the run was distilled from, checked by fingerprint (a different test split would
-    make any number about the run meaningless): `dataset` (a spec or a loaded dataset: where the
-    run's data is now), else the dataset the run records, reopened by its spec. Runs distilled
-    before the spec was recorded name a folder or Parquet dataset only by its folder's name,
-    which reopens only from the directory they were distilled in."""
-    recorded = reader.provenance.get("dataset") or {}
-    want = recorded.get("fingerprint")
-    if dataset is None:
-        spec = recorded.get("spec") or recorded.get("name")
-        if not spec:
-            raise EvaluationError(f"{reader.run_dir}: the run records no dataset; name it: {GIVE_DATASET}")
+def open_for_evaluation(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
+                        own_teachers: bool = False) -> OpenedRun:
+    """The run opened once for `job` (`OpenedRun`): read at `job.ipc` (a run that is not finished
+    only with `job.incomplete`), every image read once and checked against its manifest; the data
+    `parts.dataset` or `job.dataset` or the run's own (`run_dataset`: checked by fingerprint, a
+    different test split would make the number meaningless); the teachers `parts.labeler`, else
+    the checkpoints `job.teachers`, else the run's own (`load_run_teachers`: at the paths the run
+    records, or among `job.teacher_copies` where they moved; each loaded and checked once).
+    `own_teachers`: load the run's own teachers even where others label (a baseline's patches are
+    picked by them); where they cannot be, `own_missing` says why."""
+    parts = parts or EvalParts()
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
+    if parts.on_open is not None:
+        parts.on_open(reader)
+    # Read (and checked against the manifests) first: a damaged part fails before any data or teacher loads.
+    images, labels, ipc_index = reader.read()
+    if labels.numel() == 0:
+        raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
+    dataset = run_dataset(reader.run_dir, reader.provenance, parts.dataset if parts.dataset is not None else job.dataset)
+    labeler, own, missing = parts.labeler, (), None
+    if labeler is None and job.teachers is not None:
+        labeler = _load_labeler(job.teachers, dataset, job.on_device())
+    if labeler is None or own_teachers:
         try:
-            dataset = get_dataset(spec)
-        except ValueError as exc:
-            older = "" if recorded.get("spec") else " (the run records its name only)"
-            raise EvaluationError(f"{reader.run_dir}: dataset {spec!r} of the run cannot be reopened here{older}: "
-                                  f"{exc}; say where its data is now: {GIVE_DATASET}") from None
-    else:
-        dataset = _as_dataset(dataset)
-    if want and dataset.fingerprint() != want:
-        raise EvaluationError(f"dataset {dataset.name} (fingerprint {dataset.fingerprint()}) is not the data the run "
-                              f"was distilled from ({recorded.get('name')}, fingerprint {want}); give the run's own "
-                              f"data: {GIVE_DATASET}")
-    return dataset
-
-
-def run_teachers(reader, copies: Sequence[str | Path] | None = None) -> list[str]:
-    """The teacher checkpoints the run was distilled with, in its order, each checked against the
-    sha256 the run records: found among `copies` (the same files where they are now, matched by
-    sha256: `--teacher PATH`), else at the path the run records. A copy that is none of the
-    run's teachers is refused; with nothing recorded to check them against, `copies` are
-    returned as they are."""
-    from fadrm_ray.fileio import sha256_file
-
-    entries = run_teacher_paths(reader.provenance)
-    if not entries and copies:
-        return [str(path) for path in copies]
-    if not entries:
-        raise EvaluationError(f"{reader.run_dir}: the run records no teacher; name its teachers: {GIVE_TEACHERS}")
-    found: dict[str, str] = {}
-    recorded = [e.get("sha256") for e in entries]
-    for path in copies or ():
-        if not Path(path).is_file():
-            raise EvaluationError(f"teacher {path} does not exist")
-        digest = sha256_file(path)
-        if digest not in recorded:
-            known = ", ".join(f"{d[:12]}..." for d in recorded if d)
-            raise EvaluationError(f"teacher {path} is not one the run was distilled with (its sha256 {digest[:12]}... "
-                                  f"is none of the run's: {known})")
-        found.setdefault(digest, str(path))
-    return [found[e["sha256"]] if e.get("sha256") in found else _check_teacher_file(e) for e in entries]
-
-
-def _digest(key_source: dict) -> str:
-    return hashlib.sha256(json.dumps(key_source, sort_keys=True).encode()).hexdigest()[:32]
+            own = tuple(load_run_teachers(reader.run_dir, reader.provenance, job.teacher_copies, job.on_device()))
+        except EvaluationError as exc:
+            if labeler is None:  # nothing else to label the students
+                raise
+            missing = str(exc)
+    if labeler is None:
+        labeler = SoftLabeler.from_loaded([m for m, _ in own], [i for _, i in own], job.on_device())
+    return OpenedRun(reader, images, labels, ipc_index, reader.content_hash(), dataset, labeler, own, missing)
 
 
 def _keep_students(result: Evaluation, seed_files: dict[int, Path]) -> None:
-    """Write each student of a cached evaluation to its own file, where it is not there yet."""
+    """Each student of a cached evaluation in its own file, where it is not there yet (an
+    evaluation cached before students were kept apart gives them up when it is read)."""
     for student in result.students:
         path = seed_files.get(student.seed)
         if path is not None and not path.is_file():
-            atomic_write_text(path, student.model_dump_json())
+            with contextlib.suppress(OSError):
+                keep(path, student)
 
 
-def _read(model, path: Path):
-    """`model` read from the JSON file `path`, or None when it is missing or not one (train again)."""
-    try:
-        return model.model_validate_json(path.read_bytes())
-    except (OSError, ValueError):
-        return None
+def evaluation_key(run: OpenedRun, job: EvalJob, cfg: EvalConfig) -> EvalKey:
+    """What decides an evaluation of `run` under `job` with the resolved recipe `cfg` (cache.py)."""
+    return EvalKey(config=cfg.key_values(), teachers=list(run.labeler.ids), data=run.dataset.fingerprint(),
+                   images=run.content_hash, device=torch.device(job.on_device()).type,
+                   test_classes=run_classes(run.reader.config, run.dataset.num_classes), augment=job.augment)
 
 
 def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None) -> Evaluation:
     """Evaluate a store run: students trained on the run's images only, under `job.config`, top-1
     on the real test images of the run's classes (all of them for a run of every class).
 
-    `job.ipc` reads the run at that IPC (IPC indices 0..ipc-1 of every class: what a distillation
-    at that IPC asked for); None takes every image the run holds.
-
-    Teachers default to the run's own (`run_teachers`: at the paths the run records, or among
-    `job.teacher_copies` where they moved; their sha256 is checked); `job.teachers` (or a loaded
-    `parts.labeler`) replaces them. The dataset, `parts.dataset` or `job.dataset` or by default
-    the one the run records, is checked by fingerprint (`run_dataset`: a different test split
-    would make the number meaningless). Stored soft labels go to the run's soft-label folder.
-    The result is cached in the run (module docstring); `job.cache=False` neither reads nor
-    writes it. The images are checked against the run's manifests as they are read, before any
-    cached result is looked up; a run that is not finished is evaluated only with
-    `job.incomplete`. `parts.on_eval(seed, epoch, epochs, top1)` sees every test evaluation of
-    the students trained (none when the result comes from the cache). `job.augment=False`:
-    students that see the images as they are (`train_student`).
+    The run is `parts.run` where it is this run read at `job.ipc`, else opened here
+    (`open_for_evaluation`: the run at `job.ipc`, its data and teachers, each checked). Stored
+    soft labels go to the run's soft-label folder. The result is cached in the run (module
+    docstring); `job.cache=False` neither reads nor writes it. The images are checked against the
+    run's manifests as they are read, before any cached result is looked up. `parts.on_eval(seed,
+    epoch, epochs, top1)` sees every test evaluation of the students trained (none when the
+    result comes from the cache). `job.augment=False`: students that see the images as they are
+    (`train_student`).
     """
     parts = parts or EvalParts()
-    device, cache, augment, ipc = job.on_device(), job.cache, job.augment, job.ipc
-    reader = open_run(run_dir, incomplete=job.incomplete, ipc=ipc)
-    dataset = run_dataset(reader, parts.dataset if parts.dataset is not None else job.dataset)
-    teachers = parts.labeler
-    if teachers is None:
-        teachers = run_teachers(reader, job.teacher_copies) if job.teachers is None else job.teachers
-    images, labels, _ = reader.read()
-    if labels.numel() == 0:
-        raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
-    cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0], dataset.num_classes))
-    labeler = _as_labeler(teachers, dataset, device)
-    classes = run_classes(reader.config, dataset.num_classes)
+    run = parts.run if parts.run is not None and parts.run.serves(run_dir, job) else open_for_evaluation(
+        run_dir, job, parts)
+    reader, images, labels = run.reader, run.images, run.labels
+    cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0],
+                                                                         run.dataset.num_classes))
     # Everything that decides the result names its cached copy: a later identical call (a
     # baseline shared by several runs, a benchmark rerun) reads it instead of training again.
-    key_source = {"config": cfg.key_values(), "teachers": list(labeler.ids), "data": dataset.fingerprint(),
-                  "images": reader.content_hash(), "device": torch.device(device).type,
-                  "version": EVALUATION_CACHE_VERSION}
-    if classes is not None:  # tested on the subset's test images (runs of every class keep their key)
-        key_source["test_classes"] = classes
-    if not augment:  # likewise: augmented evaluations keep the key they had
-        key_source["augment"] = False
-    cached = reader.layout.evaluation(_digest(key_source))
-    # Each student is kept on its own too, keyed by the same things but its seed instead of the
-    # seed list: asking for more seeds later, or again after an interruption, trains only the new ones.
-    per_seed_source = {**key_source, "config": {k: v for k, v in key_source["config"].items() if k != "seeds"}}
-    seed_files = {s: reader.layout.evaluation(_digest({**per_seed_source, "seed": s})) for s in cfg.seed_list}
-    result = _read(Evaluation, cached) if cache and cached.is_file() else None  # unreadable: evaluate again
+    # Each student is kept on its own too: asking for more seeds later, or again after an
+    # interruption, trains only the new ones.
+    key = evaluation_key(run, job, cfg)
+    cached = reader.layout.evaluation(key.digest())
+    seed_files = {s: reader.layout.evaluation(key.student(s).digest()) for s in cfg.seed_list}
+    result = read_kept(Evaluation, cached) if job.cache else None  # unreadable: evaluate again
     if result is not None:
-        # An evaluation cached before students were kept apart gives them up now (where it can).
-        with contextlib.suppress(OSError):
-            _keep_students(result, seed_files)
+        _keep_students(result, seed_files)
         return result.model_copy(update={"cached": True})
     known = {}
-    for seed, path in (seed_files.items() if cache else ()):
-        student = _read(StudentScore, path)  # None: not trained yet, or unreadable: train it
+    for seed, path in (seed_files.items() if job.cache else ()):
+        student = read_kept(StudentScore, path)  # None: not trained yet, or unreadable: train it
         if student is not None and student.seed == seed:
             known[seed] = student
 
-    def keep(student: StudentScore) -> None:
-        if cache:
-            atomic_write_text(seed_files[student.seed], student.model_dump_json())
+    def on_seed(student: StudentScore) -> None:
+        if job.cache:
+            keep(seed_files[student.seed], student)
 
     result = evaluate_images(images, labels, job.with_config(cfg),
-                             replace(parts, dataset=dataset, labeler=labeler, soft_label_dir=reader.layout.soft_labels,
-                                     classes=classes, known=known, on_seed=keep))
+                             replace(parts, dataset=run.dataset, labeler=run.labeler, run=run,
+                                     soft_label_dir=reader.layout.soft_labels, classes=key.test_classes, known=known,
+                                     on_seed=on_seed))
     result = result.model_copy(update=dict(
-        run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.get("preset"),
-        ipc=ipc if ipc is not None else reader.config.get("ipc"), content_hash=reader.content_hash(),
-        complete=reader.complete))
-    if cache:
-        atomic_write_text(cached, result.model_dump_json(exclude={"cached"}))
+        run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.preset if reader.config else None,
+        ipc=job.ipc if job.ipc is not None else (reader.config.ipc if reader.config else None),
+        content_hash=run.content_hash, complete=reader.complete))
+    if job.cache:
+        keep(cached, result, exclude={"cached"})
     return result

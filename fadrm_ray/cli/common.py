@@ -1,0 +1,152 @@
+"""What the `fadrm` subcommands share: the parser class and its help formatter, the common and
+execution flags, the exit statuses and the errors reported in one line, the one `ExecutionSpec`
+of the execution flags, and the small helpers that print (`emit`, `note`) or check input
+(`parse_classes`, `check_teachers`).
+
+Nothing here imports torch or Ray: a subcommand module imports this at its top, and the
+process must still be able to set its OpenMP and allocator environment before torch loads
+(`runtime.ensure_process_env`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from fadrm_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from fadrm_ray.run.execute import Door
+    from fadrm_ray.run.job import ExecutionSpec
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+# What --dataset takes, for every command that reads one (fadrm tune's too).
+DATASET_HELP = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
+                       "torch sees a GPU); on CUDA in mixed precision, channels-last")
+IPC_HELP = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
+
+
+class CLIError(Exception):
+    """A user error the CLI reports in one line."""
+
+
+# Bad input, in one line. Every error class of the library for it (ConfigError, DatasetError,
+# EvaluationError, ModelError, StoreError, ...) is an `InputError`, whose module imports nothing,
+# so a refused command stays fast. Any other exception, a plain ValueError too, is a fault of the
+# program: status 1, with its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, FileNotFoundError, InputError)
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth saying (not None, not
+    a flag's False) and the help does not say it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: {default})" if text else f"(default: {default})"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the CLI's form (one line, status 2, no usage block), and
+    every subcommand's help showing its defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def common_parser() -> Parser:
+    """The flags of every subcommand (a parent parser of each)."""
+    common = Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+    return common
+
+
+def execution_parser() -> Parser:
+    """The flags of the subcommands that distill (`distill`, `demo`): they become one `ExecutionSpec`."""
+    execution = Parser(add_help=False)
+    execution.add_argument("--local", action="store_true", help="run in this process, without Ray")
+    execution.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    execution.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    execution.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
+    execution.add_argument("--workers", type=int, default=None,
+                           help="distill actors (default: one per GPU, else one per --cpus-per-worker CPUs)")
+    execution.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each distill actor holds")
+    execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
+    return execution
+
+
+def execution_spec(args) -> "ExecutionSpec":
+    from fadrm_ray.run.job import ExecutionSpec
+
+    return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
+                         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+                         device=args.device, threads=args.threads, data_root=getattr(args, "data_root", None),
+                         progress=not args.quiet)
+
+
+def door_of(spec: "ExecutionSpec", ray_distill: "Door | None") -> "Door":
+    """The door a run of `spec` goes through: this process (`fadrm_ray.run.execute`) with
+    `--local`, else `ray_distill`, the Ray door the console script passes to `main`."""
+    if spec.local:
+        from fadrm_ray.run import execute
+
+        return execute
+    if ray_distill is None:
+        raise CLIError("the Ray executor is not available in this entry point; pass --local "
+                       "or use the `fadrm` console script")
+    return ray_distill
+
+
+def parse_classes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    items = [c.strip() for c in text.split(",")]
+    if not all(c.isdigit() for c in items):
+        raise CLIError(f"--classes must be comma-separated class indices like 0,3,7, got {text!r}")
+    classes = [int(c) for c in items]
+    repeated = sorted({c for c in classes if classes.count(c) > 1})
+    if repeated:
+        raise CLIError(f"--classes names class {repeated[0]} more than once: {text!r}")
+    return classes
+
+
+def check_teachers(paths: Sequence[str]) -> None:
+    for path in paths:
+        if Path(path).is_dir():
+            raise CLIError(f"teacher checkpoint {path} is a directory, not a checkpoint file")
+        if not Path(path).is_file():
+            raise CLIError(f"teacher checkpoint {path} does not exist")
+
+
+def warn_incomplete(args, reader_complete: bool) -> None:
+    if not reader_complete:
+        print(f"fadrm {args.command}: warning: {args.run} is incomplete (the run was not finished); "
+              f"using the units written so far", file=sys.stderr)
+
+
+def note(line: str) -> None:
+    """One line on stderr the user should read before trusting a figure (a split made here)."""
+    print(f"fadrm: note: {line}", file=sys.stderr)
+
+
+def emit(args, payload: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(payload, default=str))
+    else:
+        print(human)
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,107 @@
+"""`fadrm distill`: distill a dataset into a store run.
+
+The run's settings are built once from the command line (`build_config`: preset -> --config ->
+--set -> --ipc/--classes/--seed), the execution flags become one `ExecutionSpec`, and everything
+the input decides is checked in this process before any cluster starts. The job is then built
+once, for the device type of the door that runs it (`fadrm_ray.run.execute` with `--local`,
+otherwise the Ray door the console script passes to `main`), and handed to that door whole with
+the spec: `door.run(job, spec, parts)`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fadrm_ray.cli.common import (DATASET_HELP, check_teachers, common_parser, door_of, emit, execution_parser,
+                                  execution_spec, note, parse_classes)
+
+if TYPE_CHECKING:
+    from fadrm_ray.config import DistillConfig
+    from fadrm_ray.run.job import ExecutionSpec
+
+NAME = "distill"
+HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
+
+
+def add_parser(sub):
+    from fadrm_ray.config import PRESETS
+
+    p = sub.add_parser(NAME, parents=[common_parser(), execution_parser()], help="distill a dataset into a store run")
+    p.add_argument("--dataset", required=True, help=DATASET_HELP)
+    p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
+    p.add_argument("--preset", default="fadrm", choices=list(PRESETS), metavar="PRESET",
+                   help=f"the method, one of {', '.join(PRESETS)} (docs/method.md section 7)")
+    p.add_argument("--ipc", type=int, default=None, help="images per class (default 10)")
+    p.add_argument("--classes", default=None, help="comma-separated class indices, e.g. 0,3,7 (default: all)")
+    p.add_argument("--seed", type=int, default=None, help="the run's seed: the same seed, settings and data give "
+                                                               "the same images (default 0)")
+    p.add_argument("--config", default=None, help="YAML file of config values")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one DistillConfig value, e.g. alpha=0.6 (repeatable); every key is listed in "
+                        "docs/architecture.md#configuration, and a wrong key's error lists them all")
+    p.add_argument("--pilot-set", action="append", metavar="KEY=VALUE",
+                   help="one setting of the pilot that picks `auto`'s recipe on colour data no one measured, "
+                        "e.g. seeds=5 (repeatable; settings.PilotConfig, docs/method.md section 7b)")
+    p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
+    p.add_argument("--data-root", default=None, help="where downloadable datasets (cifar10, cifar100) live")
+    return p
+
+
+def build_config(args) -> "DistillConfig":
+    """The run's config in one pass: preset -> --config -> --set -> --ipc/--classes/--seed."""
+    from fadrm_ray.config import make_config
+
+    return make_config(args.preset, args.config, args.set or [], ipc=args.ipc, classes=parse_classes(args.classes),
+                       seed=args.seed)
+
+
+def run(args) -> None:
+    from fadrm_ray.config import RECIPE_FIELDS
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.fileio import check_output_dir
+    from fadrm_ray.run.job import prepare_job
+    from fadrm_ray.runtime import process_info
+
+    check_teachers(args.teacher)
+    check_output_dir(args.out, "--out store")
+    cfg = build_config(args)
+    spec = execution_spec(args)
+    door = door_of(spec, args.ray_distill)
+    # Everything the input decides is checked here, in this process, before any cluster starts:
+    # the dataset, the classes and every setting against it, the teachers against the dataset.
+    dataset = get_dataset(args.dataset, root=spec.data_root)
+    if dataset.split_note is not None:
+        note(dataset.split_note)
+    # The settings against the data first (classes, sizes), so that no pilot runs for a refused run.
+    cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, channels=dataset.channels)
+    pilot = _pilot(args, cfg, dataset, spec)
+    # The job is built, and checked, once, for the device type its door runs on, then run there.
+    job, parts = prepare_job(cfg, dataset, args.dataset, args.teacher, args.out, device_type=door.device_type(spec),
+                             data_root=spec.data_root)
+    result = door.run(job, spec, parts)
+
+    recipe = result.recipe or "not recorded"
+    taken = [name for name in RECIPE_FIELDS if getattr(cfg, name) == "auto"]
+    recipe += f"; it gave {', '.join(taken)}" if taken else "; every value it sets was given explicitly"
+    payload = {**result.to_dict(), "recipe": recipe, "process": process_info()}
+    lines = [f"distilled {result.images} images ({len(result.units_run)} units run, "
+             f"{len(result.units_skipped)} already done) in {result.seconds:.1f} s", f"recipe: {recipe}"]
+    if pilot is not None:
+        payload["pilot"] = {"summary": pilot.summary(), "below_random": pilot.below_random,
+                            "record": pilot.model_dump(mode="json")}
+        lines.append(pilot.summary())
+        if pilot.below_random is not None:
+            lines.append(f"warning: {pilot.below_random}")
+    lines.append(f"run: {result.run_dir} (read it at this IPC with --ipc {result.ipc})")
+    emit(args, payload, "\n".join(lines))
+
+
+def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
+    """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
+    left to `auto` on colour data no one measured; None otherwise."""
+    from fadrm_ray.config import parse_overrides
+    from fadrm_ray.pilot import ensure_pilot
+    from fadrm_ray.settings import PilotConfig, layered
+
+    settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig))
+    return ensure_pilot(cfg, dataset, args.teacher, args.out, settings, device=spec.device if spec.local else None,
+                        on_line=note)

@@ -1,0 +1,19 @@
+"""Evaluation: students trained on distilled images, scored on the real test set.
+
+The pieces, each in its own module:
+
+- `eval_job`: `EvalJob` (what is evaluated and how its students run) and `EvalParts` (what a
+  caller hands over already loaded);
+- `relabel`: the teachers' soft labels of each view a student sees (`SoftLabeler`);
+- `soft_labels`: stored soft labels (top-k, kept epochs, one packed file);
+- `students`: the student trainer and `evaluate_run`, an evaluation of a store run, cached in it;
+- `scores`: `Evaluation` and `StudentScore`, the results as they are written;
+- `baselines`: random real images and the other baselines beside a run;
+- `ranking`: DD-Ranking's scores of a run;
+- `from_files`: students from a downloaded set's files alone (`fadrm train-student`);
+- `product`: the teacher, stored soft labels and recipe written beside an export;
+- `report`: the run's report (images, curves, accuracy table).
+
+The store (`fadrm_ray.store`) never imports this package; the run's data and teachers are found
+again by `fadrm_ray.run.reopen`.
+"""

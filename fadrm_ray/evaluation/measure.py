@@ -1,0 +1,62 @@
+"""One evaluation of a store run, composed once for every door.
+
+`fadrm evaluate`, the demo, the REST service's evaluation task, a sweep's trial and the pilot all
+call `evaluate_store_run(run_dir, job, scope, parts)`: the run is opened once
+(`students.open_for_evaluation`: its images read and checked once, its data and teachers loaded
+once), and every step that `scope` asks for takes them from there: the run's students
+(`evaluate_run`), the baselines beside it (`baselines.evaluate_with_baselines`), DD-Ranking's
+scores (`ranking`), the report (`report.write_report`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from fadrm_ray.evaluation.baselines import evaluate_with_baselines
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.ranking import hard_label_ranking
+from fadrm_ray.evaluation.report import write_report
+from fadrm_ray.evaluation.scores import Evaluation
+from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
+
+
+class EvalScope(BaseModel):
+    """What an evaluation measures beyond the run's own students, and whether it writes the report."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    baselines: bool = False      # random real images and the starting patches, beside the run
+    # DD-Ranking: "full" (HLR, IOR, LRS; needs the baselines), "hard-labels" (what the images
+    # reach with their own classes alone), or "none"
+    ranking: Literal["none", "hard-labels", "full"] = "none"
+    ars: bool = False            # ARS too (two more evaluations without augmentation; with "full")
+    report: bool = False         # write report/ beside the run's images
+
+
+@dataclass(frozen=True)
+class RunEvaluated:
+    """What `evaluate_store_run` gives back: the result, the run as it was opened, the report files."""
+
+    evaluation: Evaluation
+    run: OpenedRun
+    report: dict[str, str] = field(default_factory=dict)
+
+
+def evaluate_store_run(run_dir: str | Path, job: EvalJob, scope: EvalScope | None = None,
+                       parts: EvalParts | None = None) -> RunEvaluated:
+    """Evaluate the run in `run_dir` under `job`, measuring what `scope` asks for (module docstring)."""
+    scope = scope or EvalScope()
+    parts = parts or EvalParts()
+    run = open_for_evaluation(run_dir, job, parts, own_teachers=scope.baselines)
+    parts = replace(parts, run=run, dataset=run.dataset, labeler=run.labeler)
+    if scope.baselines:
+        result = evaluate_with_baselines(run_dir, job, parts, ranking=scope.ranking == "full", ars=scope.ars)
+    else:
+        result = evaluate_run(run_dir, job, parts)
+    if scope.ranking == "hard-labels":
+        result = result.model_copy(update={"ranking": hard_label_ranking(run, result, job)})
+    files = write_report(run_dir, evaluation=result, incomplete=job.incomplete, run=run) if scope.report else {}
+    return RunEvaluated(result, run, files)

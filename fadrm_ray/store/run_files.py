@@ -1,0 +1,195 @@
+"""The shapes of a run's own files, as pydantic models: what the writer writes and the reader
+reads back, typed on both ways.
+
+- `UnitManifest` (`units/<unit_id>.json`): the part files of one unit with their sha256, and the
+  unit's statistics (`UnitStats`), among them each pack's loss history (`StageRecord` per stage);
+- `RunManifest` (`manifest.json`): the run marked complete, every unit's manifest and a summary;
+- `RunProvenance`: what every part file records about how the run was made (its config, the
+  dataset with the spec that reopens it, the teachers with their sha256, the pilot).
+
+Every file carries one `format_version` (`RUN_FORMAT_VERSION`). Files written before it was
+recorded are version 1, and `migrate` brings their raw JSON to the current shape in one step
+before it is validated, so the rest of the code sees one shape only.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# 1: written before the version was recorded; 2: provenance, manifests and job.json as these models.
+RUN_FORMAT_VERSION = 2
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """The raw JSON of a run file of any earlier format, in today's shape (one step per version).
+
+    Version 1 (no `format_version`): a dataset recorded by its name only is reopened by that
+    name (the spec of a built-in dataset, or a folder relative to where the run was made), and
+    a unit's statistics may be missing."""
+    version = raw.get("format_version", 1)
+    if not isinstance(version, int) or version >= RUN_FORMAT_VERSION:
+        return raw
+    out = dict(raw)
+    dataset = out.get("dataset")
+    if isinstance(dataset, dict) and not dataset.get("spec") and dataset.get("name"):
+        out["dataset"] = {**dataset, "spec": dataset["name"], "spec_from_name": True}
+    if "unit_id" in out and not isinstance(out.get("stats"), dict):
+        out["stats"] = {}
+    if isinstance(out.get("units"), list):
+        out["units"] = [migrate(u) if isinstance(u, dict) else u for u in out["units"]]
+    out["format_version"] = RUN_FORMAT_VERSION
+    return out
+
+
+class _RunFile(BaseModel):
+    # Fields a later version adds are kept, not refused: an older reader still opens the run.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any]):
+        """The model of a parsed JSON object of any format version (`migrate`)."""
+        return cls.model_validate(migrate(raw))
+
+    @classmethod
+    def from_json(cls, data: bytes | str):
+        """The model of a file's JSON text, migrated where it is of an earlier format; None when
+        it is not valid JSON or not this model (a damaged or foreign file)."""
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict):
+                return None
+            if raw.get("format_version") == RUN_FORMAT_VERSION:
+                return cls.model_validate_json(data)
+            return cls.from_raw(raw)
+        except (ValueError, ValidationError):
+            return None
+
+
+class StageRecord(_RunFile):
+    """One recover stage of a pack: its resolution, budget, whether the ARC merge followed it,
+    and the per-iteration CE and BN loss curves."""
+
+    stage: int = 0
+    resolution: int | None = None
+    iterations: int = 0
+    merged_after: bool = False
+    ce: list[float] = []
+    bn: list[float] = []
+    seconds: float = 0.0
+
+
+class PackRecord(_RunFile):
+    """A pack of IPC batches recovered together, and its loss history stage by stage."""
+
+    ipc_indices: list[int] = []
+    resolutions: list[int] = []
+    budgets: list[int] = []
+    stages: list[StageRecord] = []
+
+
+class UnitStats(_RunFile):
+    """What a worker records about a unit it recovered (extra keys: where it ran)."""
+
+    unit_id: str | None = None
+    classes: list[int] = []
+    ipc_start: int | None = None
+    ipc_end: int | None = None
+    images: int | None = None
+    device: str | None = None
+    seconds: float | None = None
+    packs: list[PackRecord] = []
+
+
+class PartFile(_RunFile):
+    """One part file of a unit: its path in the run, rows, sha256, class and IPC range."""
+
+    path: str
+    rows: int
+    sha256: str
+    label: int
+    ipc_start: int
+    ipc_end: int
+
+
+class UnitManifest(_RunFile):
+    """units/<unit_id>.json: written last, so a unit is done only when it exists and its files verify."""
+
+    format_version: int = RUN_FORMAT_VERSION
+    unit_id: str
+    files: list[PartFile]
+    rows: int = 0
+    stats: UnitStats = UnitStats()
+    written_at: str | None = None
+
+
+class RunSummary(_RunFile):
+    """What the run's executor reports when it finishes (extra keys: the executor's own)."""
+
+    seconds: float | None = None
+    ipc: int | None = None
+    timings: dict[str, float | None] = {}
+
+
+class RunManifest(_RunFile):
+    """manifest.json: the run complete, its units and their files, and a summary."""
+
+    format_version: int = RUN_FORMAT_VERSION
+    run_id: str
+    complete: bool = False
+    finalized_at: str | None = None
+    rows: int = 0
+    classes: list[int] = []
+    class_names: list[str] = []
+    units: list[UnitManifest] = []
+    summary: RunSummary = RunSummary()
+
+
+class RecordedDataset(_RunFile):
+    """The dataset a run was distilled from, as its provenance records it."""
+
+    name: str | None = None
+    spec: str | None = None               # reopens it (`get_dataset`)
+    spec_from_name: bool = False          # the spec is only its name (an early run): a folder by its name
+    fingerprint: str | None = None
+    num_classes: int | None = None
+    image_size: int | None = None
+    channels: int | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    train_size: int | None = None
+    test_size: int | None = None
+    hflip: bool = False
+    test_split: str | None = None
+
+
+class RecordedTeacher(_RunFile):
+    """A teacher a run was distilled with: where it was, its sha256, model and test accuracy."""
+
+    path: str
+    sha256: str | None = None
+    model: str | None = None
+    test_accuracy: float | None = None
+
+
+class RunProvenance(_RunFile):
+    """What every part file of a run records about how it was made (the ``fadrm`` metadata key)."""
+
+    format_version: int = RUN_FORMAT_VERSION
+    run_id: str | None = None
+    config: dict[str, Any] = {}
+    dataset: RecordedDataset | None = None
+    class_map: dict[int, str] = {}
+    teachers: list[RecordedTeacher] = Field(default_factory=list)
+    seed: int | None = None
+    code_version: str | None = None
+    pilot: dict[str, Any] | None = None   # a PilotRecord (fadrm_ray.pilot_record) as JSON
+
+
+class ExportedRun(RunProvenance):
+    """The ``fadrm`` metadata of a run exported as one Parquet file: its provenance, and the IPC
+    and classes exported."""
+
+    ipc: int | None = None
+    classes: list[int] = []

@@ -1,0 +1,109 @@
+"""A run's files read back typed: models on the way back as on the way down.
+
+The store's readers (`fadrm_ray/store/`) turn config.yaml, the manifests and the part files'
+provenance into pydantic models (`store.run_files`, `DistillConfig`); nothing else reads those
+files' contents as dicts. A run written before the format version was recorded still opens,
+evaluates, verifies and exports: `tests/data/run-format-1.tar.gz` is a run made by the code of
+that time (`python -m fadrm_ray.data.mnist_sample`'s data, a tiny teacher, IPC 1).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.store import run_files
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("fadrm_ray", "actors", "api", "tune", "bench", "experiments")
+STORE_READERS = ROOT / "fadrm_ray" / "store"
+
+# (module, key): `.get("key")` calls that read something other than a run's files, with why.
+NOT_RUN_FILES = {
+    ("fadrm_ray/data/base.py", "test_split"): "a dataset's own description (ImageDataset.info)",
+    ("fadrm_ray/run/job.py", "path"): "a dataset's own description (ImageDataset.info)",
+    ("fadrm_ray/data/parquet.py", "dataset"): "the metadata of any Parquet dataset a user names, ours or not "
+                                              "(a file the service served records its dataset by spec)",
+    ("fadrm_ray/data/parquet.py", "hflip"): "the same metadata, from files of any origin",
+    ("api/job_records.py", "config"): "the service's own job record (plan.json), an older service's kept readable",
+    ("api/requests.py", "config"): "the service's job record as submitted, before it is validated",
+    ("api/service.py", "run_id"): "a job record the service could not validate, listed as it is",
+    ("bench/accuracy.py", "iterations"): "the bench's own table of overrides",
+    ("bench/side_by_side_worker.py", "pack"): "the bench's own overrides",
+    ("bench/faults.py", "complete"): "`fadrm verify --json`'s output, a command's reply",
+    ("bench/imagenet_rehearsal.py", "timings"): "a REST reply (the service's Job)",
+    ("bench/rehearsal_report.py", "classes"): "the bench's own results JSON",
+    ("bench/rehearsal_report.py", "units"): "the bench's own results JSON",
+    ("bench/rehearsal_report.py", "summary"): "the bench's own results JSON",
+    ("bench/evaluate_reads.py", "path"): "counts reads of runs of any version, without the package's models",
+    ("bench/evaluate_reads.py", "sha256"): "the same: runs of any version",
+    ("bench/evaluate_reads.py", "teachers"): "the same: runs of any version",
+}
+
+
+def run_file_keys() -> set[str]:
+    models = [getattr(run_files, name) for name in dir(run_files)
+              if isinstance(getattr(run_files, name), type) and issubclass(getattr(run_files, name), run_files._RunFile)]
+    return {key for model in [*models, DistillConfig] for key in model.model_fields}
+
+
+def dict_reads(keys: set[str]) -> list[tuple[str, str, int]]:
+    found = []
+    for top in SCANNED:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if STORE_READERS in path.parents:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                        and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in keys):
+                    found.append((path.relative_to(ROOT).as_posix(), node.args[0].value, node.lineno))
+    return found
+
+
+def test_no_module_outside_the_store_readers_reads_a_run_file_as_a_dict():
+    keys = run_file_keys()
+    assert {"teachers", "fingerprint", "files", "packs", "ce", "recipe"} <= keys  # the scan looks for these
+    reads = dict_reads(keys)
+    unexplained = [f"{path}:{line}: .get({key!r})" for path, key, line in reads if (path, key) not in NOT_RUN_FILES]
+    assert unexplained == [], "read the run's files through the store's models (fadrm_ray.store.run_files)"
+    stale = sorted(set(NOT_RUN_FILES) - {(path, key) for path, key, _ in reads})
+    assert stale == [], "entries of NOT_RUN_FILES that no longer match a read"
+
+
+def _old_run(tmp_path: Path) -> tuple[Path, Path]:
+    import tarfile
+
+    with tarfile.open(ROOT / "tests" / "data" / "run-format-1.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    (run,) = (tmp_path / "store").iterdir()
+    return run, tmp_path / "teacher" / "teacher.pt"
+
+
+def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tmp_path):
+    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
+    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.store import export_imagefolder, open_run
+    from fadrm_ray.store.verify import verify_run
+
+    run, teacher = _old_run(tmp_path)
+    assert "format_version" not in (run / "manifest.json").read_text()  # written before it was recorded
+    reader = open_run(run)
+    assert reader.manifest.format_version == run_files.RUN_FORMAT_VERSION
+    assert reader.provenance.dataset.spec == "mnist-sample" and reader.provenance.dataset.fingerprint
+    assert reader.config.classes == [0, 1] and reader.config.ipc == 2
+    assert [u.stats.packs[0].stages[0].resolution for u in reader.manifest.units] == [28]
+
+    check = verify_run(run)
+    assert check["complete"] and check["bad_units"] == [] and check["rows"] == 4
+
+    job = EvalJob(config=EvalConfig(epochs=1, seeds=1), device="cpu", threads=1, progress=False,
+                  teacher_copies=[teacher])
+    measured = evaluate_store_run(run, job, EvalScope(report=True))
+    assert measured.evaluation.images == 4 and measured.evaluation.classes == [0, 1]
+    assert 0.0 <= measured.evaluation.top1_mean <= 100.0 and set(measured.report) >= {"grid", "losses", "evaluation"}
+    again = evaluate_store_run(run, job)
+    assert again.evaluation.cached and again.evaluation.top1_per_seed == measured.evaluation.top1_per_seed
+
+    assert export_imagefolder(run, tmp_path / "export") == 4
+    assert sorted(p.name for p in (tmp_path / "export").iterdir() if p.is_dir()) == ["0", "1"]
