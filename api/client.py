@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence, overload
 import httpx
 
 if TYPE_CHECKING:
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
 
 FINAL = ("succeeded", "failed", "cancelled")
 # A 429 asking to wait at most this long is the request-rate limit: wait and send again. A longer
@@ -242,8 +242,8 @@ class FadrmClient:
         raise ServiceError(429, "the request rate stayed over the service's limit")
 
     def recipe(self, job_id: str) -> "EvalConfig":
-        """The student recipe of the job's report (`fadrm_ray.settings.EvalConfig`)."""
-        from fadrm_ray.settings import EvalConfig
+        """The student recipe of the job's report (`fadrm_ray.config.EvalConfig`)."""
+        from fadrm_ray.config import EvalConfig
 
         return EvalConfig.model_validate_json(self._call("GET", f"/v1/distillations/{job_id}/recipe").content)
 
@@ -276,7 +276,7 @@ class FadrmClient:
             if labels is not None:
                 written.append(self.download_soft_labels(job["id"], labels))
             body = self._call("GET", f"/v1/distillations/{job['id']}/recipe").content
-            from fadrm_ray.settings import EvalConfig
+            from fadrm_ray.config import EvalConfig
 
             EvalConfig.model_validate_json(body)  # what is written reads back
             recipe.write_bytes(body)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from fadrm_ray.config import PRESETS
+from fadrm_ray.recipes import PRESETS
 from fadrm_ray.data.base import OWN_SPLIT
 from fadrm_ray.evaluation.scores import Evaluation, Ranking
 
@@ -200,7 +200,7 @@ class EvaluationReported(BaseModel):
 class Report(BaseModel):
     run_id: str
     ipc: int
-    recipe: str = Field("", description="the recipe the set's recover settings came from (config.RECIPES)")
+    recipe: str = Field("", description="the recipe the set's recover settings came from (recipes.RECIPES)")
     pilot: str | None = Field(None, description="the pilot that chose the recipe on this data, in one line, or "
                                                 "why none was measured where one was due")
     warnings: list[str] = Field([], description="one line each: the pilot found no recipe level with random "

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from fadrm_ray.run.units import Unit
 from fadrm_ray.events import RunStarted, StageDone, read_ledger
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import export_imagefolder, open_run
 
 from api.files import make_private, private_write

@@ -19,7 +19,7 @@ from fadrm_ray.config import ConfigError, make_config
 from fadrm_ray.pilot_record import pilot_reason
 from fadrm_ray.run.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import StoreError, open_run
 
 from api.catalog import Catalog, UnknownName, UnusableTeacher

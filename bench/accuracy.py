@@ -71,7 +71,7 @@ from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run
 from fadrm_ray.evaluation.report import pyplot, save_figure
-from fadrm_ray.settings import EvalConfig, SqueezeConfig
+from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 
 # Rows of the table. "patches" is the fadrm row's own starting patches (its config at zero

@@ -50,7 +50,7 @@ def _free_port() -> int:
 
 def _teacher(folder: Path) -> Path:
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
 
     cfg = SqueezeConfig(model="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0)

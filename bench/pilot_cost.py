@@ -22,7 +22,8 @@ from fadrm_ray.pilot import ensure_pilot, plan_pilot
 from fadrm_ray.pilot_record import pilot_reason
 from fadrm_ray.run.job import JobParts
 from fadrm_ray.runtime import resolve_device
-from fadrm_ray.settings import PilotConfig, layered
+from fadrm_ray.config import PilotConfig
+from fadrm_ray.settings import layered
 
 from bench.decode import cpu_name
 

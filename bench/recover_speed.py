@@ -90,7 +90,7 @@ def allocator_env() -> dict:
 
 def bench_teacher(dataset, out: Path, epochs: int, log, teacher=TEACHER) -> tuple[Path, float]:
     """The benchmark's teacher, trained once per epoch count into DIR/teachers/<dataset>-<model>-e<epochs>/."""
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
 
     model, kwargs = teacher
@@ -267,7 +267,7 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
         try:
             from fadrm_ray.evaluation.eval_job import EvalJob
             from fadrm_ray.evaluation.students import evaluate_images
-            from fadrm_ray.settings import EvalConfig
+            from fadrm_ray.config import EvalConfig
         except ImportError:
             log("  (fadrm_ray.evaluation.students.evaluate_images is not available: losses only)")
         else:

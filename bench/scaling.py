@@ -91,7 +91,7 @@ def fadrm_distill(argv: list[str], store: Path, env: dict | None = None) -> dict
 
 def teacher_for(name: str, out: Path) -> str:
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
 
     return str(ensure_teacher(get_dataset(name), SqueezeConfig(), out / "teachers" / name, progress=False).path)
@@ -224,7 +224,7 @@ def mnist32_folder(out: Path) -> Path:
 
 def section_r18(iterations, out, work, teacher: str | None) -> dict:
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
 
     folder = mnist32_folder(out)

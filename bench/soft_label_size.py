@@ -28,7 +28,7 @@ from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels
-from fadrm_ray.settings import EvalConfig, LabelStorage
+from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, folders_of, precompute_soft_labels
 from fadrm_ray.store import open_run
 

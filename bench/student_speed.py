@@ -30,7 +30,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
     from fadrm_ray.evaluation.students import train_student
     from fadrm_ray.evaluation.relabel import SoftLabeler
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
 
     gen = torch.Generator().manual_seed(0)
     train = torch.randint(0, 256, (images, 3, size, size), dtype=torch.uint8, generator=gen)

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     teacher = args.teacher
     if teacher is None:
         from fadrm_ray.data import get_dataset
-        from fadrm_ray.settings import SqueezeConfig
+        from fadrm_ray.config import SqueezeConfig
         from fadrm_ray.squeeze import ensure_teacher
 
         teacher = str(ensure_teacher(get_dataset(args.dataset), SqueezeConfig(epochs=10),

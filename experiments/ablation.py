@@ -28,10 +28,11 @@ from pathlib import Path
 
 from bench.accuracy import STUDENT_STEPS, Grid, bench_dataset, method_config, run_grid
 from fadrm_ray.evaluation.baselines import baseline_configs
-from fadrm_ray.config import SMALL_IMAGE, auto_values
+from fadrm_ray.config import auto_values
+from fadrm_ray.recipes import SMALL_IMAGE
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 # The published recover settings, explicit (the fadrm preset's defaults depend on the image size).

@@ -30,7 +30,7 @@ from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.evaluation.relabel import AugmentSpec, SoftLabeler, apply_plan, draw_plan, to_unit
 from fadrm_ray.seeding import seeded_generator
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 VIEWS = 20

@@ -26,7 +26,7 @@ from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import epochs_for_steps
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 
 def main(argv=None) -> dict:

@@ -30,7 +30,8 @@ from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline, g
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluation.students import evaluate_images, evaluate_run, open_for_evaluation
 from fadrm_ray.run.reopen import load_run_teachers, run_teachers
-from fadrm_ray.settings import ConfigError, EvalConfig
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import ConfigError
 from fadrm_ray.store import open_run
 
 

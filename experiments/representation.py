@@ -30,14 +30,15 @@ from pathlib import Path
 import torch
 
 from bench.accuracy import STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
-from fadrm_ray.config import SMALL_IMAGE, auto_values, make_config
+from fadrm_ray.config import auto_values, make_config
+from fadrm_ray.recipes import SMALL_IMAGE
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_images
-from fadrm_ray.settings import EvalConfig, SqueezeConfig
+from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import open_run
 

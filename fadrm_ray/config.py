@@ -1,10 +1,14 @@
-"""DistillConfig: every knob of a distillation run (docs/method.md sections 2-7), and its presets.
+"""The settings models of every phase, in one place: `DistillConfig` (every knob of a
+distillation run, docs/method.md sections 2-7), `EvalConfig` (how students are trained and
+scored, section 6), `SqueezeConfig` (teacher training), `PilotConfig` (the pilot of `auto`,
+section 7b) and `LabelStorage` (stored soft labels). What they share (the base model, value
+types, error lines) is settings.py's; the presets and recipes a config is built from are
+recipes.py's.
 
-A config is validated when it is built (settings.py has the shared rules), so a bad value fails
-before any work starts, with a message that names the field and the allowed range. Presets
-are named sets of overrides of the defaults (docs/method.md section 7). `make_config` builds a
-config in one pass from its layers: preset, YAML file, `key=value` overrides, then command-line
-flags. What depends on the dataset (the recipe of the "auto" recover settings, stage budgets and
+A config is validated when it is built, so a bad value fails before any work starts, with a
+message that names the field and the allowed range. `make_config` builds a distillation config
+in one pass from its layers: preset, YAML file, `key=value` overrides, then command-line flags.
+What depends on the dataset (the recipe of the "auto" recover settings, stage budgets and
 resolutions, jitter, flip, precision) is filled in by `resolve`, and the resolved config is what
 every run saves beside its images.
 """
@@ -12,150 +16,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import yaml
-from pydantic import Field, model_validator
+from annotated_types import MinLen
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fadrm_ray.fileio import read_yaml_mapping
-from fadrm_ray.settings import (AreaFraction, ConfigError, Count, Flag, Fraction, Index, Indices, ScaleRange, Settings,
-                                Share, Weight, layered)
-
-
-# ---------------------------------------------------------------------- presets
-# docs/method.md section 7: the baselines are settings of the same loop.
-_NO_ARC = {"k": 0, "alpha": 1.0, "downsample_size": None, "precision": "fp32"}
-# The published recover step and crops, for the presets that must keep them at every size.
-_PUBLISHED_STEP = {"lr": 0.25, "crop_scale_min": 0.08, "bound": "clamp"}
-# Noise init uses no patches; the patch selection is fixed so that the saved config (and the run
-# id) of a noise run does not follow the patch defaults.
-_NOISE = {"init": "noise", "patch_selection": "easy"}
-# RDED's patches: the best of 5 random crops of 0.5-1 of the image area per candidate, lowest CE first.
-_RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5, "patch_selection": "easy"}
-# The released FADRM scripts' recover settings: lr 0.25, crops down to 8% of the image, the clamp,
-# "medium" RDED patches, T = 2000 (docs/method.md section 7b).
-_RELEASED = {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 2000}
-PRESETS: dict[str, dict[str, Any]] = {
-    "fadrm": {},
-    "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
-    # The released FADRM scripts' recover settings, with flips, at every image size and whatever
-    # recipe "auto" would pick.
-    "fadrm-paper": {**_RELEASED, "flip": True},
-    "sre2l": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 1000},
-    "cda": {**_NO_ARC, **_PUBLISHED_STEP, **_NOISE, "iterations": 4000, "crop_curriculum": True},
-    "sre2l++": {**_NO_ARC, "iterations": 4000},  # fadrm's loop and patches without ARC
-    "rded": {**_NO_ARC, **_RDED_PATCHES, "iterations": 0},
-    # A run's starting patches as a set of their own (the baseline of baselines.py): the run's
-    # patch settings, which it sets, at zero recover iterations; stored as `patches-<hash>`.
-    "patches": {**_NO_ARC, "iterations": 0},
-    "random-real": {**_NO_ARC, "iterations": 0, "patch_selection": "whole"},
-    # docs/method.md section 7c. G-VBSM (its released CIFAR-100 recover script): noise init,
-    # several backbones in turn, BN + convolution statistics at one weight 0.01, lr 0.05, 4000
-    # iterations, no ARC/MRO/MPT.
-    "g-vbsm": {**_NO_ARC, **_NOISE, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp", "iterations": 4000,
-               "r_bn": 0.01, "r_conv": 0.01},
-    # EDC (its released ImageNet recover script): RDED real-patch init, several backbones in turn,
-    # BN + convolution statistics at weight 0.1, half of the BN loss against the batch's classes
-    # (soft category-aware matching), lr 0.05, 1000 iterations, no ARC/MRO/MPT.
-    "edc": {**_NO_ARC, **_RDED_PATCHES, "lr": 0.05, "crop_scale_min": 0.08, "bound": "clamp",
-            "iterations": 1000, "r_bn": 0.1, "r_conv": 0.1, "bn_category": 0.5},
-    # CV-DD (its released recover scripts): "medium" real patches, a committee voting with
-    # softmax(test accuracy / 5) weights, lr 0.25, 4000 iterations, r_bn 0.01, no ARC/MRO/MPT.
-    "cv-dd": {**_NO_ARC, **_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 4000,
-              "committee": "prior", "committee_temperature": 5.0},
-}
-
-# The recipes "auto" chooses from (docs/method.md section 7b): field -> value, for the fields that
-# take their value from the dataset (RECIPE_FIELDS). Each recipe says where its values come from.
-#
-# small-grey: measured here (docs/benchmarks/accuracy.md, "Accuracy on small images") on the
-# single-channel datasets below 64 px. There the released settings move the images far from their
-# patches and train worse students than the patches themselves; smaller steps, larger crops and
-# whole lowest-CE images keep recovered images at least as good as the real images they start
-# from. Such data has many pixels at exactly 0 or 1, which a clamp lets drift (docs/method.md
-# section 3); the sigmoid bound keeps them. At IPC 10 the ten most typical images of a class are
-# alike and random ones train better students; at IPC 1 the most typical one does: `spread`
-# takes that one first and then the most typical of small random groups.
-#
-# The released recipes: what the published FADRM scripts run for each family (lr 0.25, 4 stages
-# of 500 iterations, crops down to 8% of the image, the clamp, "medium" RDED patches). Where
-# nothing was measured here (colour images, or images of 64 px and more), the published evidence
-# is the only evidence, so it decides. The families differ in what follows the image size in
-# `resolve` (jitter 4 below 128 px and 32 from there, MRO 200/224 from 128 px), not in these fields.
-RECIPE_FIELDS = ("lr", "crop_scale_min", "patch_crop_scale", "patch_crops", "bound", "iterations", "patch_selection")
-_MEASURED_SMALL_GREY = {"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                        "bound": "sigmoid", "iterations": 500, "patch_selection": "spread"}
-
-
-class Recipe(NamedTuple):
-    values: dict[str, Any]
-    source: str  # where the values come from
-
-
-RECIPES: dict[str, Recipe] = {
-    "small-grey": Recipe(_MEASURED_SMALL_GREY,
-                         "measured on single-channel images below 64 px (docs/benchmarks/accuracy.md)"),
-    "cifar": Recipe(_RELEASED, "the released FADRM scripts' CIFAR-10/100 recipe (32 px colour; no MRO), the paper's "
-                    "evidence with ResNet-18 teachers on CIFAR; with a convnet-bn teacher on clipart10 at IPC 10 it "
-                    "was level with random real images and with small-grey (docs/benchmarks/accuracy.md)"),
-    "tiny-imagenet": Recipe(_RELEASED, "the released FADRM scripts' Tiny-ImageNet recipe (64 px; no MRO)"),
-    "imagenet": Recipe(_RELEASED, "the released FADRM scripts' ImageNet recipe (224 px; MRO 200/224)"),
-    # The pilot's other candidates on colour data no one measured (fadrm_ray/pilot.py), each one
-    # step away from the released recipe along what the evidence says matters: who picks the
-    # starting images, whole images or crops, and how far and how long recovery moves them.
-    "crops-random": Recipe({**_RELEASED, "patch_selection": "random"},
-                           "the released recipe with its crops drawn at random instead of picked by the teacher"),
-    "whole": Recipe({**_RELEASED, "lr": 0.05, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                     "patch_selection": "grouped", "iterations": 1000},
-                    "whole images picked by the teacher (`grouped`), a smaller step (lr 0.05), views of at least half "
-                    "the image, T = 1000"),
-    "gentle": Recipe({"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                      "bound": "sigmoid", "iterations": 300, "patch_selection": "whole"},
-                     "a gentle recovery from random whole images (lr 0.01, T = 300, the sigmoid bound): it starts "
-                     "from random real images and stays near them"),
-}
-# What the pilot tries on colour data no one measured, beside random real images; the released
-# recipe of the images' size family (`auto_recipe`) is always the first.
-PILOT_CANDIDATES = ("crops-random", "whole", "gentle")
-SMALL_IMAGE = 64     # below it: small-grey for one channel, cifar for more
-LARGE_IMAGE = 128    # from it: imagenet (MRO and jitter 32 start here too)
-
-
-def auto_recipe(image_size: int, channels: int) -> str:
-    """The recipe "auto" takes for images of `image_size` px with `channels` channels: the
-    measured one only where it was measured, else the released recipe of the size's family."""
-    if image_size < SMALL_IMAGE:
-        return "small-grey" if channels == 1 else "cifar"
-    return "tiny-imagenet" if image_size < LARGE_IMAGE else "imagenet"
-
-
-def recipe_reason(name: str, image_size: int | None = None, channels: int = 1, piloted: bool = False) -> str:
-    """One line on a recipe: its name, whether it is auto's choice for images of `image_size` px
-    with `channels` channels (when the size is given; `piloted`: chosen by the pilot on this
-    data), and where its values come from."""
-    if name not in RECIPES:
-        return "not recorded (the run was distilled before recipes were)"
-    text = name
-    if piloted:
-        text += ", auto's choice for this data by its pilot (fadrm_ray/pilot.py)"
-    elif image_size is not None:
-        auto, images = auto_recipe(image_size, channels), f"{channels}-channel {image_size}-px images"
-        text += f", auto's choice for {images}" if auto == name else f", set (auto takes {auto} for {images})"
-    return f"{text}: {RECIPES[name].source}"
-
-
-def recipe_to_try(name: str, image_size: int, channels: int) -> str:
-    """What to try when a run of recipe `name` on `channels`-channel `image_size`-px images trains
-    worse students than random real images: on colour images the gentle recipe (the whole one
-    after it), on small grey ones the other measured recipe, and a sweep (tune/)."""
-    sweep = "`fadrm tune` over lr, iterations, crop_scale_min and patch_selection"
-    if channels > 1:  # the pilot's grid: on colour data where crops lose, the gentle recipe did not
-        other = "whole" if name == "gentle" else "gentle"
-        return f"try recipe {other} (`--set recipe={other}`, or overrides.recipe), or {sweep}"
-    if image_size < SMALL_IMAGE:
-        other = "cifar" if name == "small-grey" else "small-grey"
-        return f"try recipe {other} (`--set recipe={other}`, or overrides.recipe), or {sweep}"
-    return f"try {sweep}"
+from fadrm_ray.recipes import LARGE_IMAGE, PRESETS, RECIPE_FIELDS, RECIPES, auto_recipe
+from fadrm_ray.settings import (AreaFraction, ConfigError, Count, EvalConfigError, Flag, Fraction, Index, Indices,
+                                ScaleRange, Settings, Share, Weight, layered)
 
 
 # Fields that change how fast a run goes but not its images (beyond float rounding).
@@ -429,3 +299,108 @@ def default_precision(device_type: str) -> str:
     except (AttributeError, RuntimeError):
         pass
     return "fp32"
+
+
+# --------------------------------------------------------------------------- evaluate and squeeze
+# EvalConfig fields added after evaluations were cached, with the value those evaluations had.
+EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_label_epochs": None,
+                     "reference_steps": 5000}
+
+
+class LabelStorage(BaseModel):
+    """How stored soft labels are kept (soft_label_store.py): the logits' number type, the k
+    largest logits of each view (None: all), the epochs kept (None: every training epoch), and
+    the KD temperature at which the top-k probabilities are kept exactly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    dtype: Literal["float16", "float32"] = "float16"
+    topk: Count | None = None
+    epochs: Count | None = None
+    temperature: float = Field(20.0, gt=0)
+
+    def kept(self, num_classes: int) -> int | None:
+        """The logits kept per view, or None when that is all of them."""
+        return None if self.topk is None or self.topk >= num_classes else int(self.topk)
+
+
+class EvalConfig(Settings):
+    """How students are trained on distilled images and scored (evaluate.py, docs/method.md section 6)."""
+
+    error_class: ClassVar[type[ConfigError]] = EvalConfigError
+
+    student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
+    student_kwargs: dict[str, Any] = {}
+    # How epochs and the cosine stretch are chosen when they are left unset (evaluate.resolve_protocol):
+    # "short" trains about 600 optimizer steps with a full cosine; "published" is the published
+    # schedule, 300 epochs (1000 at IPC 1) with the stretched cosine.
+    protocol: Literal["short", "published"] = "short"
+    epochs: Count | None = None          # None: chosen by the protocol
+    seeds: Count | Annotated[list[Index], MinLen(1)] = 3   # a count (seeds 0..n-1) or the seeds themselves
+    batch_size: Count = 16
+    temperature: float = Field(20.0, strict=True, gt=0, le=1e3)  # KD temperature T
+    lr: float = Field(1e-3, strict=True, gt=0, le=10)      # AdamW
+    weight_decay: float = Field(0.01, strict=True, ge=0, le=10)
+    cosine_stretch: float | None = Field(None, strict=True, ge=1)  # eta of the stretched cosine; None: by protocol
+    soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
+    soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
+    # Stored soft labels keep the k largest logits of each view (and one value for the other
+    # classes) and only this many epochs, read in turn (soft_label_store.py); None: all.
+    soft_label_topk: Count | None = None
+    soft_label_epochs: Count | None = None
+    crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view
+    cutmix_prob: float = Field(1.0, strict=True, ge=0, le=1)
+    eval_every: Count | None = None      # epochs between test evaluations; None: about 6 in all
+    # How the teachers' BatchNorm layers normalize a student batch when they label it: with
+    # their running statistics, or with the batch's own (CV-DD's batch-specific soft labels,
+    # docs/method.md section 7c).
+    teacher_bn: Literal["running", "batch"] = "running"
+    # The most optimizer steps DD-Ranking's full-data reference (ranking.py) may take when it is
+    # not kept yet; where training on the whole split would take more, the teachers' recorded
+    # test top-1 stands in for it, and the evaluation says so.
+    reference_steps: Count = 5000
+
+    def key_values(self) -> dict[str, Any]:
+        """The settings as they name a cached evaluation: a field added later, at the value that
+        gives the results cached before it (EVAL_LATER_FIELDS), is left out, so those stay valid."""
+        return {k: v for k, v in self.model_dump(mode="json").items()
+                if not (k in EVAL_LATER_FIELDS and v == EVAL_LATER_FIELDS[k])}
+
+    def label_storage(self) -> "LabelStorage":
+        """How this recipe's stored soft labels are kept."""
+        return LabelStorage(dtype=self.soft_label_dtype, topk=self.soft_label_topk,
+                            epochs=self.soft_label_epochs, temperature=self.temperature)
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+class SqueezeConfig(Settings):
+    """How a teacher is trained on the real data (squeeze.py, docs/method.md section 1)."""
+
+    model: str = Field("convnet-bn", strict=True, min_length=1)  # model name (models.create_model)
+    model_kwargs: dict[str, Any] = {}    # builder keywords; in_chans here feeds grey data to an RGB model
+    epochs: Count = 15
+    batch_size: Count = 128
+    lr: float = Field(1e-3, strict=True, gt=0)             # Adam, cosine over all steps
+    weight_decay: float = Field(1e-4, strict=True, ge=0)
+    label_smoothing: float = Field(0.1, strict=True, ge=0, le=1)
+    cutmix_prob: float = Field(0.5, strict=True, ge=0, le=1)
+    seed: Index = 0
+
+
+class PilotConfig(Settings):
+    """How the pilot measures the candidate recipes on data no one measured (pilot.py): a sample
+    of classes, a few images per class, each candidate's recover budget cut to a share, short
+    students with paired seeds, beside random real images. Bounded: it may always spend
+    `free_seconds`; above that, at most `max_share` of the run's estimated recover time, scaled
+    down to fit (never below `min_scale` of these sizes; below it, it is skipped and says so)."""
+
+    classes: Count = 10                  # classes sampled (every class of smaller datasets)
+    ipc: Count = 10                      # images per class: the run's IPC where it is smaller
+    recover_share: Fraction = 0.25       # each candidate's T, as a share of its recipe's
+    student_steps: Count = 1000          # optimizer steps of each pilot student
+    seeds: Annotated[int, Field(strict=True, ge=2, le=10)] = 3  # paired student seeds
+    free_seconds: float = Field(600.0, strict=True, ge=0)        # spent whatever the run's size
+    max_share: Fraction = 0.1            # of the run's estimated recover time, above free_seconds
+    min_scale: Fraction = 0.25           # the smallest scaling of the sizes above before skipping

@@ -1,6 +1,6 @@
 """The pilot: on colour data no one measured, `auto` takes the recipe that measured best here.
 
-The recipes `auto` knows rest on evidence from other data (config.RECIPES); on unseen data the
+The recipes `auto` knows rest on evidence from other data (recipes.RECIPES); on unseen data the
 released crops can train students well below random real images of the same size. So before a
 run whose recipe is left to `auto` on such data (`pilot_record.pilot_reason`), `ensure_pilot`
 measures, at a small and bounded size:
@@ -33,7 +33,8 @@ from typing import Callable, Sequence
 import torch
 
 from fadrm_ray.evaluation.baselines import paired_gain
-from fadrm_ray.config import PILOT_CANDIDATES, RECIPES, DistillConfig, auto_recipe, make_config
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.fileio import sha256_file
@@ -45,7 +46,7 @@ from fadrm_ray.evaluation.relabel import SoftLabeler
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
-from fadrm_ray.settings import EvalConfig, PilotConfig
+from fadrm_ray.config import EvalConfig, PilotConfig
 
 _MIN_STEPS = 50
 SAFE_RECIPE = "gentle"

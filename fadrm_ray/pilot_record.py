@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.config import RECIPE_FIELDS, DistillConfig
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.recipes import RECIPE_FIELDS
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.evaluation.scores import PairedGain
-from fadrm_ray.settings import PilotConfig
+from fadrm_ray.config import PilotConfig
 
 if TYPE_CHECKING:
     from fadrm_ray.data.base import ImageDataset

@@ -21,7 +21,7 @@ from fadrm_ray.evaluation.ranking import ranking_text
 from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.settings import EvalConfig, SqueezeConfig
+from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import export_imagefolder, open_run
 

@@ -1,12 +1,14 @@
-"""The settings schema: one pydantic model per phase, and what they share.
+"""What every settings model shares: the `Settings` base, the constrained value types, layering
+(`layered`) and the one-line errors.
 
-`DistillConfig` (config.py) holds the knobs of a distillation, `EvalConfig` those of student
-evaluation and `SqueezeConfig` those of teacher training. Each is validated when it is built,
-so a bad value fails before any work starts (a `DistillConfig` once more when `resolve` fills in
-what depends on the dataset, since those values are new); each is saved whole beside what it produced
-(config.yaml of a run, `config` in report/evaluation.json, the teacher checkpoint's info).
-Runtime choices (device, threads, progress bars, output paths) are not settings: they are
-arguments of the functions that run a phase, or of `run.job.ExecutionSpec`.
+The models themselves live together in config.py: `DistillConfig` (the knobs of a
+distillation), `EvalConfig` (student evaluation), `SqueezeConfig` (teacher training) and
+`PilotConfig` (the pilot of `auto`). Each is validated when it is built, so a bad value fails
+before any work starts (a `DistillConfig` once more when `resolve` fills in what depends on the
+dataset, since those values are new); each is saved whole beside what it produced (config.yaml of
+a run, `config` in report/evaluation.json, the teacher checkpoint's info). Runtime choices
+(device, threads, progress bars, output paths) are not settings: they are `run.job.ExecutionSpec`
+(distillation), `EvalJob`'s (evaluation) or arguments of the function that runs a phase.
 
 Errors reach users and the CLI as one `ConfigError` line that starts with the field's name and
 states what it accepts, e.g. `alpha must be in (0, 1], got 2`. The accepted values are read from
@@ -186,108 +188,3 @@ def layered(model: type[SettingsT], *layers: dict[str, Any], flags: dict[str, An
         values.update(layer)
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
     return model.model_validate(values)
-
-
-# --------------------------------------------------------------------------- evaluate and squeeze
-# EvalConfig fields added after evaluations were cached, with the value those evaluations had.
-EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_label_epochs": None,
-                     "reference_steps": 5000}
-
-
-class LabelStorage(BaseModel):
-    """How stored soft labels are kept (soft_label_store.py): the logits' number type, the k
-    largest logits of each view (None: all), the epochs kept (None: every training epoch), and
-    the KD temperature at which the top-k probabilities are kept exactly."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    dtype: Literal["float16", "float32"] = "float16"
-    topk: Count | None = None
-    epochs: Count | None = None
-    temperature: float = Field(20.0, gt=0)
-
-    def kept(self, num_classes: int) -> int | None:
-        """The logits kept per view, or None when that is all of them."""
-        return None if self.topk is None or self.topk >= num_classes else int(self.topk)
-
-
-class EvalConfig(Settings):
-    """How students are trained on distilled images and scored (evaluate.py, docs/method.md section 6)."""
-
-    error_class: ClassVar[type[ConfigError]] = EvalConfigError
-
-    student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
-    student_kwargs: dict[str, Any] = {}
-    # How epochs and the cosine stretch are chosen when they are left unset (evaluate.resolve_protocol):
-    # "short" trains about 600 optimizer steps with a full cosine; "published" is the published
-    # schedule, 300 epochs (1000 at IPC 1) with the stretched cosine.
-    protocol: Literal["short", "published"] = "short"
-    epochs: Count | None = None          # None: chosen by the protocol
-    seeds: Count | Annotated[list[Index], MinLen(1)] = 3   # a count (seeds 0..n-1) or the seeds themselves
-    batch_size: Count = 16
-    temperature: float = Field(20.0, strict=True, gt=0, le=1e3)  # KD temperature T
-    lr: float = Field(1e-3, strict=True, gt=0, le=10)      # AdamW
-    weight_decay: float = Field(0.01, strict=True, ge=0, le=10)
-    cosine_stretch: float | None = Field(None, strict=True, ge=1)  # eta of the stretched cosine; None: by protocol
-    soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
-    soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
-    # Stored soft labels keep the k largest logits of each view (and one value for the other
-    # classes) and only this many epochs, read in turn (soft_label_store.py); None: all.
-    soft_label_topk: Count | None = None
-    soft_label_epochs: Count | None = None
-    crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view
-    cutmix_prob: float = Field(1.0, strict=True, ge=0, le=1)
-    eval_every: Count | None = None      # epochs between test evaluations; None: about 6 in all
-    # How the teachers' BatchNorm layers normalize a student batch when they label it: with
-    # their running statistics, or with the batch's own (CV-DD's batch-specific soft labels,
-    # docs/method.md section 7c).
-    teacher_bn: Literal["running", "batch"] = "running"
-    # The most optimizer steps DD-Ranking's full-data reference (ranking.py) may take when it is
-    # not kept yet; where training on the whole split would take more, the teachers' recorded
-    # test top-1 stands in for it, and the evaluation says so.
-    reference_steps: Count = 5000
-
-    def key_values(self) -> dict[str, Any]:
-        """The settings as they name a cached evaluation: a field added later, at the value that
-        gives the results cached before it (EVAL_LATER_FIELDS), is left out, so those stay valid."""
-        return {k: v for k, v in self.model_dump(mode="json").items()
-                if not (k in EVAL_LATER_FIELDS and v == EVAL_LATER_FIELDS[k])}
-
-    def label_storage(self) -> "LabelStorage":
-        """How this recipe's stored soft labels are kept."""
-        return LabelStorage(dtype=self.soft_label_dtype, topk=self.soft_label_topk,
-                            epochs=self.soft_label_epochs, temperature=self.temperature)
-
-    @property
-    def seed_list(self) -> list[int]:
-        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
-
-
-class SqueezeConfig(Settings):
-    """How a teacher is trained on the real data (squeeze.py, docs/method.md section 1)."""
-
-    model: str = Field("convnet-bn", strict=True, min_length=1)  # model name (models.create_model)
-    model_kwargs: dict[str, Any] = {}    # builder keywords; in_chans here feeds grey data to an RGB model
-    epochs: Count = 15
-    batch_size: Count = 128
-    lr: float = Field(1e-3, strict=True, gt=0)             # Adam, cosine over all steps
-    weight_decay: float = Field(1e-4, strict=True, ge=0)
-    label_smoothing: float = Field(0.1, strict=True, ge=0, le=1)
-    cutmix_prob: float = Field(0.5, strict=True, ge=0, le=1)
-    seed: Index = 0
-
-
-class PilotConfig(Settings):
-    """How the pilot measures the candidate recipes on data no one measured (pilot.py): a sample
-    of classes, a few images per class, each candidate's recover budget cut to a share, short
-    students with paired seeds, beside random real images. Bounded: it may always spend
-    `free_seconds`; above that, at most `max_share` of the run's estimated recover time, scaled
-    down to fit (never below `min_scale` of these sizes; below it, it is skipped and says so)."""
-
-    classes: Count = 10                  # classes sampled (every class of smaller datasets)
-    ipc: Count = 10                      # images per class: the run's IPC where it is smaller
-    recover_share: Fraction = 0.25       # each candidate's T, as a share of its recipe's
-    student_steps: Count = 1000          # optimizer steps of each pilot student
-    seeds: Annotated[int, Field(strict=True, ge=2, le=10)] = 3  # paired student seeds
-    free_seconds: float = Field(600.0, strict=True, ge=0)        # spent whatever the run's size
-    max_share: Fraction = 0.1            # of the run's estimated recover time, above free_seconds
-    min_scale: Fraction = 0.25           # the smallest scaling of the sizes above before skipping

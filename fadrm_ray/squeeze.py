@@ -26,7 +26,8 @@ from .fileio import OutputError, check_output_dir
 from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
                      model_in_chans, save_teacher)
 from .runtime import resolve_device, torch_threads, tune_allocator
-from .settings import ConfigError, SqueezeConfig
+from .config import SqueezeConfig
+from .settings import ConfigError
 from .errors import InputError
 
 

@@ -26,7 +26,7 @@ def digits():
 @pytest.fixture(scope="session")
 def digits_teacher(digits, tmp_path_factory):
     """A small convnet-bn trained on digits for a few epochs: (checkpoint path, test accuracy)."""
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import squeeze
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("teacher")

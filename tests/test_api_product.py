@@ -14,7 +14,7 @@ from api.client import Downloaded, FadrmClient, ServiceError
 from fadrm_ray.evaluation.students import resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.evaluation.scores import Evaluation
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from tests.api_helpers import TEACHER, TOKEN, request, running_service, wait_state
 
 pytestmark = [pytest.mark.ray]

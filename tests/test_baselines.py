@@ -16,7 +16,7 @@ from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import default_epochs, evaluate_run, images_per_class, resolve_protocol
 from fadrm_ray.evaluation.report import write_report
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

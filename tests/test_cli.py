@@ -15,7 +15,7 @@ from fadrm_ray.cli import main
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.run.execute import DistillResult
 from fadrm_ray.run.job import DistillJob, ExecutionSpec
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 

@@ -1,9 +1,10 @@
 import pytest
 import yaml
 
-from fadrm_ray.config import (PRESETS, ConfigError, DistillConfig, make_config, mro_resolutions,
-                              parse_overrides, recipe_reason, tv_downsample_size)
-from fadrm_ray.settings import EvalConfig, EvaluationError, SqueezeConfig, layered
+from fadrm_ray.config import ConfigError, DistillConfig, make_config, mro_resolutions, parse_overrides, tv_downsample_size
+from fadrm_ray.recipes import PRESETS, recipe_reason
+from fadrm_ray.config import EvalConfig, SqueezeConfig
+from fadrm_ray.settings import EvaluationError, layered
 
 
 @pytest.mark.parametrize("field, value", [

@@ -13,7 +13,8 @@ from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.runtime import torch_threads
-from fadrm_ray.settings import EvalConfig, EvaluationError
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import EvaluationError
 
 pytestmark = pytest.mark.ray
 

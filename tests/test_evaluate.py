@@ -19,7 +19,7 @@ from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, defau
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
 from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, precompute_soft_labels
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 DOCUMENTED_KEYS = {"top1_mean", "top1_std", "top1_per_seed", "best_top1_per_seed", "student", "epochs", "seconds"}

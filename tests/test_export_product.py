@@ -12,7 +12,7 @@ from fadrm_ray.cli import main
 from fadrm_ray.evaluation.eval_job import EvalJob
 from fadrm_ray.evaluation.students import evaluate_run, resolve_protocol
 from fadrm_ray.models import load_teacher
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 
 def export(capsys, *argv) -> tuple[int, dict | str]:

@@ -108,7 +108,7 @@ def test_the_full_data_reference_says_its_cost_streams_its_split_and_keeps_to_it
     from dataclasses import replace
 
     from fadrm_ray.evaluation.ranking import FULL_DATA_BATCH, full_data_student
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
 
     train = replace(digits.train)
     asked = _loads_at_most(train)

@@ -21,7 +21,7 @@ from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluation.students import evaluate_run
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

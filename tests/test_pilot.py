@@ -21,7 +21,7 @@ from fadrm_ray.config import make_config
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.pilot_record import PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
 from fadrm_ray.evaluation.scores import PairedGain
-from fadrm_ray.settings import PilotConfig
+from fadrm_ray.config import PilotConfig
 
 
 def _colour(name: str = "imagefolder:mine", channels: int = 3) -> ImageDataset:

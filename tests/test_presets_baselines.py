@@ -263,7 +263,7 @@ def test_batch_statistics_labels_use_the_batch_and_leave_the_teacher_as_it_was()
 
 
 def test_teacher_bn_names_its_evaluations_apart_and_running_keeps_the_old_key():
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
     assert "teacher_bn" not in EvalConfig().key_values()
     assert EvalConfig(teacher_bn="batch").key_values()["teacher_bn"] == "batch"
     with pytest.raises(ValueError):

@@ -29,7 +29,7 @@ CFG = {"ipc": 2, "iterations": 12, "precision": "fp32", "classes_per_batch": 5}
 @pytest.fixture(scope="module")
 def teachers(digits, digits_teacher, tmp_path_factory):
     """Two different teachers: the session's and a narrower one trained here."""
-    from fadrm_ray.settings import SqueezeConfig
+    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import squeeze
     torch.set_num_threads(1)
     second = squeeze(digits, SqueezeConfig(model="convnet-bn", epochs=2, model_kwargs={"width": 16}, seed=1),

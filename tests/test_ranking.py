@@ -20,7 +20,7 @@ from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 E = math.e
 

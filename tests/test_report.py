@@ -16,7 +16,7 @@ from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
 from fadrm_ray.evaluation.report import loss_curves, report_files, write_report
 from fadrm_ray.evaluation.scores import Evaluation
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.evaluation.students import train_student
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
-from fadrm_ray.settings import EvalConfig, LabelStorage
+from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.evaluation.soft_labels import (SoftLabelError, StoredSoftLabels, folders_of, pack_soft_labels,
                                         precompute_soft_labels, topk_compress, topk_expand)
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.models import check_teacher_fits, evaluate_top1, load_teacher
-from fadrm_ray.settings import SqueezeConfig
+from fadrm_ray.config import SqueezeConfig
 from fadrm_ray.squeeze import cutmix, ensure_teacher, random_crop_flip, squeeze, teacher_matches
 
 FAST = dict(model="convnet-bn", epochs=8, model_kwargs={"width": 32})

@@ -304,7 +304,7 @@ def ray_with_a_gpu():
 
 def _cpu_trial_on_workers(digits_teacher, tmp_path):
     """What a CPU sweep with --workers-per-trial 2 hands its trials, and the trial's config."""
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
     from tune.settings import TrialBase, TrialSettings
     from tune.space import trial_config
 

@@ -82,7 +82,7 @@ def _old_run(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tmp_path):
     from fadrm_ray.evaluation.eval_job import EvalJob
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
-    from fadrm_ray.settings import EvalConfig
+    from fadrm_ray.config import EvalConfig
     from fadrm_ray.store import export_imagefolder, open_run
     from fadrm_ray.store.verify import verify_run
 

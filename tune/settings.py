@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fadrm_ray.config import DistillConfig
-from fadrm_ray.settings import Count, EvalConfig, Index, Indices
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import Count, Index, Indices
 
 # Tune's time attribute: percent of the students' whole schedule (a TrialReport field).
 TIME_ATTR = "student_pct"

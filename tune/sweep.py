@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from fadrm_ray.settings import ConfigError, Count, EvalConfig, Index, Indices, describe, error_loc
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import ConfigError, Count, Index, Indices, describe, error_loc
 
 from tune.settings import PatchScoring, TrialBase, TrialSettings
 from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space

@@ -33,7 +33,7 @@ HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from fadrm_ray.cli.common import DATASET_HELP, common_parser
-    from fadrm_ray.config import PRESETS
+    from fadrm_ray.recipes import PRESETS
 
     p = sub.add_parser(NAME, parents=[common_parser()],
                        help="sweep config values (alpha, k, downsample_size, ...) on Ray Tune; writes results, "

@@ -5,7 +5,8 @@ import logging
 
 from fastapi import APIRouter
 
-from fadrm_ray.config import PRESETS, make_config
+from fadrm_ray.config import make_config
+from fadrm_ray.recipes import PRESETS
 
 from api.catalog import UnknownName, UnusableTeacher
 from api.models import DatasetInfo, TeacherListed

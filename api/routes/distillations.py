@@ -9,7 +9,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 from fadrm_ray.evaluation.soft_labels import SoftLabelError
 
 from api.models import MAX_TEACHERS, STATES, DistillationRequest, Job, JobList, Problem, Report

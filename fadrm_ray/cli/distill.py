@@ -23,7 +23,7 @@ HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
 
 
 def add_parser(sub):
-    from fadrm_ray.config import PRESETS
+    from fadrm_ray.recipes import PRESETS
 
     p = sub.add_parser(NAME, parents=[common_parser(), execution_parser()], help="distill a dataset into a store run")
     p.add_argument("--dataset", required=True, help=DATASET_HELP)
@@ -40,7 +40,7 @@ def add_parser(sub):
                         "docs/architecture.md#configuration, and a wrong key's error lists them all")
     p.add_argument("--pilot-set", action="append", metavar="KEY=VALUE",
                    help="one setting of the pilot that picks `auto`'s recipe on colour data no one measured, "
-                        "e.g. seeds=5 (repeatable; settings.PilotConfig, docs/method.md section 7b)")
+                        "e.g. seeds=5 (repeatable; config.PilotConfig, docs/method.md section 7b)")
     p.add_argument("--out", required=True, help="store root; the run goes to OUT/<run_id>")
     p.add_argument("--data-root", default=None, help="where downloadable datasets (cifar10, cifar100) live")
     return p
@@ -55,7 +55,7 @@ def build_config(args) -> "DistillConfig":
 
 
 def run(args) -> None:
-    from fadrm_ray.config import RECIPE_FIELDS
+    from fadrm_ray.recipes import RECIPE_FIELDS
     from fadrm_ray.data import get_dataset
     from fadrm_ray.fileio import check_output_dir
     from fadrm_ray.run.job import prepare_job
@@ -100,7 +100,8 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
     left to `auto` on colour data no one measured; None otherwise."""
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.pilot import ensure_pilot
-    from fadrm_ray.settings import PilotConfig, layered
+    from fadrm_ray.config import PilotConfig
+    from fadrm_ray.settings import layered
 
     settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig))
     return ensure_pilot(cfg, dataset, args.teacher, args.out, settings, device=spec.device if spec.local else None,

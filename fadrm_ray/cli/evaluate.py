@@ -50,7 +50,8 @@ def run(args) -> None:
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
-    from fadrm_ray.settings import EvalConfig, layered
+    from fadrm_ray.config import EvalConfig
+    from fadrm_ray.settings import layered
 
     cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),
                   flags={"student": args.student, "epochs": args.epochs, "seeds": args.seeds,

@@ -45,7 +45,7 @@ def run(args) -> None:
     warn_incomplete(args, complete)
     payload = {"run": args.run, "format": args.format, "out": args.out, "complete": complete}
     if args.with_teacher or args.soft_labels:  # what the report's top-1 needs, with the images
-        from fadrm_ray.settings import LabelStorage
+        from fadrm_ray.config import LabelStorage
         from fadrm_ray.evaluation.product import Shipped, export_with_product
 
         storage = LabelStorage(topk=args.topk, epochs=args.label_epochs) if args.soft_labels else None

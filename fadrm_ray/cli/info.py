@@ -25,9 +25,9 @@ def add_parser(sub):
 
 
 def run_recipe(reader) -> str:
-    """The recipe a run's "auto" values came from, with why (`config.recipe_reason`), from its
+    """The recipe a run's "auto" values came from, with why (`recipes.recipe_reason`), from its
     saved config and the image size and channels its provenance records."""
-    from fadrm_ray.config import recipe_reason
+    from fadrm_ray.recipes import recipe_reason
 
     data = reader.provenance.dataset
     size, channels = (data.image_size, data.channels) if data is not None else (None, None)

@@ -26,7 +26,8 @@ def run(args) -> None:
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.data import get_dataset
     from fadrm_ray.runtime import process_info
-    from fadrm_ray.settings import SqueezeConfig, layered
+    from fadrm_ray.config import SqueezeConfig
+    from fadrm_ray.settings import layered
     from fadrm_ray.squeeze import check_out_dir, squeeze
 
     check_out_dir(args.out)

@@ -20,7 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from fadrm_ray.config import DistillConfig, make_config, recipe_to_try
+from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.recipes import recipe_to_try
 import torch
 
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
@@ -89,7 +90,7 @@ def gain_text(paired: PairedGain, seeds: bool = True) -> str:
 def below_random(paired: PairedGain | None, recipe: str, image_size: int, channels: int) -> str | None:
     """One line when a set is clearly below random real images of its size (`paired`: its
     paired gain over them, below zero by more than two standard errors), naming what to try
-    (`config.recipe_to_try` for its `recipe` on such images); None otherwise or with one seed."""
+    (`recipes.recipe_to_try` for its `recipe` on such images); None otherwise or with one seed."""
     if paired is None or not paired.clearly_below:
         return None
     return (f"this set is clearly below random real images of the same size ({gain_text(paired)}); "

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 if TYPE_CHECKING:
     import torch

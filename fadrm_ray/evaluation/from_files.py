@@ -27,7 +27,8 @@ from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
 from fadrm_ray.data.parquet import fadrm_hflip, label_names
 from fadrm_ray.models import TeacherInfo, load_teacher
 from fadrm_ray.evaluation.scores import Evaluation
-from fadrm_ray.settings import EvalConfig, EvaluationError
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import EvaluationError
 
 
 class DistilledFile(BaseModel):

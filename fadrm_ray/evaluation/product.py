@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, check_new_output, sha256_bytes
-from fadrm_ray.settings import EvalConfig, LabelStorage
+from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.store.reader import RunReader, open_run
 from fadrm_ray.store.records import StoreError
 

@@ -48,7 +48,7 @@ from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.evaluation.relabel import epoch_batches, epoch_generator, steps_per_epoch
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import Evaluation, Ranking, StudentScore
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 WEIGHT = 0.5  # w of LRS and gamma of ARS: DD-Ranking's default, both parts counted alike
 # The full-data student: larger batches than a distilled set's students (a training split has

@@ -13,7 +13,7 @@ import statistics
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.settings import EvalConfig
+from fadrm_ray.config import EvalConfig
 
 Curve = list[tuple[int, float]]  # (epoch, test top-1 in percent) at each test evaluation
 

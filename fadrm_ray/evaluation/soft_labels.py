@@ -32,7 +32,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
-from fadrm_ray.settings import EvalConfig, EvaluationError, LabelStorage
+from fadrm_ray.config import EvalConfig, LabelStorage
+from fadrm_ray.settings import EvaluationError
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
 from fadrm_ray.errors import InputError
 

@@ -58,7 +58,8 @@ from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabe
 from fadrm_ray.evaluation.soft_labels import soft_label_source
 from fadrm_ray.runtime import torch_threads, tune_allocator
 from fadrm_ray.evaluation.scores import Evaluation, StudentScore
-from fadrm_ray.settings import EvalConfig, EvaluationError
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store import open_run
 from fadrm_ray.run.reopen import load_run_teachers, run_dataset
 

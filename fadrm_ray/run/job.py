@@ -70,8 +70,8 @@ class DistillJob(BaseModel):
 
     @property
     def recipe(self) -> str:
-        """The recipe the config's "auto" values came from, and why (`config.recipe_reason`)."""
-        from fadrm_ray.config import recipe_reason
+        """The recipe the config's "auto" values came from, and why (`recipes.recipe_reason`)."""
+        from fadrm_ray.recipes import recipe_reason
 
         if self.channels is None:
             return recipe_reason(self.config.recipe)
