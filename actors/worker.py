@@ -1,7 +1,7 @@
 """DistillWorker: a Ray actor that owns frozen teachers and runs recover one stage at a time.
 
-The actor is a plain class; `actors.coordinator` wraps it with `ray.remote` and the resource
-options of the run. Its constructor only sets up the process (threads, allocator), so actors can
+The actor is a plain class; `actors.pool` wraps it with `ray.remote` and the resource options of
+the run. Its constructor only sets up the process (threads, allocator), so actors can
 start while the driver is still planning. Everything a run needs (resolved config, dataset,
 teacher weights, store location, provenance) is one `RunContext` in the object store, the *run
 context*; its reference rides along with every call, and the worker unpacks it once, so a
@@ -10,8 +10,8 @@ selects the unit's patches and builds its recover states, every stage ends with 
 the unit's states on the store (so a lost worker costs at most one stage), and the last stage
 writes the unit's part files itself; only small manifests travel back.
 
-Before any stage, the coordinator has each class's real patches scored once (`score_class`,
-one task per class, spread over the workers) and sends the rankings to every worker in a second
+Before any stage, the pool has each class's real patches scored once (`score_class`, one task
+per class, spread over the workers) and sends the rankings to every worker in a second
 object-store reference beside the run context, so no worker scores a class another one did.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ class DistillWorker:
 
     def score_class(self, label: int, context: list) -> ClassScored:
         """Score the real patches of class `label` for the run, keep the ranking in the run, and
-        return it (small: ranked indices and crop boxes) for the coordinator to share."""
+        return it (small: ranked indices and crop boxes) for the pool to share with every worker."""
         torch.set_num_threads(self.num_threads)
         self._enter(context)
         started = time.perf_counter()

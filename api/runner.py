@@ -123,7 +123,7 @@ def run(files: JobFiles) -> Outcome:
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
             # On the cluster, where the job's workers ran: a GPU share on a GPU cluster.
-            eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc, progress=False)
+            eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc)  # how: evaluate_on_ray's EvalSpec
             evaluation = evaluate_on_ray(result.run_dir, eval_job, spec, baselines=plan.baselines)
             private_write(files.evaluation, evaluation.model_dump_json())
             files.soft_labels_before.unlink(missing_ok=True)  # the labels are the finished evaluation's

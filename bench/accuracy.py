@@ -68,7 +68,7 @@ from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_over
 from fadrm_ray.data import get_dataset
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run
 from fadrm_ray.evaluation.report import pyplot, save_figure
 from fadrm_ray.config import EvalConfig, SqueezeConfig
@@ -196,8 +196,8 @@ def _cell_job(cell: dict) -> list[dict]:
         # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         evaluation = cell["evaluation"].model_copy(update=METHOD_EVALUATION.get(cfg.preset, {}))
-        job = EvalJob(config=evaluation, teachers=eval_teachers, progress=False, ipc=run.ipc)
-        ev = evaluate_run(run.run_dir, job, EvalParts(dataset=dataset))
+        job = EvalJob(config=evaluation, teacher_paths=eval_teachers, ipc=run.ipc)
+        ev = evaluate_run(run.run_dir, job, EvalSpec(progress=False), EvalParts(dataset=dataset))
         rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
                      "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),

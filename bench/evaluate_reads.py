@@ -2,13 +2,10 @@
 
     python -m bench.evaluate_reads --run STORE/RUN_ID [--json] [-- EXTRA EVALUATE ARGS ...]
 
-    # today's tree, on the small run this was tried on (everything already cached by an earlier
-    # evaluate with the same arguments, so no student trains):
-    cd /work/main && .venv/bin/python -m bench.evaluate_reads --run /tmp/evr/store/fadrm-abdf2ce6ce5f \\
-        -- --quiet --epochs 1 --seeds 2 --set reference_steps=500 --threads 1
-    # an older copy of the code (a git worktree with this file copied into its bench/):
-    cd /tmp/before && PYTHONPATH=/tmp/before /work/main/.venv/bin/python -m bench.evaluate_reads \\
-        --run /tmp/evr/store/fadrm-abdf2ce6ce5f -- --quiet --epochs 1 --seeds 2 --set reference_steps=500 --threads 1
+    # an older version of the code beside this one: a git worktree of it, this file copied into
+    # its bench/, the worktree first on the path
+    git worktree add /tmp/older REV && cp bench/evaluate_reads.py /tmp/older/bench/
+    cd /tmp/older && PYTHONPATH=/tmp/older python -m bench.evaluate_reads --run STORE/RUN_ID -- ...
 
 The measured command is `fadrm evaluate --run RUN EXTRA...`, run once, in this process, through
 the package's CLI main (`fadrm_ray.cli.main` where it exists, else `fadrm_ray.commands.main`).
@@ -57,11 +54,11 @@ only the installed tree has (its finder maps every `fadrm_ray.*` name there): th
 looked for in the loaded package's own folder only, and any fadrm_ray module loaded from
 elsewhere is reported (a WARNING line; `modules_from_elsewhere` in --json).
 
-The run /tmp/evr/store/fadrm-abdf2ce6ce5f was made with (any tree that runs):
-    fadrm squeeze --dataset mnist-sample --epochs 2 --threads 1 --out /tmp/evr/teacher
-    fadrm distill --local --dataset mnist-sample --teacher /tmp/evr/teacher/teacher.pt --classes 0,1,2 \\
-        --ipc 2 --set iterations=20 --threads 1 --out /tmp/evr/store
-    fadrm evaluate --run /tmp/evr/store/fadrm-abdf2ce6ce5f --epochs 1 --seeds 2 --set reference_steps=500 --threads 1
+The figures in docs/benchmarks/evaluate-reads.md are of the 1,000-class rehearsal run
+(`python -m bench.imagenet_rehearsal --classes 1000 --no-rest --out DIR`), evaluated once so that
+every result is cached, then measured from DIR/runs/1000 with the same arguments:
+    python -m bench.evaluate_reads --run store/RUN_ID -- --epochs 1 --seeds 1 --quiet --threads 2 \\
+        --set reference_steps=10
 """
 from __future__ import annotations
 

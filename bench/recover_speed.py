@@ -265,16 +265,15 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
     q["patches"] = image_losses(model, patches, labels, setup["mean"], setup["std"], batch)
     if args.evaluate:
         try:
-            from fadrm_ray.evaluation.eval_job import EvalJob
+            from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
             from fadrm_ray.evaluation.students import evaluate_images
             from fadrm_ray.config import EvalConfig
         except ImportError:
             log("  (fadrm_ray.evaluation.students.evaluate_images is not available: losses only)")
         else:
             for side in ("reference", "engine"):
-                job = EvalJob(config=EvalConfig(seeds=args.eval_seeds), dataset=name, teachers=[setup["teacher"]],
-                              progress=False)
-                ev = evaluate_images(images[side], labels, job)
+                job = EvalJob(config=EvalConfig(seeds=args.eval_seeds), dataset=name, teacher_paths=[setup["teacher"]])
+                ev = evaluate_images(images[side], labels, job, EvalSpec(progress=False))
                 q[side]["student_top1_mean"] = ev.top1_mean
                 q[side]["student_top1_per_seed"] = ev.top1_per_seed
                 log(f"  student top-1 on the {side} images: {ev.top1_mean:.2f}% (seeds {ev.top1_per_seed})")

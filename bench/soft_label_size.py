@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel
 
 from fadrm_ray.evaluation.baselines import gain_text, paired_gain
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     base = EvalConfig(protocol=args.protocol, seeds=args.seeds)
     results: list[Result] = []
     for row in parse_rows(args.rows):
-        evaluation = evaluate_run(args.run, EvalJob(config=row_config(base, row), threads=args.threads, progress=False))
+        evaluation = evaluate_run(args.run, EvalJob(config=row_config(base, row)),
+                                  EvalSpec(threads=args.threads, progress=False))
         size = stored_bytes(args.run, evaluation) if row.stored else None
         results.append(Result(row=row, evaluation=evaluation, bytes_per_image=size))
         print(f"{row.name}: top-1 {evaluation.top1_mean:.2f} ± {evaluation.top1_std:.2f}"

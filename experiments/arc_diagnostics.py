@@ -32,7 +32,7 @@ from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.run.stages import load_teachers, unit_states
 from fadrm_ray.run.units import plan_units
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage
@@ -47,18 +47,21 @@ def _dataset(dataset: ImageDataset | str) -> ImageDataset:
 
 
 # --------------------------------------------------------------------------- (a)
-def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path, job: EvalJob, *,
-                          budgets: Sequence[int] = (100, 300, 1000, 3000), ipc: int = 10,
-                          out_dir: str | Path = "diagnostics", overrides: dict | None = None) -> dict:
+def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path, job: EvalJob,
+                          spec: EvalSpec | None = None, *, budgets: Sequence[int] = (100, 300, 1000, 3000),
+                          ipc: int = 10, out_dir: str | Path = "diagnostics", overrides: dict | None = None) -> dict:
     """Student top-1 against the total recover budget, with ARC and without.
 
     Every run goes through the library's door (`execute.run`) into `out_dir/store` (finished runs are reused) and
-    is evaluated under `job.config` with the teacher (`job.threads` torch threads; `job.progress`
-    prints a line per run). Writes `out_dir/information_vanishing.{json,png}`.
+    is evaluated under `job.config` with the teacher, its students running as `spec` says (None: `EvalSpec()`;
+    `spec.threads` torch threads; `spec.progress` prints a line per run). Writes
+    `out_dir/information_vanishing.{json,png}`.
     """
     dataset = _dataset(dataset)
-    evaluation, progress = job.config, job.progress
-    run_job = job.model_copy(update={"teachers": (str(teacher_path),), "progress": False})
+    spec = spec or EvalSpec()
+    evaluation, progress = job.config, spec.progress
+    run_job = job.model_copy(update={"teacher_paths": (str(teacher_path),)})
+    run_spec = spec.model_copy(update={"progress": False})
     out = Path(out_dir)
     store_root = out / "store"
     # One unit holding every IPC batch, packed into one forward: the same math (recover.py's
@@ -66,16 +69,17 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
     common = {"ipc": ipc, "ipc_per_unit": ipc, "pack": ipc, **dict(overrides or {})}
     variants = {"arc": ("fadrm", {}), "no_arc": ("sre2l++", {"precision": "auto"})}
     rows: dict[str, list[dict]] = {k: [] for k in variants}
-    spec = ExecutionSpec(local=True, progress=False)
+    execution = ExecutionSpec(local=True, progress=False)
     started = time.perf_counter()
-    with torch_threads(job.threads):
+    with torch_threads(spec.threads):
         for budget in budgets:
             for key, (preset, extra) in variants.items():
                 cfg = make_config(preset, overrides={**common, **extra, "iterations": int(budget)})
                 distill_job, parts = prepare_job(cfg, dataset, dataset.name, [teacher_path], store_root,
-                                                 device_type=execute.device_type(spec))
-                run = execute.run(distill_job, spec, parts)
-                ev = evaluate_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), EvalParts(dataset=dataset))
+                                                 device_type=execute.device_type(execution))
+                run = execute.run(distill_job, execution, parts)
+                ev = evaluate_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), run_spec,
+                                  EvalParts(dataset=dataset))
                 rows[key].append({"budget": int(budget), "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
                                   "top1_per_seed": ev.top1_per_seed, "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})

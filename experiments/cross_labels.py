@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.evaluation.relabel import AugmentSpec, SoftLabeler, apply_plan, draw_plan, to_unit
 from fadrm_ray.seeding import seeded_generator
@@ -84,7 +84,8 @@ def main(argv=None) -> dict:
         for method, run in runs.items():
             for labels_by, teacher in teachers.items():
                 print(f"  {source} {method} with {labels_by}'s labels", file=sys.stderr, flush=True)
-                result = evaluate_run(run, EvalJob(config=cfg, teachers=[teacher], ipc=args.ipc, threads=1, progress=False))
+                result = evaluate_run(run, EvalJob(config=cfg, teacher_paths=[teacher], ipc=args.ipc),
+                                      EvalSpec(threads=1, progress=False))
                 rows.append({"images_from": source, "method": method, "labels_by": labels_by, "run": str(run),
                              "top1_mean": result.top1_mean, "top1_std": result.top1_std,
                              "top1_per_seed": result.top1_per_seed,

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_images, evaluate_run, open_for_evaluation
 from fadrm_ray.run.reopen import load_run_teachers, run_teachers
 from fadrm_ray.config import EvalConfig
@@ -68,15 +68,15 @@ def main(argv=None) -> dict:
     except ConfigError as exc:
         parser.error(str(exc))
 
-    job = EvalJob(config=cfg, threads=args.threads, progress=False, ipc=args.ipc)
-    run = open_for_evaluation(args.run, job)
+    job, spec = EvalJob(config=cfg, ipc=args.ipc), EvalSpec(threads=args.threads, progress=False)
+    run = open_for_evaluation(args.run, job, spec)
     reader = run.reader
     baselines = baseline_configs(reader.config, args.ipc)
     if "starting_patches" not in baselines:
         parser.error(f"{args.run} starts from noise: it has no patches to compare with")
     dataset, teachers = run.dataset, run_teachers(reader.run_dir, reader.provenance)
-    own = load_run_teachers(reader.run_dir, reader.provenance, device=job.on_device())
-    patches_run = distill_baseline(run, baselines["starting_patches"], own, job)
+    own = load_run_teachers(reader.run_dir, reader.provenance, device=spec.on_device())
+    patches_run = distill_baseline(run, baselines["starting_patches"], own, job, spec)
     patches, plabels, pindex = open_run(patches_run.run_dir, ipc=patches_run.ipc).read()
     recovered, labels, index = run.images, run.labels, run.ipc_index
     if not (torch.equal(plabels, labels) and torch.equal(pindex, index)):
@@ -87,15 +87,15 @@ def main(argv=None) -> dict:
     # The patches and the run are store runs: their students come from (and go to) the runs'
     # evaluation caches, shared with `fadrm evaluate` and bench.accuracy. The two controls are not.
     stored = {"patches": (patches_run.run_dir, patches_run.ipc), "recovered": (reader.run_dir, args.ipc)}
-    job, parts = EvalJob(config=cfg, teachers=teachers, threads=args.threads, progress=False), EvalParts(dataset=dataset)
+    job, parts = EvalJob(config=cfg, teacher_paths=teachers), EvalParts(dataset=dataset)
     results = {}
     for name, images in sets.items():
         print(f"scoring {name} ...", file=sys.stderr, flush=True)
         if name in stored:
             run_dir, ipc = stored[name]
-            ev = evaluate_run(run_dir, job.model_copy(update={"ipc": ipc}), parts)
+            ev = evaluate_run(run_dir, job.model_copy(update={"ipc": ipc}), spec, parts)
         else:
-            ev = evaluate_images(images, labels, job, parts)
+            ev = evaluate_images(images, labels, job, spec, parts)
         results[name] = ev.top1_per_seed
     lines = ["| set | pixel change | top-1 | minus the patches, seed by seed |", "|---|---|---|---|"]
     for name, per_seed in results.items():

@@ -36,7 +36,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_images
 from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
@@ -103,8 +103,9 @@ def main(argv=None) -> dict:
                 run = execute.run(distill_job, spec, parts)
                 x, labels, _ = open_run(run.run_dir).read()
                 images[t] = (to_grey(x), labels)
-            job = EvalJob(config=evaluation, teachers=[judge], progress=False)
-            scores = {t: evaluate_images(x, labels, job, EvalParts(dataset=grey)) for t, (x, labels) in images.items()}
+            job, quiet = EvalJob(config=evaluation, teacher_paths=[judge]), EvalSpec(progress=False)
+            scores = {t: evaluate_images(x, labels, job, quiet, EvalParts(dataset=grey))
+                      for t, (x, labels) in images.items()}
             change = float((images[iterations][0].float() - images[0][0].float()).abs().mean() / 255)
             rows.append({"representation": rep_name, "variant": variant,
                          "patches": scores[0].top1_mean, "patches_std": scores[0].top1_std,

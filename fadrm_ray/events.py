@@ -1,6 +1,6 @@
 """Event logs: one JSON object per line, appended, read back by whoever follows the work.
 
-A Ray run's ledger (`RunLayout.ledger`: what ran where, written by the coordinator, read by the
+A Ray run's ledger (`RunLayout.ledger`: what ran where, written by the run's schedule on the worker pool, read by the
 service's progress reports, the benchmarks and tests) is typed: each `LedgerEvent` has a pydantic
 model with its fields (`RunStarted` ... `RunFinished`, the union `LedgerEntry` discriminated on
 `event`); `append_entry` writes one model as a line, `read_ledger` yields the lines as validated

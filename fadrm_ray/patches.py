@@ -14,8 +14,8 @@ same one.
 
 Scoring is the expensive part (every crop of every candidate through the teacher), and its
 result is small: the ranked candidates and the box of each one's best crop. `score_class`
-returns that as a `ClassSelection`, which a run computes once per class and shares (the Ray
-coordinator sends it to every worker; the run directory keeps it for later requests);
+returns that as a `ClassSelection`, which a run computes once per class and shares (on Ray the
+worker pool sends it to every worker; the run directory keeps it for later requests);
 `class_patch_images` then cuts the patches of any IPC indices from it without the teacher.
 """
 from __future__ import annotations

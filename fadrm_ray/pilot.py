@@ -36,7 +36,7 @@ from fadrm_ray.evaluation.baselines import paired_gain
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
 from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.evaluation.students import DEFAULT_BATCH_SIZE, epochs_for_steps, resolve_protocol
@@ -203,7 +203,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
         execute.run(job, ExecutionSpec(local=True, device=device, progress=False), parts)
         # Read at the pilot's IPC: a run holds every IPC of its settings, and another pilot of the
         # same data may have grown it further.
-        result = evaluate_store_run(job.run_dir, EvalJob(config=eval_cfg, progress=False, ipc=plan.ipc),
+        result = evaluate_store_run(job.run_dir, EvalJob(config=eval_cfg, ipc=plan.ipc), EvalSpec(progress=False),
                                     parts=EvalParts(dataset=dataset, labeler=labeler)).evaluation
         row = PilotRow(recipe=name, run_id=job.run_id, top1_per_seed=result.top1_per_seed,
                        top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluation.baselines import gain_text
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.ranking import ranking_text
 from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
 from fadrm_ray.run import execute
@@ -69,9 +69,9 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     distill_job, parts = prepare_job(cfg, dataset, dataset_name, [str(teacher)], str(store_root),
                                      device_type=door.device_type(spec), data_root=spec.data_root)
     result = door.run(distill_job, spec, parts)
-    job = EvalJob(config=EvalConfig(seeds=seeds), teachers=[teacher], progress=progress, ipc=result.ipc)
-    measured = evaluate_store_run(result.run_dir, job, EvalScope(baselines=True, ranking="full", report=True),
-                                  EvalParts(dataset=dataset))
+    job = EvalJob(config=EvalConfig(seeds=seeds), teacher_paths=[teacher], ipc=result.ipc)
+    measured = evaluate_store_run(result.run_dir, job, EvalSpec(progress=progress),
+                                  EvalScope(baselines=True, ranking="full", report=True), EvalParts(dataset=dataset))
     evaluation, report = measured.evaluation, measured.report
     export_dir = out / "imagefolder"
     if export_dir.exists():  # a rerun refreshes the export

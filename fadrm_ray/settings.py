@@ -8,7 +8,8 @@ before any work starts (a `DistillConfig` once more when `resolve` fills in what
 dataset, since those values are new); each is saved whole beside what it produced (config.yaml of
 a run, `config` in report/evaluation.json, the teacher checkpoint's info). Runtime choices
 (device, threads, progress bars, output paths) are not settings: they are `run.job.ExecutionSpec`
-(distillation), `EvalJob`'s (evaluation) or arguments of the function that runs a phase.
+(distillation), `evaluation.eval_job.EvalSpec` (evaluation) or arguments of the function that
+runs a phase.
 
 Errors reach users and the CLI as one `ConfigError` line that starts with the field's name and
 states what it accepts, e.g. `alpha must be in (0, 1], got 2`. The accepted values are read from

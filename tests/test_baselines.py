@@ -13,7 +13,7 @@ from fadrm_ray.evaluation.baselines import baseline_configs, evaluate_with_basel
 from fadrm_ray.config import make_config
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.evaluation.students import default_epochs, evaluate_run, images_per_class, resolve_protocol
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.config import EvalConfig
@@ -53,19 +53,19 @@ def store(digits, digits_teacher, tmp_path_factory):
 def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store, monkeypatch):
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=1)
-    first = evaluate_run(run_dir, EvalJob(config=cfg, progress=False))
+    first = evaluate_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
     assert not first.cached and list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached evaluation trained a student again")
 
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
-    again = evaluate_run(run_dir, EvalJob(config=cfg, progress=False))
+    again = evaluate_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
     assert again.cached and again.top1_per_seed == first.top1_per_seed
     with pytest.raises(AssertionError, match="trained a student again"):  # other settings: a new evaluation
-        evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=1), progress=False))
+        evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=1)), EvalSpec(progress=False))
     with pytest.raises(AssertionError, match="trained a student again"):  # cache=False: never read
-        evaluate_run(run_dir, EvalJob(config=cfg, progress=False, cache=False))
+        evaluate_run(run_dir, EvalJob(config=cfg, cache=False), EvalSpec(progress=False))
 
 
 def test_the_baselines_are_random_real_images_and_the_starting_patches():
@@ -85,7 +85,7 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
 def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=2)
-    result = evaluate_with_baselines(run_dir, EvalJob(config=cfg, progress=False))
+    result = evaluate_with_baselines(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
     assert set(result.baselines) == {"random_real", "starting_patches"}
     for name, base in result.baselines.items():
         assert base.run_id != result.run_id
@@ -130,8 +130,8 @@ def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path
     shutil.copy(teacher, backup)
     teacher.unlink()
     try:
-        result = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=2, seeds=1), teachers=[backup],
-                                                          progress=False))
+        result = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=2, seeds=1), teacher_paths=[backup]),
+                                         EvalSpec(progress=False))
     finally:
         shutil.copy(backup, teacher)
     assert set(result.baselines) == {"random_real", "starting_patches"}
@@ -189,8 +189,8 @@ def test_a_set_clearly_below_random_real_images_is_warned_about(store, digits, c
     job, parts = prepare_job(noise, digits, "digits", [teacher], Path(run_dir).parent,
                              device_type=execute.device_type(spec))
     run = execute.run(job, spec, parts)
-    result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=40, seeds=3), progress=False),
-                                     ranking=False)
+    result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=40, seeds=3)),
+                                     EvalSpec(progress=False), ranking=False)
     gain = result.paired_gains["random_real"]
     assert gain.mean < -2 * gain.stderr, gain
     [line] = result.warnings

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from actors.evaluation import evaluate_on_ray, placement
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.runtime import torch_threads
@@ -18,7 +18,7 @@ from fadrm_ray.settings import EvaluationError
 
 pytestmark = pytest.mark.ray
 
-JOB = EvalJob(config=EvalConfig(epochs=2, seeds=[0]), progress=False)
+JOB = EvalJob(config=EvalConfig(epochs=2, seeds=[0]))  # evaluate_on_ray runs it without a progress bar
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,6 @@ def test_a_cpu_job_is_evaluated_with_one_workers_cpus_as_evaluate_run_does(ray_w
     other = shutil.copytree(run_copy, tmp_path / "other" / run_copy.name)
     on_ray = evaluate_on_ray(run_copy, JOB, ExecutionSpec(gpus_per_worker=0), baselines=False)
     with torch_threads(1):
-        here = evaluate_run(other, JOB.model_copy(update={"device": "cpu", "threads": 1}))
+        here = evaluate_run(other, JOB, EvalSpec(device="cpu", threads=1, progress=False))
     assert on_ray.top1_per_seed == here.top1_per_seed
     assert on_ray.ranking is not None and len(on_ray.ranking.hard_top1_per_seed) == 1

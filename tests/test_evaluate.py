@@ -14,7 +14,7 @@ from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
                                 kd_loss, param_groups, train_student)
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
@@ -33,9 +33,12 @@ def labeler(digits, digits_teacher):
     return SoftLabeler.from_paths([digits_teacher[0]], digits)
 
 
+QUIET = EvalSpec(progress=False)  # students without progress bars
+
+
 def quiet(cfg: EvalConfig, **settings) -> EvalJob:
-    """An evaluation of `cfg` without progress bars (and any other `settings`)."""
-    return EvalJob(config=cfg, progress=False, **settings)
+    """An evaluation of `cfg` (and any other `settings`), run with `QUIET`."""
+    return EvalJob(config=cfg, **settings)
 
 
 def real_subset(digits, per_class: int, seed: int = 0):
@@ -122,7 +125,7 @@ def test_flips_follow_the_dataset():
 # --------------------------------------------------------------------------- students
 def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher):
     images, _ = real_subset(digits, per_class=30)
-    result = train_student(images, 0, EvalJob(config=EvalConfig(epochs=15), progress=False),
+    result = train_student(images, 0, EvalJob(config=EvalConfig(epochs=15)), QUIET,
                            EvalParts(dataset=digits, labeler=labeler))
     assert result.steps == 15 * 19  # 300 images, batch 16: 18 full batches + one of 12
     # Chance is 10 %; the session teacher (4 epochs, width 32) is about 80 %.
@@ -132,11 +135,11 @@ def test_a_student_trained_on_real_digits_learns(digits, labeler, digits_teacher
 def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=3)
     cfg = EvalConfig(epochs=6, seeds=[5])
-    job, parts = EvalJob(config=cfg, teachers=[digits_teacher[0]], progress=False), EvalParts(dataset=digits)
-    a = evaluate_images(images, labels, job, parts)
-    b = evaluate_images(images, labels, job, parts)
+    job, parts = EvalJob(config=cfg, teacher_paths=[digits_teacher[0]]), EvalParts(dataset=digits)
+    a = evaluate_images(images, labels, job, QUIET, parts)
+    b = evaluate_images(images, labels, job, QUIET, parts)
     assert a.top1_per_seed == b.top1_per_seed and a.curves == b.curves
-    c = evaluate_images(images, labels, job.with_config(EvalConfig(epochs=6, seeds=[6])), parts)
+    c = evaluate_images(images, labels, job.with_config(EvalConfig(epochs=6, seeds=[6])), QUIET, parts)
     assert c.curves != a.curves
 
 
@@ -155,10 +158,11 @@ def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path)
             assert torch.allclose(a.logits, b.logits, rtol=2e-3, atol=2e-3)  # fp16 storage
     # A rerun fills in only what is missing; fp32 storage gives the very same student.
     parts = EvalParts(dataset=digits, labeler=labeler)
-    on, on_model = train_student(images, 3, EvalJob(config=EvalConfig(epochs=4, soft_labels="online"), progress=False),
+    on, on_model = train_student(images, 3, EvalJob(config=EvalConfig(epochs=4, soft_labels="online")), QUIET,
                                  parts, return_model=True)
-    stored_job = EvalJob(config=EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"), progress=False)
-    st, st_model = train_student(images, 3, stored_job, replace(parts, soft_label_dir=tmp_path), return_model=True)
+    stored_job = EvalJob(config=EvalConfig(epochs=4, soft_labels="stored", soft_label_dtype="float32"))
+    st, st_model = train_student(images, 3, stored_job, QUIET, replace(parts, soft_label_dir=tmp_path),
+                                 return_model=True)
     a, b = on_model.state_dict(), st_model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a) and on.curve == st.curve
     assert epoch_generator(3, 1).initial_seed() != epoch_generator(3, 2).initial_seed()
@@ -187,7 +191,7 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
 
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
     run_dir, _ = tiny_run
-    result = evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False))
+    result = evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), QUIET)
     assert DOCUMENTED_KEYS <= set(result.model_dump())
     assert result.student == "convnet-bn" and result.epochs == 3 and result.images == 20
     assert len(result.top1_per_seed) == 2 and len(result.best_top1_per_seed) == 2
@@ -201,18 +205,18 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     run_dir, _ = tiny_run
     trained = []
     seen = lambda seed, epoch, epochs, top1: trained.append(seed) if epoch == epochs else None  # noqa: E731
-    two = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=2)), EvalParts(on_eval=seen))
+    two = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=2)), QUIET, EvalParts(on_eval=seen))
     assert trained == [0, 1] and two.seeds_reused == []
-    three = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalParts(on_eval=seen))
+    three = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET, EvalParts(on_eval=seen))
     assert trained == [0, 1, 2] and three.seeds_reused == [0, 1] and not three.cached
     assert three.top1_per_seed[:2] == two.top1_per_seed
     # The reused students are the ones a fresh evaluation trains.
-    fresh = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3), cache=False))
+    fresh = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3), cache=False), QUIET)
     assert fresh.top1_per_seed == three.top1_per_seed
     assert fresh.curves == [[tuple(point) for point in curve] for curve in three.curves]  # JSON gave lists
     # A seed list alone, and a whole evaluation read back from its cache, train nothing.
-    evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[2, 0])), EvalParts(on_eval=seen))
-    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalParts(on_eval=seen)).cached
+    evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[2, 0])), QUIET, EvalParts(on_eval=seen))
+    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET, EvalParts(on_eval=seen)).cached
     assert trained == [0, 1, 2]
     # A whole evaluation cached before students were kept apart gives them up when it is read.
     cached = {f: json.loads(f.read_text()) for f in open_run(run_dir).layout.evaluations_dir.glob("*.json")}
@@ -220,8 +224,8 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     assert len(students) == 3
     for f in students:
         f.unlink()
-    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3))).cached
-    one = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[1])), EvalParts(on_eval=seen))
+    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET).cached
+    one = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[1])), QUIET, EvalParts(on_eval=seen))
     assert trained == [0, 1, 2] and one.top1_per_seed == three.top1_per_seed[1:2]
 
 
@@ -233,8 +237,8 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
         with open(teacher, "ab") as fh:
             fh.write(b"x")
         with pytest.raises(EvaluationError, match="changed since the run was distilled"):
-            evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1)))
-        result = evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1), teachers=[backup]))
+            evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1)), QUIET)
+        result = evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1), teacher_paths=[backup]), QUIET)
         assert len(result.top1_per_seed) == 1
     finally:
         shutil.copy(backup, teacher)
@@ -244,12 +248,14 @@ def test_bad_options_fail_clearly(digits, digits_teacher):
     images, labels = real_subset(digits, per_class=1)
     parts = EvalParts(dataset=digits)
     with pytest.raises(EvaluationError, match="soft_labels"):
-        evaluate_images(images, labels, quiet(EvalConfig(soft_labels="disk"), teachers=[digits_teacher[0]]), parts)
+        evaluate_images(images, labels, quiet(EvalConfig(soft_labels="disk"), teacher_paths=[digits_teacher[0]]), QUIET,
+                        parts)
     with pytest.raises(EvaluationError, match=r"images must be \(N, 1, 8, 8\)"):
-        evaluate_images(images[:, :, :4, :4], labels, quiet(EvalConfig(), teachers=[digits_teacher[0]]), parts)
+        evaluate_images(images[:, :, :4, :4], labels, quiet(EvalConfig(), teacher_paths=[digits_teacher[0]]), QUIET,
+                        parts)
     with pytest.raises(ValueError, match="soft_label_dir"):
         evaluate_images(images, labels, quiet(EvalConfig(soft_labels="stored", epochs=1, seeds=1),
-                                              teachers=[digits_teacher[0]]), parts)
+                                              teacher_paths=[digits_teacher[0]]), QUIET, parts)
 
 
 def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp_path):
@@ -261,18 +267,19 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
     job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], tmp_path / "store",
                              device_type=execute.device_type(spec))
     run = execute.run(job, spec, parts)
-    result = evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)))
+    result = evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)), QUIET)
     tested = int(sum(int((digits.test.labels == c).sum()) for c in (3, 7)))
     assert result.classes == [3, 7] and result.test_size == tested < len(digits.test)
     assert result.top1_mean >= 65.0, result.top1_per_seed
     # The same images scored on every class: the number a subset used to get.
     images, labels, _ = open_run(run.run_dir).read()
-    everything = evaluate_images(images, labels, quiet(EvalConfig(epochs=20, seeds=2), teachers=[digits_teacher[0]]),
+    everything = evaluate_images(images, labels,
+                                 quiet(EvalConfig(epochs=20, seeds=2), teacher_paths=[digits_teacher[0]]), QUIET,
                                  EvalParts(dataset=digits))
     assert everything.classes is None and everything.test_size == len(digits.test)
     assert everything.top1_mean < 40.0 < result.top1_mean
     # The subset is part of what names the cached evaluation: the score read back is the subset's.
-    assert evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2))).top1_per_seed == \
+    assert evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)), QUIET).top1_per_seed == \
         result.top1_per_seed
 
 
@@ -288,7 +295,8 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
 
     monkeypatch.setattr(evaluate_module, "soft_label_source", recording)
     images, _ = real_subset(digits, 2)
-    train_student(images, 0, quiet(EvalConfig(epochs=1), augment=False), EvalParts(dataset=digits, labeler=labeler))
+    train_student(images, 0, quiet(EvalConfig(epochs=1), augment=False), QUIET,
+                  EvalParts(dataset=digits, labeler=labeler))
     assert specs[-1] == AugmentSpec(out_size=8, crop_scale=(1.0, 1.0), hflip=False, cutmix_prob=0.0)
     # Every view of such a spec is a batch of the images themselves.
     for step in OnlineSoftLabels(images, labeler, specs[-1], batch_size=8, seed=3).epoch(0):
@@ -296,18 +304,20 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
     # In a run, such an evaluation is kept apart from the augmented one of the same settings.
     run_dir, _ = tiny_run
     cfg = EvalConfig(epochs=2, seeds=1)
-    augmented = evaluate_run(run_dir, quiet(cfg))
-    plain = evaluate_run(run_dir, quiet(cfg, augment=False))
+    augmented = evaluate_run(run_dir, quiet(cfg), QUIET)
+    plain = evaluate_run(run_dir, quiet(cfg, augment=False), QUIET)
     assert (augmented.augment, plain.augment, plain.cached) == (True, False, False)
-    assert evaluate_run(run_dir, quiet(cfg, augment=False)).cached
-    assert evaluate_run(run_dir, quiet(cfg)).top1_per_seed == augmented.top1_per_seed
+    assert evaluate_run(run_dir, quiet(cfg, augment=False), QUIET).cached
+    assert evaluate_run(run_dir, quiet(cfg), QUIET).top1_per_seed == augmented.top1_per_seed
 
 
 def test_an_eval_job_is_plain_data_that_crosses_json(tmp_path):
-    job = EvalJob(config=EvalConfig(epochs=3, seeds=[1, 2], soft_labels="stored"), teachers=[tmp_path / "t.pt"],
-                  teacher_copies=str(tmp_path / "copy.pt"), threads=2, ipc=4, augment=False)
-    assert job.teachers == (str(tmp_path / "t.pt"),) and job.teacher_copies == (str(tmp_path / "copy.pt"),)
+    job = EvalJob(config=EvalConfig(epochs=3, seeds=[1, 2], soft_labels="stored"), teacher_paths=[tmp_path / "t.pt"],
+                  teacher_copies=str(tmp_path / "copy.pt"), ipc=4, augment=False)
+    spec = EvalSpec(threads=2)
+    assert job.teacher_paths == (str(tmp_path / "t.pt"),) and job.teacher_copies == (str(tmp_path / "copy.pt"),)
     assert EvalJob.model_validate_json(job.model_dump_json()) == job
+    assert EvalSpec.model_validate_json(spec.model_dump_json()) == spec
     assert job.with_config(EvalConfig()).config == EvalConfig() and job.config.seed_list == [1, 2]
     with pytest.raises(ValueError):
         EvalJob(config=EvalConfig(), num_threads=2)  # settings are named once, and only so

@@ -19,7 +19,7 @@ import yaml
 from fadrm_ray.config import make_config, without_later_fields
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import evaluate_run
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
@@ -127,7 +127,7 @@ def test_images_are_bit_identical(golden_runs, name):
 
 def test_student_result_is_identical(golden_runs, digits, digits_teacher):
     result = evaluate_run(golden_runs["sre2l"], EvalJob(config=EvalConfig(epochs=12, seeds=[0]),
-                                                        teachers=[digits_teacher[0]], progress=False),
+                                                        teacher_paths=[digits_teacher[0]]), EvalSpec(progress=False),
                           EvalParts(dataset=digits))
     # The same CPU as the teacher's: the pair recorded together.
     expected = STUDENTS[TEACHER_SHAS.index(weights_sha(digits_teacher[0]))]

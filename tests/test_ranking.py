@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from fadrm_ray.evaluation import students as evaluate_module
 from fadrm_ray.evaluation import ranking
 from fadrm_ray.evaluation.baselines import evaluate_with_baselines
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.evaluation.students import open_for_evaluation
 from fadrm_ray.config import make_config
 from fadrm_ray.run import execute
@@ -97,8 +97,8 @@ def ranked(digits, digits_teacher, tmp_path_factory):
             job, parts = prepare_job(cfg, digits, "digits", [teacher], root / "store",
                                      device_type=execute.device_type(spec))
             run = execute.run(job, spec, parts)
-            result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
-                                             ars=True)
+            result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)),
+                                             EvalSpec(progress=False), ars=True)
     finally:
         ranking.FULL_DATA_STEPS = steps
     return run.run_dir, result
@@ -133,13 +133,14 @@ def test_the_students_behind_the_scores_are_not_trained_again(ranked, monkeypatc
     monkeypatch.setattr(ranking, "train_student", no_training)
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
     monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)  # the key of the student kept by the fixture
-    again = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False), ars=True)
+    again = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
+                                    ars=True)
     assert again.ranking == result.ranking
 
 
 def test_without_the_ranking_nothing_is_scored(ranked):
     run_dir, result = ranked
-    plain = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2), progress=False),
+    plain = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
                                     ranking=False)
     assert plain.ranking is None and plain.top1_per_seed == result.top1_per_seed
 
@@ -153,6 +154,6 @@ def test_the_hard_label_ranking_reads_the_students_the_full_ranking_kept(ranked,
         raise AssertionError("a kept student was trained again")
 
     monkeypatch.setattr(ranking, "train_student", no_training)
-    job = EvalJob(progress=False)
-    hard = ranking.hard_label_ranking(open_for_evaluation(run_dir, job), result, job)
+    job, spec = EvalJob(), EvalSpec(progress=False)
+    hard = ranking.hard_label_ranking(open_for_evaluation(run_dir, job, spec), result, job, spec)
     assert hard.hard_top1_per_seed == result.ranking.hard_top1_per_seed

@@ -11,7 +11,7 @@ from experiments.arc_diagnostics import arc_merge_effect, information_vanishing,
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.models import create_model
 from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
 from fadrm_ray.evaluation.report import loss_curves, report_files, write_report
@@ -115,8 +115,8 @@ def test_arc_merge_effect_reports_every_merge(digits, digits_teacher, tmp_path):
 
 
 def test_information_vanishing_returns_numbers_and_a_plot(digits, digits_teacher, tmp_path):
-    result = information_vanishing(digits, digits_teacher[0], EvalJob(config=EvalConfig(seeds=1, epochs=2), progress=False),
-                                   budgets=[0, 4], ipc=1, out_dir=tmp_path)
+    result = information_vanishing(digits, digits_teacher[0], EvalJob(config=EvalConfig(seeds=1, epochs=2)),
+                                   EvalSpec(progress=False), budgets=[0, 4], ipc=1, out_dir=tmp_path)
     assert [r["budget"] for r in result["arc"]] == [0, 4] == [r["budget"] for r in result["no_arc"]]
     assert all(0 <= r["top1_mean"] <= 100 for r in result["arc"] + result["no_arc"])
     # With no iterations both are the same real patches, so the same students.

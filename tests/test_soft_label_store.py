@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import train_student
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
 from fadrm_ray.config import EvalConfig, LabelStorage
@@ -89,7 +89,7 @@ def test_a_student_trains_on_top_k_labels_of_a_few_epochs(digits, labeler, tmp_p
     images = images_of(digits, per_class=4)
     cfg = EvalConfig(epochs=40, soft_labels="stored", soft_label_topk=2, soft_label_epochs=2)
     parts = EvalParts(dataset=digits, labeler=labeler, soft_label_dir=tmp_path)
-    score = train_student(images, 0, EvalJob(config=cfg, progress=False), parts)
+    score = train_student(images, 0, EvalJob(config=cfg), EvalSpec(progress=False), parts)
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert sorted(p.name for p in folder.glob("epoch=*")) == ["epoch=00000.parquet", "epoch=00001.parquet"]
     # Found again by what its meta records; other settings or another seed find nothing.
@@ -100,7 +100,7 @@ def test_a_student_trains_on_top_k_labels_of_a_few_epochs(digits, labeler, tmp_p
         folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0], "soft_label_topk": 3}), labeler.ids)
     # Beside labels of every epoch with the same k, each setting finds its own folder.
     every = cfg.model_copy(update={"soft_label_epochs": None, "seeds": [0]})
-    train_student(images, 0, EvalJob(config=every, progress=False), parts)
+    train_student(images, 0, EvalJob(config=every), EvalSpec(progress=False), parts)
     (longer,) = [p for p in tmp_path.iterdir() if p.is_dir() and p != folder]
     assert folders_of(tmp_path, images, every, labeler.ids) == [longer]
     assert folders_of(tmp_path, images, cfg.model_copy(update={"seeds": [0]}), labeler.ids) == [folder]

@@ -32,13 +32,13 @@ def downloaded(api_service, tmp_path_factory):
 
 
 def test_train_student_from_the_downloaded_files_reaches_the_reported_top1(downloaded, one_thread):
-    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
     from fadrm_ray.evaluation.from_files import read_recipe, train_from_files
 
     files, reported = downloaded
     assert reported["seeds"] == [0] and reported["classes"] == [2, 6]
-    job = EvalJob(config=read_recipe(files.recipe), teachers=files.teachers, dataset="digits", progress=False)
-    result = train_from_files(files.data, job)
+    job = EvalJob(config=read_recipe(files.recipe), teacher_paths=files.teachers, dataset="digits")
+    result = train_from_files(files.data, job, EvalSpec(progress=False))
     # The same images, teacher, recipe, seed and test images: the same student, bit for bit.
     assert result.top1_per_seed == reported["top1_per_seed"]
     assert result.classes == [2, 6] and result.test_size == reported["test_size"]
@@ -82,7 +82,7 @@ def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported
     """A job whose evaluation stores top-k soft labels of a few epochs: the client fetches them with
     the images and the recipe (no teacher), and the student trained from those files is the
     reported one."""
-    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
     from fadrm_ray.evaluation.from_files import read_recipe, train_from_files
 
     body = request(classes=[1, 8], ipc=2, seed=52)
@@ -95,8 +95,8 @@ def test_stored_soft_labels_downloaded_instead_of_the_teacher_reach_the_reported
             reported = http.get(f"/v1/distillations/{job['id']}/report").json()["evaluation"]
     assert files.teachers == () and files.soft_labels == tmp_path / "set.soft-labels.parquet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["set.parquet", "set.recipe.json", "set.soft-labels.parquet"]
-    job = EvalJob(config=read_recipe(files.recipe), teachers=[], dataset="digits", progress=False)
-    result = train_from_files(files.data, job, soft_labels=files.soft_labels)
+    job = EvalJob(config=read_recipe(files.recipe), teacher_paths=[], dataset="digits")
+    result = train_from_files(files.data, job, EvalSpec(progress=False), soft_labels=files.soft_labels)
     assert result.top1_per_seed == reported["top1_per_seed"] and result.classes == [1, 8]
     # The service's report says what the images reach with their hard labels alone.
     assert len(reported["ranking"]["hard_top1_per_seed"]) == 1

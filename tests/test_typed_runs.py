@@ -80,7 +80,7 @@ def _old_run(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tmp_path):
-    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.config import EvalConfig
     from fadrm_ray.store import export_imagefolder, open_run
@@ -97,13 +97,31 @@ def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tm
     check = verify_run(run)
     assert check["complete"] and check["bad_units"] == [] and check["rows"] == 4
 
-    job = EvalJob(config=EvalConfig(epochs=1, seeds=1), device="cpu", threads=1, progress=False,
-                  teacher_copies=[teacher])
-    measured = evaluate_store_run(run, job, EvalScope(report=True))
+    job = EvalJob(config=EvalConfig(epochs=1, seeds=1), teacher_copies=[teacher])
+    spec = EvalSpec(device="cpu", threads=1, progress=False)
+    measured = evaluate_store_run(run, job, spec, EvalScope(report=True))
     assert measured.evaluation.images == 4 and measured.evaluation.classes == [0, 1]
     assert 0.0 <= measured.evaluation.top1_mean <= 100.0 and set(measured.report) >= {"grid", "losses", "evaluation"}
-    again = evaluate_store_run(run, job)
+    again = evaluate_store_run(run, job, spec)
     assert again.evaluation.cached and again.evaluation.top1_per_seed == measured.evaluation.top1_per_seed
 
     assert export_imagefolder(run, tmp_path / "export") == 4
     assert sorted(p.name for p in (tmp_path / "export").iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def test_a_run_saves_the_job_that_wrote_it_and_its_files_read_back_as_models(small_run):
+    from fadrm_ray.layout import RunLayout
+    from fadrm_ray.run.reopen import recorded_job
+    from fadrm_ray.store import open_run
+
+    layout = RunLayout(small_run)
+    job = recorded_job(layout)  # job.json, beside config.yaml
+    assert job is not None and job.run_id == layout.run_id and job.run_dir == layout.run_dir
+    assert job.dataset_spec == "digits" and job.config.ipc == 3
+    reader = open_run(small_run)
+    assert isinstance(reader.config, DistillConfig) and reader.config.ipc == job.config.ipc
+    assert reader.manifest.format_version == run_files.RUN_FORMAT_VERSION and reader.manifest.run_id == job.run_id
+    assert [t.sha256 for t in reader.provenance.teachers] == [t.sha256 for t in job.teachers]
+    assert reader.provenance.dataset.fingerprint == job.dataset_fingerprint
+    stages = [stage for unit in reader.unit_manifests().values() for pack in unit.stats.packs for stage in pack.stages]
+    assert stages and all(len(stage.ce) == len(stage.bn) == stage.iterations for stage in stages)

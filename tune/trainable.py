@@ -97,11 +97,11 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     distill_job, parts = prepare_job(cfg, dataset, dataset.name, paths, sweep.store,
                                      device_type=execute.device_type(spec))
     run = execute.run(distill_job, spec, parts)
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 
-    job = EvalJob(config=sweep.eval, teachers=paths, threads=sweep.threads, device=sweep.device, progress=False,
-                  ipc=cfg.ipc)
-    return evaluate_run(run.run_dir, job, EvalParts(dataset=dataset)).top1_per_seed
+    job = EvalJob(config=sweep.eval, teacher_paths=paths, ipc=cfg.ipc)
+    eval_spec = EvalSpec(device=sweep.device, threads=sweep.threads, progress=False)
+    return evaluate_run(run.run_dir, job, eval_spec, EvalParts(dataset=dataset)).top1_per_seed
 
 
 def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
@@ -175,11 +175,11 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     evaluated = time.perf_counter()
     device = sweep.device
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 
-    job = EvalJob(config=eval_cfg, teachers=paths if labeler is None else None, threads=threads, device=device,
-                  progress=False, ipc=cfg.ipc)
-    result = evaluate_run(run_dir, job, EvalParts(dataset=dataset, labeler=labeler, on_eval=on_eval))
+    job = EvalJob(config=eval_cfg, teacher_paths=paths if labeler is None else None, ipc=cfg.ipc)
+    spec = EvalSpec(device=device, threads=threads, progress=False)
+    result = evaluate_run(run_dir, job, spec, EvalParts(dataset=dataset, labeler=labeler, on_eval=on_eval))
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)

@@ -3,9 +3,13 @@ baselines (random real images, the run's starting patches) and DD-Ranking's scor
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from fadrm_ray.cli.common import (IPC_HELP, STUDENT_DEVICE_HELP, check_teachers, common_parser, emit, note,
                                   warn_incomplete)
+
+if TYPE_CHECKING:
+    from fadrm_ray.store.reader import RunReader
 
 NAME = "evaluate"
 HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
@@ -46,7 +50,7 @@ def add_parser(sub):
 def run(args) -> None:
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
     from fadrm_ray.config import parse_overrides
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
@@ -59,13 +63,14 @@ def run(args) -> None:
     # The run's own data and teachers: where it records them, or where --dataset/--teacher say
     # they are now (checked by fingerprint and sha256 either way). The run is opened once; its
     # parts are read and checked before a dataset is loaded or a teacher read.
-    job = EvalJob(config=cfg, device=resolve_device(args.device), threads=args.threads, progress=not args.quiet,
-                  incomplete=args.incomplete, ipc=args.ipc, dataset=args.dataset, teacher_copies=args.teacher)
+    job = EvalJob(config=cfg, incomplete=args.incomplete, ipc=args.ipc, dataset=args.dataset,
+                  teacher_copies=args.teacher)
+    spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
     scope = EvalScope(baselines=args.baselines, ranking="full" if args.baselines and args.ranking else "none",
                       ars=args.ars, report=True)
     parts = EvalParts(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True),
                       on_open=lambda reader: opened(args, reader))
-    measured = evaluate_store_run(args.run, job, scope, parts)
+    measured = evaluate_store_run(args.run, job, spec, scope, parts)
     result, report = measured.evaluation, measured.report
     recorded = measured.run.reader.provenance.dataset
     made = recorded.test_split if recorded is not None else None
@@ -95,7 +100,7 @@ def run(args) -> None:
     emit(args, result, "\n".join(lines))
 
 
-def opened(args, reader) -> None:
+def opened(args, reader: RunReader) -> None:
     """What is checked as soon as the run is open, before it is read: its report folder can be
     written, it is finished (or said not to be), the teachers named exist."""
     from fadrm_ray.fileio import check_output_dir

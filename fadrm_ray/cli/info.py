@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fadrm_ray.cli.common import IPC_HELP, common_parser
 
 if TYPE_CHECKING:
+    from fadrm_ray.store.reader import RunReader
     from fadrm_ray.pilot_record import PilotRecord
 
 NAME = "info"
@@ -24,7 +25,7 @@ def add_parser(sub):
     return p
 
 
-def run_recipe(reader) -> str:
+def run_recipe(reader: RunReader) -> str:
     """The recipe a run's "auto" values came from, with why (`recipes.recipe_reason`), from its
     saved config and the image size and channels its provenance records."""
     from fadrm_ray.recipes import recipe_reason
@@ -37,7 +38,7 @@ def run_recipe(reader) -> str:
                          piloted=reader.provenance.pilot is not None)
 
 
-def run_pilot(reader) -> "PilotRecord | None":
+def run_pilot(reader: RunReader) -> "PilotRecord | None":
     """The pilot whose choice the run's recipe is, as its provenance records it; None when none was."""
     from fadrm_ray.pilot_record import PilotRecord
 

@@ -36,7 +36,7 @@ def run(args) -> None:
     import math
 
     from fadrm_ray.runtime import process_info, resolve_device
-    from fadrm_ray.evaluation.eval_job import EvalJob
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
     from fadrm_ray.evaluation.from_files import read_recipe, train_from_files
 
     check_teachers(args.teacher or [])
@@ -55,9 +55,9 @@ def run(args) -> None:
         more = itertools.count(max(recipe.seed_list) + 1)
         seeds = list(itertools.islice(itertools.chain(recipe.seed_list, more), args.seeds or 1))
     recipe = recipe.model_copy(update={"seeds": seeds})
-    job = EvalJob(config=recipe, teachers=args.teacher or [], dataset=args.test, device=resolve_device(args.device),
-                  threads=args.threads, progress=not args.quiet)
-    result = train_from_files(args.data, job, soft_labels=args.soft_labels, data_root=args.data_root)
+    job = EvalJob(config=recipe, teacher_paths=args.teacher or [], dataset=args.test)
+    spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
+    result = train_from_files(args.data, job, spec, soft_labels=args.soft_labels, data_root=args.data_root)
     tested = not math.isnan(result.top1_mean)
     payload = {"top1": result.top1_mean if tested else None, "top1_per_seed": result.top1_per_seed if tested else None,
                "seeds": result.seeds, "images": result.images, "classes": result.classes,

@@ -2,8 +2,8 @@
 
 The pieces, each in its own module:
 
-- `eval_job`: `EvalJob` (what is evaluated and how its students run) and `EvalParts` (what a
-  caller hands over already loaded);
+- `eval_job`: `EvalJob` (what is evaluated), `EvalSpec` (how its students run) and `EvalParts`
+  (what a caller hands over already loaded);
 - `relabel`: the teachers' soft labels of each view a student sees (`SoftLabeler`);
 - `soft_labels`: stored soft labels (top-k, kept epochs, one packed file);
 - `students`: the student trainer and `evaluate_run`, an evaluation of a store run, cached in it;

@@ -24,7 +24,7 @@ from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.recipes import recipe_to_try
 import torch
 
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
@@ -50,16 +50,18 @@ def baseline_configs(run_config: DistillConfig, ipc: int | None = None) -> dict[
     return out
 
 
-def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple], job: EvalJob):
+def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple], job: EvalJob,
+                     spec: EvalSpec | None = None):
     """The baseline `bcfg` of the opened run, distilled (or found) beside it in the same store with
     the run's own teachers (`loaded_teachers`: (model, TeacherInfo) pairs, as `load_run_teachers`
-    gives them), whose scores pick the patches, on `job`'s device and threads; returns the
-    DistillResult."""
-    device = job.on_device()
+    gives them), whose scores pick the patches, on `spec`'s device and threads (None:
+    `EvalSpec()`); returns the DistillResult."""
+    spec = spec or EvalSpec()
+    device = spec.on_device()
     parts = JobParts.of(run.dataset, loaded_teachers, device)
     distill_job = build_job(bcfg, run.dataset, run.dataset.name, parts.infos, run.reader.run_dir.parent,
                             torch.device(device).type)
-    with torch_threads(job.threads):
+    with torch_threads(spec.threads):
         return execute.run(distill_job, ExecutionSpec(local=True, device=device, progress=False), parts)
 
 
@@ -97,15 +99,16 @@ def below_random(paired: PairedGain | None, recipe: str, image_size: int, channe
             f"{recipe_to_try(recipe, image_size, channels)}")
 
 
-def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
-                            ranking: bool = True, ars: bool = False) -> Evaluation:
+def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
+                            parts: EvalParts | None = None, *, ranking: bool = True, ars: bool = False) -> Evaluation:
     """`evaluate_run` of the run under `job`, plus `baselines` (each baseline's top-1 under the
     same settings and soft labels), `gains` (the run's top-1 minus each baseline's, in points)
     and `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
 
     The baselines are distilled with the run's own teachers (patch scores depend on them: where
     the run records them, or among `job.teacher_copies` where they moved, checked by sha256); the
-    students of all three learn from `job.teachers` (default: the run's own). The data is
+    students of all three learn from `job.teacher_paths` (default: the run's own), all of them
+    distilled and trained as `spec` says (None: `EvalSpec()`). The data is
     `parts.dataset` or `job.dataset`, or the run's, checked by fingerprint (`run_dataset`). A
     baseline that cannot be built (a teacher file gone) is reported with its error instead of a
     number. `job.ipc` reads the run, and builds the baselines, at that IPC (as `evaluate_run` does).
@@ -114,22 +117,24 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts 
     `ars`), which train hard-label students on the run and, once per dataset, on its full
     training split.
     """
-    parts = parts or EvalParts()
+    spec, parts = spec or EvalSpec(), parts or EvalParts()
     run = parts.run
     if run is None or not run.serves(run_dir, job) or not (run.own_teachers or run.own_missing):
-        run = open_for_evaluation(run_dir, job, parts, own_teachers=True)
+        run = open_for_evaluation(run_dir, job, spec, parts, own_teachers=True)
     reader, dataset = run.reader, run.dataset
-    parts = replace(parts, dataset=dataset, labeler=run.labeler, run=run)
-    result = evaluate_run(run_dir, job, parts)
+    parts = replace(parts, dataset=dataset, labeler=run.labeler, run=run, on_open=None)  # opened: the hook has seen it
+    result = evaluate_run(run_dir, job, spec, parts)
     baselines, gains, paired, evaluations = {}, {}, {}, {}
-    for name, bcfg in baseline_configs(reader.config, job.ipc).items():
+    if reader.config is None:  # a bare copy of the part files: nothing to derive the baselines from
+        baselines["random_real"] = BaselineScore(error=f"{reader.run_dir} has no {reader.layout.config.name}")
+    for name, bcfg in (baseline_configs(reader.config, job.ipc) if reader.config is not None else {}).items():
         if run.own_missing is not None:
             baselines[name] = BaselineScore(error=run.own_missing)
             continue
         try:
-            made = distill_baseline(run, bcfg, list(run.own_teachers), job)
+            made = distill_baseline(run, bcfg, list(run.own_teachers), job, spec)
             ev = result if made.run_id == reader.run_id else evaluate_run(
-                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), parts)
+                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), spec, parts)
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = BaselineScore(error=str(exc))
             continue
@@ -138,7 +143,8 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, parts: EvalParts 
         paired[name] = paired_gain(result.top1_per_seed, ev.top1_per_seed)
     scores = None
     if ranking:
-        scores = rank_evaluation(run, result, evaluations.get("random_real"), job, parts, ars=ars)
-    warning = below_random(paired.get("random_real"), reader.config.recipe, dataset.image_size, dataset.channels)
+        scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, parts, ars=ars)
+    recipe = reader.config.recipe if reader.config is not None else ""
+    warning = below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels)
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
                                      "ranking": scores, "warnings": [warning] if warning else []})

@@ -1,20 +1,21 @@
-"""EvalJob: one evaluation's settings, built once by whichever door asked for it.
+"""EvalJob and EvalSpec: what one evaluation measures, and how its students run.
 
-The evaluation side's counterpart of `DistillJob` and `JobParts` (run/job.py). A door (`fadrm
-evaluate`, `fadrm train-student`, the service's runner, a sweep's trainable, a benchmark) turns
-what its user said into one frozen `EvalJob`: the student recipe (`EvalConfig`), how the students
-run (device, torch threads, a progress bar), what they see (augmented views or the images as they
-are), which images of a run are read (`ipc`, `incomplete`), whether the run's cache is used, and
-which data and teachers replace the run's own (a dataset spec, checkpoint paths, the run's
-teachers where they moved). It is plain data: it crosses processes and files as JSON.
+The evaluation side's counterpart of `DistillJob`, `ExecutionSpec` and `JobParts` (run/job.py). A
+door (`fadrm evaluate`, `fadrm train-student`, the service's runner, a sweep's trainable, a
+benchmark) turns what its user said into one frozen `EvalJob`, what is evaluated: the student
+recipe (`EvalConfig`), what the students see (augmented views or the images as they are), which
+images of a run are read (`ipc`, `incomplete`), whether the run's cache is used, and which data
+and teachers replace the run's own (a dataset spec, checkpoint paths, the run's teachers where
+they moved); and one frozen `EvalSpec`, how its students run: the device, torch threads, a
+progress bar. Both are plain data: they cross processes and files as JSON.
 
 `EvalParts` is what a caller hands over already made in its process, which no JSON carries: a
 loaded dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers'
 soft labels, the classes tested, where stored soft labels go, students already trained, and the
-hooks that watch the students train. The evaluation functions (evaluate.py, baselines.py,
-ranking.py) take the job and the parts whole and hand them down; a step that needs other
-settings (a baseline's IPC, a plain student's recipe) derives its own with `model_copy` or
-`dataclasses.replace`.
+hooks that watch the students train. The evaluation functions (students.py, baselines.py,
+ranking.py) take the job, the spec and the parts whole, in that order, and hand them down (a
+spec of None is `EvalSpec()`); a step that needs other settings (a baseline's IPC, a plain
+student's recipe) derives its own with `model_copy` or `dataclasses.replace`.
 """
 from __future__ import annotations
 
@@ -45,24 +46,20 @@ def _paths(value: Any) -> tuple[str, ...] | None:
 
 
 class EvalJob(BaseModel):
-    """Everything one evaluation is told: the recipe and how and on what its students run."""
+    """What one evaluation is told to measure: the recipe, and what and on which data its students learn."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     config: EvalConfig = EvalConfig()     # the students' recipe (its seeds are the students trained)
-    device: str | None = None             # where the students (and the teachers labelling) run; None: cuda
-                                          # where the process that trains them has it (on_device)
-    threads: int | None = None            # torch threads while they train; None: leave the count alone
-    progress: bool = True                 # a progress bar per student
     augment: bool = True                  # False: students see the images as they are (no crop, flip, CutMix)
     cache: bool = True                    # read and keep evaluations in the run (evaluate_run)
     incomplete: bool = False              # evaluate a run that is not finished
     ipc: int | None = None                # read the run at this IPC; None: every image it holds
     dataset: str | None = None            # a dataset spec; None: the run's own (or EvalParts.dataset)
-    teachers: tuple[str, ...] | None = None  # checkpoints whose soft labels replace the run's teachers'
+    teacher_paths: tuple[str, ...] | None = None  # checkpoints whose soft labels replace the run's teachers'
     teacher_copies: tuple[str, ...] = ()  # the run's own teachers where they are now (checked by sha256)
 
-    @field_validator("teachers", mode="before")
+    @field_validator("teacher_paths", mode="before")
     @classmethod
     def _teacher_paths(cls, value: Any) -> tuple[str, ...] | None:
         return _paths(value)
@@ -72,15 +69,26 @@ class EvalJob(BaseModel):
     def _copy_paths(cls, value: Any) -> tuple[str, ...]:
         return _paths(value) or ()
 
+    def with_config(self, config: EvalConfig) -> "EvalJob":
+        """The same job under another recipe (a resolved one, a baseline's, a plain student's)."""
+        return self.model_copy(update={"config": config})
+
+
+class EvalSpec(BaseModel):
+    """How an evaluation's students run: where, with how many torch threads, with a progress bar."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str | None = None             # where the students (and the teachers labelling) run; None: cuda
+                                          # where the process that trains them has it (on_device)
+    threads: int | None = None            # torch threads while they train; None: leave the count alone
+    progress: bool = True                 # a progress bar per student
+
     def on_device(self) -> str:
         """The device the students train on in this process (runtime.resolve_device)."""
         from fadrm_ray.runtime import resolve_device
 
         return resolve_device(self.device)
-
-    def with_config(self, config: EvalConfig) -> "EvalJob":
-        """The same job under another recipe (a resolved one, a baseline's, a plain student's)."""
-        return self.model_copy(update={"config": config})
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ class EvalParts:
     """What an evaluation is handed already made in this process (module docstring); all optional."""
 
     dataset: "ImageDataset | None" = None      # loaded; replaces EvalJob.dataset
-    labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teachers
+    labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teacher_paths
     targets: Any = None                        # evaluate.Targets: batches and loss instead of soft labels
     classes: Sequence[int] | None = None       # the classes tested (None: every class)
     soft_label_dir: str | Path | None = None   # where stored soft labels are kept
@@ -124,4 +132,4 @@ class EvalParts:
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
     progress_label: str | None = None          # what a student's progress bar calls it (default: its model, seed)
     run: OpenedRun | None = None               # the run evaluated, opened and read once
-    on_open: "Callable[[RunReader], None] | None" = None  # the run just opened, before it is read
+    on_open: "Callable[[RunReader], None] | None" = None  # the evaluated run just opened, before it is read (not a baseline's)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray import codec
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.common import decode_bytes
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.data.parquet import fadrm_hflip, label_names
 from fadrm_ray.models import TeacherInfo, load_teacher
 from fadrm_ray.evaluation.scores import Evaluation
@@ -137,19 +137,21 @@ def read_recipe(recipe: str | Path | None) -> EvalConfig:
         raise EvaluationError(f"cannot read recipe {recipe}: {exc.strerror or exc}") from None
 
 
-def train_from_files(data: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
+def train_from_files(data: str | Path, job: EvalJob, spec: EvalSpec | None = None, parts: EvalParts | None = None, *,
                      soft_labels: str | Path | None = None, data_root: str | None = None) -> Evaluation:
-    """Students trained on the images of `data` with the soft labels of `job.teachers`, or with
-    the stored ones of the file `soft_labels` (then there may be no teachers), under
-    `job.config` (the recipe: `read_recipe` reads its file), one per seed of it. With a test
-    dataset (`parts.dataset`, or the spec `job.dataset`, read under `data_root`), each is scored
-    on the test images of the file's classes; without, `top1_*` are NaN."""
+    """Students trained on the images of `data` with the soft labels of `job.teacher_paths`, or
+    with the stored ones of the file `soft_labels` (then there may be no teachers), under
+    `job.config` (the recipe: `read_recipe` reads its file), one per seed of it, running as
+    `spec` says (None: `EvalSpec()`). With a test dataset (`parts.dataset`, or the spec
+    `job.dataset`, read under `data_root`), each is scored on the test images of the file's
+    classes; without, `top1_*` are NaN."""
     from fadrm_ray.data import get_dataset
     from fadrm_ray.evaluation.students import evaluate_images
     from fadrm_ray.evaluation.relabel import SoftLabeler
 
     file = read_distilled(data)
-    cfg, device, teachers = job.config, job.on_device(), job.teachers or ()
+    spec = spec or EvalSpec()
+    cfg, device, teachers = job.config, spec.on_device(), job.teacher_paths or ()
     test = parts.dataset if parts is not None and parts.dataset is not None else job.dataset
     if not teachers and soft_labels is None:
         raise EvaluationError("a teacher checkpoint (--teacher FILE) or a soft-label file (--soft-labels FILE) is "
@@ -171,4 +173,4 @@ def train_from_files(data: str | Path, job: EvalJob, parts: EvalParts | None = N
     with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as folder:
         given = replace(parts or EvalParts(), dataset=dataset, labeler=labeler, classes=classes, targets=targets,
                         soft_label_dir=folder if cfg.soft_labels == "stored" else None)
-        return evaluate_images(file.images, file.labels, job, given)
+        return evaluate_images(file.images, file.labels, job, spec, given)

@@ -1,7 +1,7 @@
 """One evaluation of a store run, composed once for every door.
 
 `fadrm evaluate`, the demo, the REST service's evaluation task, a sweep's trial and the pilot all
-call `evaluate_store_run(run_dir, job, scope, parts)`: the run is opened once
+call `evaluate_store_run(run_dir, job, spec, scope, parts)`: the run is opened once
 (`students.open_for_evaluation`: its images read and checked once, its data and teachers loaded
 once), and every step that `scope` asks for takes them from there: the run's students
 (`evaluate_run`), the baselines beside it (`baselines.evaluate_with_baselines`), DD-Ranking's
@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.evaluation.baselines import evaluate_with_baselines
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.ranking import hard_label_ranking
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation
@@ -45,18 +45,18 @@ class RunEvaluated:
     report: dict[str, str] = field(default_factory=dict)
 
 
-def evaluate_store_run(run_dir: str | Path, job: EvalJob, scope: EvalScope | None = None,
+def evaluate_store_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None, scope: EvalScope | None = None,
                        parts: EvalParts | None = None) -> RunEvaluated:
-    """Evaluate the run in `run_dir` under `job`, measuring what `scope` asks for (module docstring)."""
-    scope = scope or EvalScope()
-    parts = parts or EvalParts()
-    run = open_for_evaluation(run_dir, job, parts, own_teachers=scope.baselines)
-    parts = replace(parts, run=run, dataset=run.dataset, labeler=run.labeler)
+    """Evaluate the run in `run_dir` under `job`, its students running as `spec` says (None:
+    `EvalSpec()`), measuring what `scope` asks for (module docstring)."""
+    spec, scope, parts = spec or EvalSpec(), scope or EvalScope(), parts or EvalParts()
+    run = open_for_evaluation(run_dir, job, spec, parts, own_teachers=scope.baselines)
+    parts = replace(parts, run=run, dataset=run.dataset, labeler=run.labeler, on_open=None)  # the hook has seen it
     if scope.baselines:
-        result = evaluate_with_baselines(run_dir, job, parts, ranking=scope.ranking == "full", ars=scope.ars)
+        result = evaluate_with_baselines(run_dir, job, spec, parts, ranking=scope.ranking == "full", ars=scope.ars)
     else:
-        result = evaluate_run(run_dir, job, parts)
+        result = evaluate_run(run_dir, job, spec, parts)
     if scope.ranking == "hard-labels":
-        result = result.model_copy(update={"ranking": hard_label_ranking(run, result, job)})
+        result = result.model_copy(update={"ranking": hard_label_ranking(run, result, job, spec)})
     files = write_report(run_dir, evaluation=result, incomplete=job.incomplete, run=run) if scope.report else {}
     return RunEvaluated(result, run, files)

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep, read_kept
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.data.parallel import prefetch
@@ -240,39 +240,44 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
         return FullReference(max(usable), TEACHERS_RECORD)
     note(f"DD-Ranking's full-data reference: {what} for {full.epochs} epochs ({steps:,} steps of "
          f"{full.batch_size}), once for this data, kept in {path.parent}; --no-ranking skips it")
-    job = EvalJob(config=full, device=device, progress=progress)
+    job, spec = EvalJob(config=full), EvalSpec(device=device, progress=progress)
     parts = EvalParts(dataset=dataset, classes=classes, targets=StreamedHardLabels(split),
                       progress_label=f"DD-Ranking full-data reference ({len(split):,} images)")
-    student = train_student(_Count(len(split)), 0, job, parts)
+    student = train_student(_Count(len(split)), 0, job, spec, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, student.model_dump_json())
     return FullReference(student.final_top1, f"{what} (kept in {path.parent})")
 
 
-def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob) -> list[StudentScore]:
+def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
+                        spec: EvalSpec | None = None) -> list[StudentScore]:
     """One hard-label student per seed of `evaluation` on the opened run's images (read at
     `job.ipc`, as `evaluate_run` reads them), with its settings (epochs included), each kept in
-    the run's evaluation folder; they train on `job.device` (with a progress bar where `job.progress`)."""
-    device, dataset = job.on_device(), run.dataset
+    the run's evaluation folder; they train on `spec.device` (with a progress bar where
+    `spec.progress`; None: `EvalSpec()`)."""
+    spec = spec or EvalSpec()
+    device, dataset = spec.on_device(), run.dataset
     classes = run_classes(run.reader.config, dataset.num_classes)
     cfg = evaluation.config
     key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
                   test_classes=classes, device=torch.device(device).type)
-    job = EvalJob(config=cfg, device=device, progress=job.progress)
+    job, spec = EvalJob(config=cfg), EvalSpec(device=device, progress=spec.progress)
     parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(run.labels))
     return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()),
-                            lambda seed=seed: train_student(run.images, seed, job, parts))
+                            lambda seed=seed: train_student(run.images, seed, job, spec, parts))
             for seed in evaluation.seeds]
 
 
 # --------------------------------------------------------------------------- one evaluation's ranking
 def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation | None, job: EvalJob,
-                    parts: EvalParts, *, ars: bool = False) -> Ranking:
+                    spec: EvalSpec | None, parts: EvalParts, *, ars: bool = False) -> Ranking:
     """The scores of the opened run's evaluation `result` (the run read at `job.ipc`) beside its
     `random_real` baseline's (None when that baseline could not be built): HLR, IOR and LRS, and
-    ARS with `ars` (students of the run's labeler, without augmentation). What cannot be measured
-    is named in `missing`, with why, instead of failing the evaluation."""
-    dataset, device, progress = run.dataset, job.on_device(), job.progress
+    ARS with `ars` (students of the run's labeler, without augmentation), the students running as
+    `spec` says (None: `EvalSpec()`). What cannot be measured is named in `missing`, with why,
+    instead of failing the evaluation."""
+    spec = spec or EvalSpec()
+    dataset, device, progress = run.dataset, spec.on_device(), spec.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
     if random_real is None:
@@ -280,21 +285,21 @@ def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation 
     store = run.reader.run_dir.parent
     recorded = [t.test_accuracy for t in run.reader.provenance.teachers if t.test_accuracy is not None]
     full_source = None
-    with torch_threads(job.threads):
+    with torch_threads(spec.threads):
         try:
             full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES,
                                                        classes=result.classes, device=device, progress=progress,
                                                        teacher_top1=recorded, on_note=parts.on_note)
-            hard = [s.final_top1 for s in hard_label_students(run, result, job)]
+            hard = [s.final_top1 for s in hard_label_students(run, result, job, spec)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
         if ars and random_real is not None:
             plain_job = job.model_copy(update={"config": result.config, "augment": False})
             plain_parts = replace(parts, run=run, dataset=dataset, labeler=run.labeler)
             try:
-                plain = evaluate_run(run.run_dir, plain_job, plain_parts).top1_per_seed
+                plain = evaluate_run(run.run_dir, plain_job, spec, plain_parts).top1_per_seed
                 plain_random = evaluate_run(random_real.run_dir, plain_job.model_copy(
-                    update={"ipc": random_real.ipc, "incomplete": False}), plain_parts).top1_per_seed
+                    update={"ipc": random_real.ipc, "incomplete": False}), spec, plain_parts).top1_per_seed
             except (OSError, ValueError) as exc:
                 missing.append(f"ARS: {exc}")
         elif not ars:
@@ -303,13 +308,15 @@ def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation 
     return ranking.model_copy(update={"full_source": full_source})
 
 
-def hard_label_ranking(run: OpenedRun, result: Evaluation, job: EvalJob) -> Ranking:
+def hard_label_ranking(run: OpenedRun, result: Evaluation, job: EvalJob, spec: EvalSpec | None = None) -> Ranking:
     """What the images of the opened run's evaluation `result` reach with their hard labels alone
-    (one student per seed, `hard_label_students`), beside nothing else: the part of
-    `rank_evaluation` whose cost is the evaluation's own (no full-data student, no random real
-    images)."""
-    with torch_threads(job.threads):
-        hard = [s.final_top1 for s in hard_label_students(run, result, job.model_copy(update={"progress": False}))]
+    (one student per seed, `hard_label_students`, on `spec`'s device and threads, without a
+    progress bar; None: `EvalSpec()`), beside nothing else: the part of `rank_evaluation` whose
+    cost is the evaluation's own (no full-data student, no random real images)."""
+    spec = spec or EvalSpec()
+    with torch_threads(spec.threads):
+        quiet = spec.model_copy(update={"progress": False})
+        hard = [s.final_top1 for s in hard_label_students(run, result, job, quiet)]
     return ranking_scores(result.top1_per_seed, hard_top1=hard,
                           missing=["HLR, IOR, LRS and ARS: not measured here (fadrm evaluate measures them)"])
 

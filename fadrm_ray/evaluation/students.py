@@ -51,7 +51,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.evaluation.cache import EvalKey, keep, read_kept
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.recover import mixed_precision
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
@@ -149,10 +149,10 @@ class Targets(Protocol):
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor: ...
 
 
-def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: EvalParts, *,
+def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: EvalSpec | None, parts: EvalParts, *,
                   return_model: bool = False) -> StudentScore | tuple[StudentScore, nn.Module]:
     """Train one student (one seed) on `images_uint8` under `job.config`, with soft labels from
-    `parts.labeler` on the loaded `parts.dataset`.
+    `parts.labeler` on the loaded `parts.dataset`, on `spec.device` (None: `EvalSpec()`).
 
     Labels of the images are not used: the targets are the teachers' logits. `job.config.seeds`
     is not read here (`seed` is the one to train). The student is tested on the test images of
@@ -163,25 +163,26 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, parts: Ev
     batches and loss (`parts.labeler` is then not read). Stored soft labels go to
     `parts.soft_label_dir`.
     """
+    spec = spec or EvalSpec()
     cfg, labeler, augment = job.config, parts.labeler, job.augment
     dataset = parts.dataset if parts.dataset is not None else _as_dataset(job.dataset)
     targets, on_eval, classes = parts.targets, parts.on_eval, parts.classes
-    progress = job.progress
+    progress = spec.progress
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
     if cfg.epochs is None or cfg.cosine_stretch is None:
         n = images_uint8.shape[0]
         cfg = resolve_protocol(cfg, n, images_per_class(None, n, dataset.num_classes))
     epochs = cfg.epochs
-    device_t = torch.device(job.on_device())
+    device_t = torch.device(spec.on_device())
     autocast, scaler = student_precision(device_t)
     layout = torch.channels_last if device_t.type == "cuda" else torch.contiguous_format
     if targets is None:
         # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
-        spec = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
-                           hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
+        views = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
+                            hflip=dataset.hflip and augment, cutmix_prob=cfg.cutmix_prob if augment else 0.0)
         labeler = labeler.with_batch_statistics(cfg.teacher_bn == "batch")
-        online = OnlineSoftLabels(images_uint8, labeler, spec, cfg.batch_size, seed)
+        online = OnlineSoftLabels(images_uint8, labeler, views, cfg.batch_size, seed)
         source = soft_label_source(cfg.soft_labels, online, epochs, parts.soft_label_dir, cfg.label_storage())
 
         def loss_of(logits, step):
@@ -270,21 +271,22 @@ def run_classes(config: DistillConfig | None, num_classes: int) -> list[int] | N
 
 
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job: EvalJob,
-                    parts: EvalParts | None = None) -> Evaluation:
+                    spec: EvalSpec | None = None, parts: EvalParts | None = None) -> Evaluation:
     """Train a student per seed of `job.config` on uint8 (N, C, H, W) images; report top-1 on the
     real test images of `parts.classes` (None: the whole test split; `models.evaluate_top1`).
 
     The data is `parts.dataset`, else `job.dataset` (a spec). The teachers are `parts.labeler`,
-    else the checkpoints `job.teachers`. `labels` are only counted (images per class); the
-    targets come from the teachers. The result carries `config`: the recipe with the epochs it
-    ran made explicit. `parts.on_eval` is passed to every student (`train_student`).
-    `parts.known` maps seeds to students already trained on these images with these settings:
-    they are not trained again. `parts.on_seed` sees each new student as soon as it is trained
-    (`evaluate_run` keeps it, so an interrupted evaluation resumes). `job.augment=False`:
-    students that see the images as they are (`train_student`). `parts.targets` replaces the
-    teachers' soft labels (there may then be no teachers).
+    else the checkpoints `job.teacher_paths`. The students run as `spec` says (None:
+    `EvalSpec()`). `labels` are only counted (images per class); the targets come from the
+    teachers. The result carries `config`: the recipe with the epochs it ran made explicit.
+    `parts.on_eval` is passed to every student (`train_student`). `parts.known` maps seeds to
+    students already trained on these images with these settings: they are not trained again.
+    `parts.on_seed` sees each new student as soon as it is trained (`evaluate_run` keeps it, so
+    an interrupted evaluation resumes). `job.augment=False`: students that see the images as they
+    are (`train_student`). `parts.targets` replaces the teachers' soft labels (there may then be
+    no teachers).
     """
-    parts = parts or EvalParts()
+    spec, parts = spec or EvalSpec(), parts or EvalParts()
     tune_allocator()
     given = parts.dataset if parts.dataset is not None else job.dataset
     if given is None:
@@ -300,14 +302,14 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
     started = time.perf_counter()
     known = {s: r for s, r in (parts.known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
-    with torch_threads(job.threads):
+    with torch_threads(spec.threads):
         labeler = parts.labeler
-        if labeler is None and (targets is None or job.teachers):
-            labeler = _load_labeler(job.teachers, dataset, job.on_device())
+        if labeler is None and (targets is None or job.teacher_paths):
+            labeler = _load_labeler(job.teacher_paths, dataset, spec.on_device())
         student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
         for s in cfg.seed_list:
             if s not in per_seed:
-                per_seed[s] = train_student(images_uint8, s, student_job, student_parts)
+                per_seed[s] = train_student(images_uint8, s, student_job, spec, student_parts)
                 if parts.on_seed is not None:
                     parts.on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
@@ -328,17 +330,18 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
         teachers=list(labeler.ids) if labeler is not None else list(targets.teacher_ids), config=cfg, augment=augment)
 
 
-def open_for_evaluation(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None, *,
-                        own_teachers: bool = False) -> OpenedRun:
+def open_for_evaluation(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
+                        parts: EvalParts | None = None, *, own_teachers: bool = False) -> OpenedRun:
     """The run opened once for `job` (`OpenedRun`): read at `job.ipc` (a run that is not finished
     only with `job.incomplete`), every image read once and checked against its manifest; the data
     `parts.dataset` or `job.dataset` or the run's own (`run_dataset`: checked by fingerprint, a
     different test split would make the number meaningless); the teachers `parts.labeler`, else
-    the checkpoints `job.teachers`, else the run's own (`load_run_teachers`: at the paths the run
-    records, or among `job.teacher_copies` where they moved; each loaded and checked once).
+    the checkpoints `job.teacher_paths`, else the run's own (`load_run_teachers`: at the paths the
+    run records, or among `job.teacher_copies` where they moved; each loaded and checked once), on
+    `spec.device` (None: `EvalSpec()`).
     `own_teachers`: load the run's own teachers even where others label (a baseline's patches are
     picked by them); where they cannot be, `own_missing` says why."""
-    parts = parts or EvalParts()
+    spec, parts = spec or EvalSpec(), parts or EvalParts()
     reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
     if parts.on_open is not None:
         parts.on_open(reader)
@@ -348,17 +351,17 @@ def open_for_evaluation(run_dir: str | Path, job: EvalJob, parts: EvalParts | No
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
     dataset = run_dataset(reader.run_dir, reader.provenance, parts.dataset if parts.dataset is not None else job.dataset)
     labeler, own, missing = parts.labeler, (), None
-    if labeler is None and job.teachers is not None:
-        labeler = _load_labeler(job.teachers, dataset, job.on_device())
+    if labeler is None and job.teacher_paths is not None:
+        labeler = _load_labeler(job.teacher_paths, dataset, spec.on_device())
     if labeler is None or own_teachers:
         try:
-            own = tuple(load_run_teachers(reader.run_dir, reader.provenance, job.teacher_copies, job.on_device()))
+            own = tuple(load_run_teachers(reader.run_dir, reader.provenance, job.teacher_copies, spec.on_device()))
         except EvaluationError as exc:
             if labeler is None:  # nothing else to label the students
                 raise
             missing = str(exc)
     if labeler is None:
-        labeler = SoftLabeler.from_loaded([m for m, _ in own], [i for _, i in own], job.on_device())
+        labeler = SoftLabeler.from_loaded([m for m, _ in own], [i for _, i in own], spec.on_device())
     return OpenedRun(reader, images, labels, ipc_index, reader.content_hash(), dataset, labeler, own, missing)
 
 
@@ -372,16 +375,20 @@ def _keep_students(result: Evaluation, seed_files: dict[int, Path]) -> None:
                 keep(path, student)
 
 
-def evaluation_key(run: OpenedRun, job: EvalJob, cfg: EvalConfig) -> EvalKey:
-    """What decides an evaluation of `run` under `job` with the resolved recipe `cfg` (cache.py)."""
+def evaluation_key(run: OpenedRun, job: EvalJob, spec: EvalSpec | None, cfg: EvalConfig) -> EvalKey:
+    """What decides an evaluation of `run` under `job` with the resolved recipe `cfg`, its students
+    on `spec`'s device type (None: `EvalSpec()`) (cache.py)."""
+    device = (spec or EvalSpec()).on_device()
     return EvalKey(config=cfg.key_values(), teachers=list(run.labeler.ids), data=run.dataset.fingerprint(),
-                   images=run.content_hash, device=torch.device(job.on_device()).type,
+                   images=run.content_hash, device=torch.device(device).type,
                    test_classes=run_classes(run.reader.config, run.dataset.num_classes), augment=job.augment)
 
 
-def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = None) -> Evaluation:
+def evaluate_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
+                 parts: EvalParts | None = None) -> Evaluation:
     """Evaluate a store run: students trained on the run's images only, under `job.config`, top-1
-    on the real test images of the run's classes (all of them for a run of every class).
+    on the real test images of the run's classes (all of them for a run of every class), the
+    students running as `spec` says (None: `EvalSpec()`).
 
     The run is `parts.run` where it is this run read at `job.ipc`, else opened here
     (`open_for_evaluation`: the run at `job.ipc`, its data and teachers, each checked). Stored
@@ -392,9 +399,9 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = No
     result comes from the cache). `job.augment=False`: students that see the images as they are
     (`train_student`).
     """
-    parts = parts or EvalParts()
+    spec, parts = spec or EvalSpec(), parts or EvalParts()
     run = parts.run if parts.run is not None and parts.run.serves(run_dir, job) else open_for_evaluation(
-        run_dir, job, parts)
+        run_dir, job, spec, parts)
     reader, images, labels = run.reader, run.images, run.labels
     cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0],
                                                                          run.dataset.num_classes))
@@ -402,7 +409,7 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = No
     # baseline shared by several runs, a benchmark rerun) reads it instead of training again.
     # Each student is kept on its own too: asking for more seeds later, or again after an
     # interruption, trains only the new ones.
-    key = evaluation_key(run, job, cfg)
+    key = evaluation_key(run, job, spec, cfg)
     cached = reader.layout.evaluation(key.digest())
     seed_files = {s: reader.layout.evaluation(key.student(s).digest()) for s in cfg.seed_list}
     result = read_kept(Evaluation, cached) if job.cache else None  # unreadable: evaluate again
@@ -419,7 +426,7 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, parts: EvalParts | None = No
         if job.cache:
             keep(seed_files[student.seed], student)
 
-    result = evaluate_images(images, labels, job.with_config(cfg),
+    result = evaluate_images(images, labels, job.with_config(cfg), spec,
                              replace(parts, dataset=run.dataset, labeler=run.labeler, run=run,
                                      soft_label_dir=reader.layout.soft_labels, classes=key.test_classes, known=known,
                                      on_seed=on_seed))

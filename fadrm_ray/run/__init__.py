@@ -6,8 +6,12 @@
   units it already has.
 - `stages`: one unit's recover stages, from its patches to its store records (the same functions
   in this process, on a Ray actor or in a Tune trial).
-- `execute`: `run_job` (the lock, the plan, the manifest) through any `RunExecutor`; the local one.
+- `execute`: the door `run(job, spec, parts)` in this process (`actors.coordinator.run` is the
+  Ray one, with the same signature); `run_job` (the lock, the plan, the manifest) through any
+  `RunExecutor`; the local one.
 - `messages`: the typed replies and records that cross a process or a file on the way back.
+- `reopen`: a run's data and teachers found again from what it records, each checked (for an
+  evaluation or a repair), and the `DistillJob` it saved (job.json).
 
-Imports point one way: `execute` -> `stages`, `units` -> `job`.
+Imports point one way: `execute` -> `stages`, `units` -> `job`; `reopen` -> `job`.
 """

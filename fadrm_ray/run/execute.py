@@ -75,7 +75,7 @@ def provenance(job: DistillJob, dataset: ImageDataset) -> RunProvenance:
 
 
 class RunExecutor(Protocol):
-    """Runs the units of a job: `LocalExecutor` in this process, `actors.coordinator`'s on Ray
+    """Runs the units of a job: `LocalExecutor` in this process, `actors.pool.WorkerPool` on Ray
     actors. `run_job` owns everything else (the lock, the plan, the manifest)."""
 
     parallelism: int      # workers: units are cut so that each gets work (plan_units)

@@ -1,8 +1,8 @@
-"""What a distill worker answers its coordinator: one pydantic model per reply.
+"""What a distill worker answers the worker pool that drives it: one pydantic model per reply.
 
 The worker lives in another process (a Ray actor), so its replies cross a process boundary; they
 travel through Ray as these model objects and are read by attribute. The library defines them (it
-never imports Ray) so that the worker, the coordinator and the ledger (`fadrm_ray.events`) share
+never imports Ray) so that the worker, the pool and its schedule, and the ledger (`fadrm_ray.events`) share
 one spelling of each field.
 
 - `WorkerInfo`: `DistillWorker.ping`, where a worker runs and with what threads and OpenMP settings
@@ -54,7 +54,7 @@ class StageRan(_Reply):
     stage: int
     pid: int
     seconds: float
-    patches_scored: int  # classes the worker had to score itself (0 when the coordinator shared them)
+    patches_scored: int  # classes the worker had to score itself (0 when the pool shared them)
 
 
 class UnitWritten(StageRan):

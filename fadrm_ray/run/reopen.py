@@ -22,7 +22,7 @@ from fadrm_ray.store.run_files import RecordedTeacher, RunProvenance
 # What a message about the run's data or teachers suggests: the argument of the library
 # functions, and the option of `fadrm evaluate` and `fadrm verify` (--repair) that sets it. The
 # run's own teachers where they are now are `teacher_copies` (EvalJob, repair_run), checked by
-# sha256 against the run's; `EvalJob.teachers` would replace them unchecked.
+# sha256 against the run's; `EvalJob.teacher_paths` would replace them unchecked.
 GIVE_DATASET = "dataset=... (--dataset SPEC)"
 GIVE_TEACHERS = "teacher_copies=[...] (--teacher PATH)"
 

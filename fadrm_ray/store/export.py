@@ -44,7 +44,7 @@ def imagefolder_names(class_names: Sequence[str]) -> tuple[list[str], bool]:
     return [f"{i:0{width}d}_{c}" if c not in ("", ".", "..") else f"{i:0{width}d}" for i, c in enumerate(cleaned)], True
 
 
-def _nothing_to_export(reader, count: int) -> None:
+def _nothing_to_export(reader: RunReader, count: int) -> None:
     if count == 0:
         raise StoreError(f"{reader.run_dir} has no images to export")
 

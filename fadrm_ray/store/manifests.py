@@ -3,7 +3,7 @@ run manifest, and which unit's files are still intact.
 
 A unit counts as done only when its manifest exists and every file it lists still has the
 recorded sha256, so a crash at any point leaves either the old state or the new one, and a
-restarted coordinator can rebuild its ledger from disk. Nothing here writes; `writer.py`
+restarted driver finds from disk what is done. Nothing here writes; `writer.py`
 writes, `reader.py` reads, and both go through these functions so that they agree on what a
 finished unit and a complete run are.
 """

@@ -383,7 +383,7 @@ class RunReader:
                 "last_unit_written_at": written[-1] if written else None,
                 "finalized_at": self.manifest.finalized_at if self.manifest else None,
             },
-            "summary": summary.model_dump(mode="json"),
+            "summary": summary.model_dump(mode="json", exclude_unset=True),
         }
 
 

@@ -3,9 +3,9 @@
 Finished work is never lost and never half-written: every file is written to a temporary name
 in its final directory, fsynced, then renamed over the final name (`fadrm_ray.fileio`). A unit's
 manifest is written after its part files, so a unit counts as done only once all of it is on
-disk (`manifests.verify`), and `RunStore.finished_units` rebuilds a coordinator's ledger after a
-crash. Several processes may write disjoint units of one run at the same time (the workers of
-one coordinator); one command at a time writes a run, in a `RunStore.session`, which holds the
+disk (`manifests.verify`), and `RunStore.finished_units` tells a restarted driver what is done
+after a crash. Several processes may write disjoint units of one run at the same time (the
+workers of one pool); one command at a time writes a run, in a `RunStore.session`, which holds the
 run's writer lock (`lock.py`) and removes what a session that failed before finishing any work
 had written.
 """
