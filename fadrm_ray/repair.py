@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from pydantic import BaseModel
+
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.run import execute
@@ -28,7 +30,7 @@ from fadrm_ray.store.lock import RunLock
 from fadrm_ray.store.manifests import migrate_config, read_config
 from fadrm_ray.store.records import part_provenance
 from fadrm_ray.store.run_files import RunProvenance
-from fadrm_ray.store.verify import verify_run
+from fadrm_ray.store.verify import RunCheck, verify_run
 
 
 def _provenance(layout: RunLayout) -> RunProvenance | None:
@@ -43,22 +45,30 @@ def _provenance(layout: RunLayout) -> RunProvenance | None:
     return None
 
 
+class Repaired(BaseModel):
+    """What `repair_run` did: the units it computed, the check before and the check after."""
+
+    repaired: list[str]
+    before: RunCheck
+    after: RunCheck
+
+
 def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None = None,
                teacher_copies: Sequence[str | Path] | None = None, device: str | None = None,
-               progress: bool = True) -> dict:
+               progress: bool = True) -> Repaired:
     """Verify the run, recompute every unit that fails (and any not yet written), verify again.
 
     `dataset` and `teacher_copies` say where the run's data and teachers are now, when not where
-    the run records them (`reopen.run_dataset`, `reopen.run_teachers`: each checked against
-    the fingerprint or sha256 the run records). Returns {"repaired":
-    unit ids computed, "before": the first check, "after": the last}. StoreError or
+    the run records them (`reopen.run_dataset`, `reopen.load_run_teachers`: each checked against
+    the fingerprint or sha256 the run records). Returns `Repaired`: the unit ids computed, the
+    first check and the last. StoreError or
     EvaluationError, with nothing changed, when the run's config, data or teachers cannot be
     found or would not make this run.
     """
     layout = RunLayout(run_dir)
     before = verify_run(layout.run_dir)
-    if before["complete"] and not before["bad_units"]:
-        return {"repaired": [], "before": before, "after": before}
+    if before.complete and not before.bad_units:
+        return Repaired(repaired=[], before=before, after=before)
     prov = _provenance(layout)
     if prov is None and (dataset is None or not teacher_copies):
         raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
@@ -79,8 +89,8 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
         raise StoreError(f"the recorded config, data and teachers make run {job.run_id}, not {layout.run_id}; "
                          f"nothing was changed")
     with RunLock(layout).held():
-        for uid in before["bad_units"]:
+        for uid in before.bad_units:
             layout.unit(uid).unlink(missing_ok=True)
         layout.manifest.unlink(missing_ok=True)
     result = execute.run(job, spec, parts)
-    return {"repaired": result.units_run, "before": before, "after": verify_run(layout.run_dir)}
+    return Repaired(repaired=result.units_run, before=before, after=verify_run(layout.run_dir))

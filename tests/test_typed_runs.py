@@ -95,7 +95,7 @@ def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tm
     assert [u.stats.packs[0].stages[0].resolution for u in reader.manifest.units] == [28]
 
     check = verify_run(run)
-    assert check["complete"] and check["bad_units"] == [] and check["rows"] == 4
+    assert check.complete and check.bad_units == [] and check.rows == 4
 
     job = EvalJob(config=EvalConfig(epochs=1, seeds=1), teacher_copies=[teacher])
     spec = EvalSpec(device="cpu", threads=1, progress=False)

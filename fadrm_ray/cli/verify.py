@@ -36,12 +36,12 @@ def run(args) -> None:
         check_teachers(args.teacher or [])
         outcome = repair_run(args.run, dataset=args.dataset, teacher_copies=args.teacher, device=args.device,
                              progress=not args.quiet)
-        check, repaired = outcome["after"], outcome["repaired"]
+        check, repaired = outcome.after, outcome.repaired
     else:
         check, repaired = verify_run(args.run), None
-    check["report_stale"] = stale_reports(args.run)
-    ok = not check["bad_units"]
+    check = check.model_copy(update={"report_stale": stale_reports(args.run)})
+    ok = not check.bad_units
     lines = describe_check(check, repaired)
-    emit(args, {**check, "repaired": repaired, "ok": ok}, "\n".join(lines))
+    emit(args, {**check.model_dump(mode="json"), "repaired": repaired, "ok": ok}, "\n".join(lines))
     if not ok:
         raise SystemExit(EXIT_FAILED)

@@ -12,17 +12,31 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+from pydantic import BaseModel
+
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import manifests
 from fadrm_ray.store.reader import load_part, unit_parts
 from fadrm_ray.store.records import COLUMNS, StoreError, decode_image
 
 
-def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> dict:
-    """Check every unit of a run; returns {run_dir, complete, units, rows, bad_units, problems
-    (unit_id -> [what is wrong]), unlisted (part files no manifest lists)}.
+class RunCheck(BaseModel):
+    """What `verify_run` found: the run's units and images, the units that fail and why, and the
+    part files no manifest lists (leftovers, never read)."""
 
-    `decode=False` skips decoding the images (the hashes already vouch for them)."""
+    run_dir: str
+    complete: bool
+    units: int
+    rows: int
+    bad_units: list[str]
+    problems: dict[str, list[str]]   # unit_id -> what is wrong
+    unlisted: list[str]
+    report_stale: dict[str, str] = {}  # report files that no longer describe the run (the caller adds them)
+
+
+def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> RunCheck:
+    """Check every unit of a run (`RunCheck`). `decode=False` skips decoding the images (the
+    hashes already vouch for them)."""
     layout = RunLayout(run_dir)
     if not layout.run_dir.is_dir():
         raise StoreError(f"not a FADRM run directory: {layout.run_dir} does not exist or is not a directory")
@@ -59,34 +73,29 @@ def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> dict:
                     except StoreError as exc:
                         problems[uid].append(str(exc))
                         break
-    return {
-        "run_dir": str(layout.run_dir),
-        "complete": run_manifest is not None,
-        "units": len(set(units) | set(problems)),
-        "rows": rows,
-        "bad_units": sorted(problems),
-        "problems": {uid: problems[uid] for uid in sorted(problems)},
-        "unlisted": [layout.relative(p) for p in layout.parts_on_disk() if p not in listed],
-    }
+    return RunCheck(run_dir=str(layout.run_dir), complete=run_manifest is not None,
+                    units=len(set(units) | set(problems)), rows=rows, bad_units=sorted(problems),
+                    problems={uid: problems[uid] for uid in sorted(problems)},
+                    unlisted=[layout.relative(p) for p in layout.parts_on_disk() if p not in listed])
 
 
-def describe_check(check: dict, repaired: list[str] | None = None) -> list[str]:
+def describe_check(check: RunCheck, repaired: list[str] | None = None) -> list[str]:
     """`fadrm verify`'s lines for a `verify_run` result (with `report_stale` and what a repair
     recomputed, when there was one)."""
-    run = check["run_dir"]
-    lines = [f"{run}: {check['units']} units, {check['rows']} images, "
-             f"{'complete' if check['complete'] else 'incomplete (not finished)'}"]
+    run = check.run_dir
+    lines = [f"{run}: {check.units} units, {check.rows} images, "
+             f"{'complete' if check.complete else 'incomplete (not finished)'}"]
     if repaired is not None:
         lines.append(f"recomputed {len(repaired)} unit(s): {', '.join(repaired) or '-'}")
-    for uid, problems in check["problems"].items():
+    for uid, problems in check.problems.items():
         lines += [f"unit {uid}: {problem}" for problem in problems]
-    if check["unlisted"]:
-        lines.append(f"{len(check['unlisted'])} part file(s) no manifest lists (leftovers, never read)")
-    if check.get("report_stale"):
-        lines.append(f"report/ no longer describes the run ({', '.join(check['report_stale'])}): "
+    if check.unlisted:
+        lines.append(f"{len(check.unlisted)} part file(s) no manifest lists (leftovers, never read)")
+    if check.report_stale:
+        lines.append(f"report/ no longer describes the run ({', '.join(check.report_stale)}): "
                      f"rerun `fadrm evaluate`")
-    if check["bad_units"]:
-        lines.append(f"FAILED: {len(check['bad_units'])} unit(s); `fadrm verify --run {run} --repair` recomputes them")
+    if check.bad_units:
+        lines.append(f"FAILED: {len(check.bad_units)} unit(s); `fadrm verify --run {run} --repair` recomputes them")
     else:
         lines.append("verified: every file matches its manifest")
     return lines
