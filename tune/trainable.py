@@ -12,7 +12,7 @@ patch rankings scored once per sweep). A trial
    `patches/` (`RunLayout.patch_selection`), where the distillation reads them instead of
    scoring them again. With `workers_per_trial` > 1 the run is distilled by DistillWorker
    actors inside the trial's own placement group (`actors.coordinator`);
-3. evaluates a student on the run with `evaluate_run`, the protocol and the cache of
+3. evaluates a student on the run with `evaluate_store_run`, the protocol and the cache of
    `fadrm evaluate`, reporting the student's test top-1 at each of its test evaluations under
    the time attribute `student_pct` (percent of the students' whole schedule), which ASHA
    schedules on; the last report is the mean over the student seeds (`final`). Each report is
@@ -87,7 +87,7 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
     from fadrm_ray.evaluation.baselines import baseline_configs
     from fadrm_ray.run import execute
     from fadrm_ray.run.job import ExecutionSpec, prepare_job
-    from fadrm_ray.evaluation.students import evaluate_run
+    from fadrm_ray.evaluation.measure import evaluate_store_run
     from tune.space import trial_config
 
     torch.set_num_threads(sweep.threads)
@@ -101,7 +101,7 @@ def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) 
 
     job = EvalJob(config=sweep.eval, teacher_paths=paths, ipc=cfg.ipc)
     eval_spec = EvalSpec(device=sweep.device, threads=sweep.threads, progress=False)
-    return evaluate_run(run.run_dir, job, eval_spec, EvalParts(dataset=dataset)).top1_per_seed
+    return evaluate_store_run(run.run_dir, job, eval_spec, parts=EvalParts(dataset=dataset)).evaluation.top1_per_seed
 
 
 def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
@@ -132,7 +132,7 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     from ray import tune
 
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.evaluation.students import evaluate_run
+    from fadrm_ray.evaluation.measure import evaluate_store_run
     from tune.space import trial_config
 
     threads = sweep.threads
@@ -179,7 +179,8 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     job = EvalJob(config=eval_cfg, teacher_paths=paths if labeler is None else None, ipc=cfg.ipc)
     spec = EvalSpec(device=device, threads=threads, progress=False)
-    result = evaluate_run(run_dir, job, spec, EvalParts(dataset=dataset, labeler=labeler, on_eval=on_eval))
+    result = evaluate_store_run(run_dir, job, spec, parts=EvalParts(dataset=dataset, labeler=labeler,
+                                                                   on_eval=on_eval)).evaluation
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)
