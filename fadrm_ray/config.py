@@ -308,7 +308,7 @@ EVAL_LATER_FIELDS = {"teacher_bn": "running", "soft_label_topk": None, "soft_lab
 
 
 class LabelStorage(BaseModel):
-    """How stored soft labels are kept (soft_label_store.py): the logits' number type, the k
+    """How stored soft labels are kept (evaluation/soft_labels.py): the logits' number type, the k
     largest logits of each view (None: all), the epochs kept (None: every training epoch), and
     the KD temperature at which the top-k probabilities are kept exactly."""
 
@@ -324,13 +324,13 @@ class LabelStorage(BaseModel):
 
 
 class EvalConfig(Settings):
-    """How students are trained on distilled images and scored (evaluate.py, docs/method.md section 6)."""
+    """How students are trained on distilled images and scored (evaluation/students.py, docs/method.md section 6)."""
 
     error_class: ClassVar[type[ConfigError]] = EvalConfigError
 
     student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
     student_kwargs: dict[str, Any] = {}
-    # How epochs and the cosine stretch are chosen when they are left unset (evaluate.resolve_protocol):
+    # How epochs and the cosine stretch are chosen when they are left unset (students.resolve_protocol):
     # "short" trains about 600 optimizer steps with a full cosine; "published" is the published
     # schedule, 300 epochs (1000 at IPC 1) with the stretched cosine.
     protocol: Literal["short", "published"] = "short"
@@ -344,7 +344,7 @@ class EvalConfig(Settings):
     soft_labels: Literal["online", "stored"] = "online"    # teacher logits on the fly, or precomputed into the run
     soft_label_dtype: Literal["float16", "float32"] = "float16"  # storage of stored soft labels
     # Stored soft labels keep the k largest logits of each view (and one value for the other
-    # classes) and only this many epochs, read in turn (soft_label_store.py); None: all.
+    # classes) and only this many epochs, read in turn (evaluation/soft_labels.py); None: all.
     soft_label_topk: Count | None = None
     soft_label_epochs: Count | None = None
     crop_scale: ScaleRange = (0.08, 1.0)                   # random-resized crop area of each student view

@@ -123,7 +123,7 @@ class EvalParts:
 
     dataset: "ImageDataset | None" = None      # loaded; replaces EvalJob.dataset
     labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teacher_paths
-    targets: Any = None                        # evaluate.Targets: batches and loss instead of soft labels
+    targets: Any = None                        # students.Targets: batches and loss instead of soft labels
     classes: Sequence[int] | None = None       # the classes tested (None: every class)
     soft_label_dir: str | Path | None = None   # where stored soft labels are kept
     known: "Mapping[int, StudentScore] | None" = None  # students already trained, by seed

@@ -4,8 +4,8 @@ What a client gets from the service (`GET .../dataset`, `.../teacher`, `.../reci
 `fadrm export --with-teacher` is enough to reach the top-1 the job reported: the distilled images
 (a Parquet file of the store's layout, its class names in the `huggingface` metadata), the
 teacher checkpoint(s) that give the soft labels, or, where the teachers stay on the server, the
-stored soft labels (`fadrm export --soft-labels`: soft_label_store.py), and the student recipe
-(an `EvalConfig` as JSON). The student is trained exactly as `fadrm evaluate` trains it (`evaluate.evaluate_images`),
+stored soft labels (`fadrm export --soft-labels`: evaluation/soft_labels.py), and the student recipe
+(an `EvalConfig` as JSON). The student is trained exactly as `fadrm evaluate` trains it (`students.evaluate_images`),
 and, with a test dataset, scored on the test images of the classes the file holds, the
 prediction restricted to them, as the service scores a class subset. Neither Ray nor the
 service is imported.
@@ -85,7 +85,7 @@ def read_distilled(path: str | Path) -> DistilledFile:
 
 
 class PackedSoftLabels:
-    """`evaluate.Targets`: the stored soft labels of a packed file (`soft_label_store`), one part
+    """`students.Targets`: the stored soft labels of a packed file (`soft_labels`), one part
     per student seed, learnt by KD at the recipe's temperature."""
 
     def __init__(self, path: str | Path, temperature: float):

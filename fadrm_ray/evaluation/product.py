@@ -2,11 +2,11 @@
 labels, and the recipe.
 
 Every top-1 the project reports trains students on the images with the teachers' soft labels
-(KD, the teachers relabelling each augmented view: evaluate.py); the images and their hard
+(KD, the teachers relabelling each augmented view: students.py); the images and their hard
 labels alone reach less. `gather` collects, before anything is written, the bytes of the run's
 teachers (the files the run records, each checked against its recorded sha256:
-`evaluate.run_teachers`), the `EvalConfig` of the run's report (`report_recipe`) and, asked
-for, the soft labels of that recipe's students stored in one file (soft_label_store.py: top-k
+`reopen.run_teachers`), the `EvalConfig` of the run's report (`report_recipe`) and, asked
+for, the soft labels of that recipe's students stored in one file (evaluation/soft_labels.py: top-k
 logits of a number of epochs, for teachers that must not leave); `write_new` writes files that
 must not exist yet, all or none. `fadrm export --with-teacher` / `--soft-labels` puts them inside
 an ImageFolder export (`teacher.pt`, `teacher-1.pt`, ..., `soft-labels.parquet`, `recipe.json`)

@@ -148,7 +148,7 @@ class _Count:
 
 
 class HardLabels:
-    """`evaluate.Targets` for hard-label students: cross-entropy on each image's class, images
+    """`students.Targets` for hard-label students: cross-entropy on each image's class, images
     unaugmented (DD-Ranking's default for hard labels)."""
 
     teacher_ids: list[str] = []

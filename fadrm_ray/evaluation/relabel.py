@@ -11,7 +11,7 @@ sources of soft labels share one code path and cannot drift apart:
 
 - `OnlineSoftLabels` (the default) draws the plan and runs the teachers on every step;
   nothing is stored.
-- the stored source (soft_label_store.py) writes the plans and logits of E epochs to Parquet
+- the stored source (evaluation/soft_labels.py) writes the plans and logits of E epochs to Parquet
   and rebuilds the same views from them with `apply_plan`.
 
 Each epoch's plan comes from its own generator, seeded from (seed, epoch), so an epoch can be

@@ -140,7 +140,7 @@ def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
 
 class Targets(Protocol):
     """What a student learns instead of soft labels from teachers at hand (ranking.HardLabels,
-    student.PackedSoftLabels); `teacher_ids` names the teachers behind them, if any."""
+    from_files.PackedSoftLabels); `teacher_ids` names the teachers behind them, if any."""
 
     teacher_ids: list[str]
 
