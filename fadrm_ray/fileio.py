@@ -12,8 +12,14 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from fadrm_ray.errors import InputError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 
 class OutputError(InputError):
@@ -199,3 +205,11 @@ def read_json_object(path: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_model(model: type[M], path: str | os.PathLike) -> M | None:
+    """`model` read from the JSON file `path`, or None when it is missing, unreadable or not one."""
+    try:
+        return model.model_validate_json(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None

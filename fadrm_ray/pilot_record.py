@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.recipes import RECIPE_FIELDS
-from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.evaluation.scores import PairedGain
 from fadrm_ray.config import PilotConfig
 
@@ -123,11 +123,7 @@ def pilot_path(store: str | Path, fingerprint: str, teacher_hashes: Sequence[str
 
 def cached_pilot(store: str | Path, fingerprint: str, teacher_hashes: Sequence[str], ipc: int) -> PilotRecord | None:
     """The pilot measured for this data, teachers (by sha256) and IPC, or None (none yet, or unreadable)."""
-    path = pilot_path(store, fingerprint, teacher_hashes, ipc)
-    try:
-        return PilotRecord.model_validate_json(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_model(PilotRecord, pilot_path(store, fingerprint, teacher_hashes, ipc))
 
 
 def keep_pilot(store: str | Path, record: PilotRecord) -> Path:

@@ -57,13 +57,6 @@ class EvalKey(BaseModel):
         return self.model_copy(update={"config": config, "seed": seed})
 
 
-def read_kept(model: type[M], path: Path) -> M | None:
-    """`model` read from the JSON file `path`, or None when it is missing or not one (train again)."""
-    try:
-        return model.model_validate_json(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-
 
 def keep(path: Path, result: BaseModel, **dump: Any) -> None:
     """Write `result` to `path` (atomically, its folder made)."""

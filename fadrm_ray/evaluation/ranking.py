@@ -29,7 +29,6 @@ finds it. A teacher's folder would tie it to a teacher it does not depend on.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 import math
 import statistics
@@ -40,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep, read_kept
+from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
+from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
@@ -179,7 +179,7 @@ class StreamedHardLabels(HardLabels):
 
 def _cached_student(path: Path, train) -> StudentScore:
     """The student kept at `path`, or `train()`'s, kept there (an unreadable file is trained again)."""
-    student = read_kept(StudentScore, path)
+    student = read_model(StudentScore, path)
     if student is None:
         student = train()
         keep(path, student)
@@ -225,8 +225,8 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
            "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
     path = Path(references) / f"full-hard-{digest(key)}.json"
     what = f"a {full.student} trained with hard labels on the {len(split):,} training images"
-    with contextlib.suppress(OSError, ValueError):
-        kept = StudentScore.model_validate_json(path.read_bytes())
+    kept = read_model(StudentScore, path)
+    if kept is not None:
         return FullReference(kept.final_top1, f"{what} (kept in {path.parent})")
     steps = full.epochs * steps_per_epoch(len(split), full.batch_size)
     note = on_note or (lambda line: None)

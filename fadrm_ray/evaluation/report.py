@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 from pydantic import BaseModel
 
-from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.evaluation.eval_job import OpenedRun
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
@@ -73,10 +73,8 @@ class ReportSource(BaseModel):
 
 def _recorded_hash(path: Path) -> str | None:
     """The content hash a report file records (source.json, or an evaluation.json)."""
-    try:
-        return ReportSource.model_validate_json(path.read_bytes()).content_hash
-    except (OSError, ValueError):
-        return None
+    source = read_model(ReportSource, path)
+    return None if source is None else source.content_hash
 
 
 def stale_reports(run_dir: str | Path) -> dict[str, str]:
@@ -333,7 +331,9 @@ def write_report(run_dir: str | Path, evaluation: Evaluation | None = None, max_
     layout = RunLayout(run_dir)
     layout.report_dir.mkdir(parents=True, exist_ok=True)
     files = layout.report_files()
-    source = content_hash(layout)  # before drawing: a unit rewritten meanwhile makes the report stale
+    # Before drawing: a unit rewritten meanwhile makes the report stale. A run read whole for the
+    # evaluation has its hash already (the same unit manifests give it).
+    source = run.content_hash if run is not None and run.reader.ipc is None else content_hash(layout)
     write_grid(run_dir, files["grid"], max_classes, max_ipc, incomplete=incomplete, run=run)
     write_losses(run_dir, files["losses"], incomplete=incomplete, reader=run.reader if run is not None else None)
     atomic_write_text(layout.report_source, ReportSource(content_hash=source, written_at=utc_now()).model_dump_json())

@@ -50,7 +50,8 @@ from torch import nn
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.config import DistillConfig
-from fadrm_ray.evaluation.cache import EvalKey, keep, read_kept
+from fadrm_ray.evaluation.cache import EvalKey, keep
+from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.models import create_model, evaluate_top1
 from fadrm_ray.recover import mixed_precision
@@ -412,13 +413,13 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None
     key = evaluation_key(run, job, spec, cfg)
     cached = reader.layout.evaluation(key.digest())
     seed_files = {s: reader.layout.evaluation(key.student(s).digest()) for s in cfg.seed_list}
-    result = read_kept(Evaluation, cached) if job.cache else None  # unreadable: evaluate again
+    result = read_model(Evaluation, cached) if job.cache else None  # unreadable: evaluate again
     if result is not None:
         _keep_students(result, seed_files)
         return result.model_copy(update={"cached": True})
     known = {}
     for seed, path in (seed_files.items() if job.cache else ()):
-        student = read_kept(StudentScore, path)  # None: not trained yet, or unreadable: train it
+        student = read_model(StudentScore, path)  # None: not trained yet, or unreadable: train it
         if student is not None and student.seed == seed:
             known[seed] = student
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.fileio import sha256_file
+from fadrm_ray.fileio import read_model, sha256_file
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.run.job import DistillJob
 from fadrm_ray.settings import EvaluationError
@@ -30,10 +30,7 @@ GIVE_TEACHERS = "teacher_copies=[...] (--teacher PATH)"
 def recorded_job(layout: RunLayout) -> DistillJob | None:
     """The job that last wrote the run (job.json), or None for a run written before it was kept
     or a file that is not one."""
-    try:
-        return DistillJob.model_validate_json(layout.job.read_bytes())
-    except (OSError, ValueError):
-        return None
+    return read_model(DistillJob, layout.job)
 
 
 def _check_teacher_exists(entry: RecordedTeacher) -> None:

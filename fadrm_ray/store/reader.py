@@ -176,7 +176,7 @@ class RunReader:
     def _discover_parts(self) -> list[Part]:
         # Manifests name the files that belong to the run; a glob would also pick up leftovers
         # of crashed attempts. The glob is only the fallback for a bare copy of the part files.
-        units = manifests.unit_manifests(self.layout)
+        units = self._unit_manifests = manifests.unit_manifests(self.layout)
         if self.manifest is not None:
             problems = manifests.run_manifest_problems(self.layout, self.manifest, units)
             if problems:
@@ -251,8 +251,9 @@ class RunReader:
                 part_bytes(self.layout, part)
 
     def unit_manifests(self) -> dict[str, UnitManifest]:
-        """Every readable unit manifest (files, rows, stats), verified or not."""
-        return manifests.unit_manifests(self.layout)
+        """Every readable unit manifest (files, rows, stats), verified or not, as the reader found
+        them when it opened the run."""
+        return dict(self._unit_manifests)
 
     def content_hash(self) -> str:
         """`manifests.content_hash`: since every read is checked against the same sha256 values,
