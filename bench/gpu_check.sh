@@ -1,252 +1,196 @@
 #!/usr/bin/env bash
-# The GPU check: one script, one call, under eight minutes on one CUDA GPU.
+# The GPU check: one call, about five minutes on a fresh H100 or H200 (three with --core), every
+# figure kept the moment its step ends.
 #
-#   bench/gpu_check.sh [RESULTS.json]            results JSON: the argument, else $OUT/gpu_check.json,
-#                                                else bench-results/gpu_check.json
-#   bench/gpu_check.sh --dry-run [RESULTS.json]  every step CPU-sized, to test this script without a GPU
+#   bench/gpu_check.sh [--dry-run] [--core] [--only STEP,STEP] [OUTDIR]
 #
-# Steps:
-#   1. environment (nvidia-smi, torch, the GPU)
-#   2. the CUDA precision paths run and stay finite: fp16 + GradScaler, bf16, fp32 (a few
-#      ResNet-18 steps at 224 px, MRO 200/224)
-#   3. the published recover loop and ours side by side on this GPU (bench.side_by_side: ResNet-18,
-#      224 px, batch 100, MRO 200/224, fp16; the published loop, ours eager at pack 1, ours on its
-#      fast path at pack 1 and with the automatic pack), with a torch.profiler summary of each
-#      (kernel time against wall time, launches and host syncs per step). The published code comes
-#      from $FADRM_OFFICIAL, else ./.official (an export of github.com/Jiacheng8/FADRM); without
-#      it ours run alone.
-#   3b. the fast path (compiled; CUDA graphs on a GPU) against the eager step: one step's losses and input
-#      gradient at the run's precision (inductor has had eval-mode BatchNorm bugs, pytorch#181696)
-#   4. the engine at the ImageNet-1K setting against pack size: packs 1, 2, 4, 8 (fp16), seconds per
-#      image at T = 2000 and peak memory (bench.recover_speed --imagenet)
-#   5. a tiny end-to-end run on the GPU: a torchvision ResNet-18 teacher made by `fadrm import-teacher`
-#      from a weights file, `fadrm distill` with 2 Ray workers sharing the card (--gpus-per-worker 0.5),
-#      `fadrm evaluate --device cuda` (seconds per student epoch)
-#   6. a student epoch on the GPU against the CPU, same student, teacher and images (bench.student_speed)
-#   7. one process against two sharing the GPU (bench.side_by_side --share 2)
-#   8. one JSON with everything, and a summary
+# OUTDIR: the argument, else $OUT (the device tool's folder that comes back), else
+# bench-results/gpu-check. Each step writes OUTDIR/<n>-<step>.json as soon as it ends, ok or not
+# (a failed step records its error line and the script goes on to the next), and the whole log
+# goes to OUTDIR/gpu_check.log: seven files at most. Each step runs under a time budget (its
+# `timeout`); the script prints its estimate of every step before it starts and the time each took.
 #
-# Knobs (environment): PYTHON (python3), ITERS (100 timed iterations in step 4), FADRM_OFFICIAL.
+#   0 env           imports everything the steps need, prints versions and the GPU  (bench.gpu_steps env)
+#   1 checks        the precision paths stay finite; the fast path equals the eager step (bench.gpu_steps checks)
+#   2 side_by_side  the published loop, ours eager at pack 1, ours fast at pack 1, ours fast at a fixed pack
+#                   chosen once from the card's memory; profiles of the pack-1 contenders (bench.side_by_side)
+#   3 end_to_end    import a torchvision teacher, distill with 2 Ray workers sharing the GPU, evaluate there
+#   4 students      a student epoch on the GPU against the CPU (bench.student_speed)
+#   5 share         one process against two sharing the GPU (bench.side_by_side --share 2)
+#
+# --core skips 3-5. --dry-run runs every step CPU-sized and uncompiled, to test this script anywhere.
+# FADRM_GPU_CHECK_FAIL=STEP makes that step fail (the test that the others still write their JSON).
 #
 # On the lent GPU machine (its image lacks Ray, pydantic and mlxtend), prepared here first:
-#   bash bench/gpu_wheels.sh                                        # .whl/, about 50 MB
+#   bash bench/gpu_wheels.sh          # .whl/ (about 50 MB), checked against the image's packages
 #   mkdir -p .official && git --git-dir=PUBLISHED/.git archive HEAD recover models | tar -x -C .official
 # then one `device` call that carries [".whl", ".official"]:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #       .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && PYTHON=python3 bash bench/gpu_check.sh
-set -euo pipefail
+set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-DRY=0
-if [[ "${1:-}" == "--dry-run" ]]; then
-    DRY=1
+DRY=0 CORE=0 ONLY="" DIR=""
+while (( $# )); do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --core) CORE=1 ;;
+        --only) ONLY=$2; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) DIR=$1 ;;
+    esac
     shift
-fi
-RESULT=${1:-}
-if [[ -z "$RESULT" ]]; then
-    if [[ -n "${OUT:-}" ]]; then RESULT="$OUT/gpu_check.json"; else RESULT="bench-results/gpu_check.json"; fi
-fi
-mkdir -p "$(dirname "$RESULT")"
+done
+DIR=${DIR:-${OUT:-bench-results/gpu-check}}
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/fadrm-gpu-check.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+exec > >(tee -a "$DIR/gpu_check.log") 2>&1
 export HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} PYTHONUNBUFFERED=1
+# One compile cache for the run: the side-by-side's fast contenders find what the checks compiled.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$WORK/inductor}
 START=$SECONDS
 OFFICIAL=${FADRM_OFFICIAL:-}
 if [[ -z "$OFFICIAL" && -f .official/recover/utils_recover.py ]]; then OFFICIAL=$PWD/.official; fi
 
-step() { printf '\n== [%3ds] %s\n' "$((SECONDS - START))" "$*"; }
-fail() { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
-
 if (( DRY )); then
-    DEVICE=cpu; ITERS=${ITERS:-8}; TINY=(--tiny); PACKS="1,2"; LOW=bf16; PATHS="bf16,fp32"
-    SBS=(--device cpu --size 16 --batch 4 --steps 8 --rounds 2 --ours ours-eager-pack1,ours-fast-pack1)
+    DEVICE=cpu
+    # Nothing is compiled in a dry run: on a small CPU the compiles alone would take minutes
+    # (tests/test_fast_path.py checks the compiled step on the CPU).
+    export TORCH_COMPILE_DISABLE=1
+    SBS=(--device cpu --size 16 --batch 4 --steps 8 --rounds 1)
     SHARE=(--device cpu --size 16 --batch 4 --steps 8 --rounds 1)
-    STUDENT=(--devices cpu --size 32 --images 32 --classes 10 --epochs 2)
-    DISTILL_FLAGS=(--workers 2 --gpus-per-worker 0 --cpus-per-worker 1)
-    EVAL_DEVICE=cpu
-    echo "dry run: CPU-sized stand-ins for every step (no GPU needed); results -> $RESULT"
+    STUDENT=(--devices cpu --size 16 --images 16 --classes 4 --epochs 2)
+    PACK=2
 else
-    DEVICE=cuda; ITERS=${ITERS:-100}; TINY=(); PACKS="1,2,4,8"; LOW=fp16; PATHS="fp16,bf16,fp32"
+    DEVICE=cuda
     SBS=(--device cuda --steps 40 --rounds 3)
-    SHARE=(--device cuda --steps 40 --rounds 3)
+    SHARE=(--device cuda --steps 40 --rounds 2)
     STUDENT=(--devices cpu,cuda --size 224 --images 64 --classes 100 --epochs 3)
-    DISTILL_FLAGS=(--workers 2 --gpus-per-worker 0.5)
-    EVAL_DEVICE=cuda
-    echo "GPU check; results -> $RESULT"
+    # One fixed pack for the packed contender, from the card's total memory (about 2.5 GB a group at
+    # 224 px, batch 100, fp16): never an automatic pack sized as if alone beside three other processes.
+    total_gib=$("$PYTHON" -c "import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))" \
+        2>/dev/null || echo 0)
+    if (( total_gib >= 120 )); then PACK=16; elif (( total_gib >= 70 )); then PACK=8; else PACK=4; fi
 fi
+OURS=ours-eager-pack1,ours-fast-pack1,ours-fast-packed
 if [[ -n "$OFFICIAL" ]]; then SBS+=(--official "$OFFICIAL"); else SBS+=(--no-official); fi
 
-step "1/8 environment"
-if (( ! DRY )); then
-    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-fi
-"$PYTHON" - "$DEVICE" "$WORK/env.json" <<'EOF'
-import json, os, sys, torch
-device, out = sys.argv[1], sys.argv[2]
-info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "cpu_count": os.cpu_count()}
-if device == "cuda":
-    if not torch.cuda.is_available():
-        sys.exit("torch sees no CUDA device (torch.cuda.is_available() is False); use --dry-run on a CPU machine")
-    info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
-                bf16_supported=torch.cuda.is_bf16_supported(),
-                memory_gb=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
-print(json.dumps(info))
-json.dump(info, open(out, "w"))
-EOF
+# name, budget (timeout, s), estimate on a fresh H100/H200 (s): see docs/benchmarks/speed.md, "The GPU check"
+STEPS=(
+    "env 30 8"
+    "checks 100 60"
+    "side_by_side 170 110"
+    "end_to_end 90 45"
+    "students 60 25"
+    "share 45 20"
+)
+INSTALL_ESTIMATE=15
+wanted() {
+    local name=$1
+    if [[ -n "$ONLY" ]]; then [[ ",$ONLY," == *",$name,"* ]]; return; fi
+    if (( CORE )) && [[ "$name" == end_to_end || "$name" == students || "$name" == share ]]; then return 1; fi
+    return 0
+}
 
-step "2/8 precision paths (fp16 + GradScaler, bf16, fp32): a few steps each, must stay finite"
-"$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" --device "$DEVICE" --packs 1 --iterations 8 \
-    --precision "$PATHS" --json-out "$WORK/paths.json" \
-    || fail "a precision path raised (see above)"
-"$PYTHON" - "$WORK/paths.json" <<'EOF' || fail "a precision path produced non-finite images"
-import json, sys
-runs = json.load(open(sys.argv[1]))["runs"]
-bad = [r["precision"] for r in runs if not r["finite"]]
-print("precision paths:", ", ".join(f"{r['precision']} ok (final CE {r['final_ce']:.3f})" for r in runs if r["finite"]))
-sys.exit(f"non-finite images with {bad}" if bad else 0)
-EOF
+total=$INSTALL_ESTIMATE
+echo "GPU check$( ((DRY)) && echo ' (dry run: CPU-sized)'); results in $DIR"
+printf '  %-13s %7s %9s\n' step budget estimate
+printf '  %-13s %7s %8ss\n' "wheel install" - "$INSTALL_ESTIMATE"
+for entry in "${STEPS[@]}"; do
+    read -r name budget estimate <<<"$entry"
+    if wanted "$name"; then
+        printf '  %-13s %6ss %8ss\n' "$name" "$budget" "$estimate"
+        total=$((total + estimate))
+    fi
+done
+printf '  %-13s %7s %8ss  (estimated on a fresh H100/H200, wheel install included)\n' total "" "$total"
 
-step "3/8 side by side: the published loop and ours (${OFFICIAL:-the published code absent: ours alone})"
-"$PYTHON" -m bench.side_by_side "${SBS[@]}" --profile "$WORK/profile" --json > "$WORK/side_by_side.json" \
-    || fail "bench.side_by_side failed (see above)"
-"$PYTHON" -c "import json, sys; from bench.side_by_side import report; print(report(json.load(open(sys.argv[1]))))" \
-    "$WORK/side_by_side.json"
+# The command of each step: it writes its JSON to $1.
+cmd_env() { "$PYTHON" -m bench.gpu_steps env --device "$DEVICE" --out "$1"; }
+cmd_checks() { "$PYTHON" -m bench.gpu_steps checks --device "$DEVICE" --out "$1"; }
+cmd_side_by_side() {
+    "$PYTHON" -m bench.side_by_side "${SBS[@]}" --ours "$OURS" --pack "$PACK" --profile "$WORK/profile" --json >"$1"
+}
+cmd_end_to_end() { "$PYTHON" -m bench.gpu_steps e2e --device "$DEVICE" --work "$WORK/e2e" --out "$1"; }
+cmd_students() { "$PYTHON" -m bench.student_speed "${STUDENT[@]}" --json >"$1"; }
+cmd_share() { "$PYTHON" -m bench.side_by_side --share 2 "${SHARE[@]}" --json >"$1"; }
 
-step "3b/8 the fast path computes what the eager step computes (compiled, as CUDA graphs on a GPU)"
-"$PYTHON" - "$DEVICE" "$WORK/fast_vs_eager.json" <<'EOF' || fail "the fast path differs from the eager step (see above)"
-import json, sys
-import torch, torchvision
-from fadrm_ray.config import make_config
-from fadrm_ray.packing import fast_path
-from fadrm_ray.recover import FrozenTeacher, low_precision_dtype, mixed_precision, step_loss, teacher_loss
-
-# One step's losses and input gradient, compiled and eager, against the eager fp32 step: a
-# miscompiled eval-mode BatchNorm (pytorch#181696) shows as errors of order one. In fp32 the two
-# must agree to rounding; in the run's low precision the input gradient is itself noisy (bf16 on a
-# CPU: 18% from fp32), so the fast path must be as close to fp32 as the eager step is. A few
-# Adam steps would amplify mere rounding (Adam divides by the gradient's own scale).
-device, out = sys.argv[1], sys.argv[2]
-size, classes = (224, 100) if device == "cuda" else (32, 10)
-torch.manual_seed(0)
-teacher = FrozenTeacher(torchvision.models.resnet18().to(device))
-view = torch.randn(classes, 3, size, size, device=device)
-labels = torch.arange(classes, device=device)
-
-
-def one_step(precision, extra):
-    cfg = make_config("fadrm", overrides={"classes": list(range(classes)), "precision": precision, **extra}).resolve(
-        size, 1000, True, torch.device(device).type, channels=3)
-    autocast, _ = mixed_precision(cfg.precision, torch.device(device))
-    fn = teacher_loss(teacher, cfg)
-    for _ in range(3):  # compiled: the first calls trace and, on CUDA, record the graphs
-        x = view.clone().requires_grad_(True)
-        with teacher.weights_in(low_precision_dtype(cfg.precision)):
-            with autocast():
-                ce, bn, stat = step_loss(fn, x, labels, 1, cfg)
-            (ce + stat).sum().backward()
-    return float(ce.detach()), float(bn.detach()), x.grad.float()
-
-
-low = make_config("fadrm").resolve(size, 1000, True, torch.device(device).type, channels=3).precision
-fast = fast_path(device)
-ref = one_step("fp32", {})
-runs = {"fast fp32": one_step("fp32", fast), f"eager {low}": one_step(low, {}), f"fast {low}": one_step(low, fast)}
-info = {"device": device, "precision": low, "reference": "eager fp32", "ce": ref[0], "bn": ref[1]}
-for name, (ce, bn, g) in runs.items():
-    info[name] = {"ce_rel": abs(ce - ref[0]) / abs(ref[0]), "bn_rel": abs(bn - ref[1]) / abs(ref[1]),
-                  "grad_rel": float((g - ref[2]).norm() / ref[2].norm())}
-print(json.dumps(info))
-json.dump(info, open(out, "w"))
-exact, eager, fast_low = info["fast fp32"], info[f"eager {low}"], info[f"fast {low}"]
-bad = [k for k in ("ce_rel", "bn_rel", "grad_rel") if exact[k] > 2e-2]  # TF32 convolutions on a GPU
-bad += [f"{low} {k}" for k in ("ce_rel", "bn_rel", "grad_rel") if fast_low[k] > 1.5 * eager[k] + 0.02]
-sys.exit(f"the fast path differs from eager: {bad}" if bad else 0)
-EOF
-
-step "4/8 ImageNet-1K setting: seconds per image at packs $PACKS (T = 2000 timed on $ITERS iterations)"
-"$PYTHON" -m bench.recover_speed --imagenet "${TINY[@]}" --device "$DEVICE" --packs "$PACKS" --iterations "$ITERS" \
-    --precision "$LOW" --json-out "$WORK/imagenet.json"
-
-step "5/8 end to end: import a torchvision ResNet-18 teacher, distill with 2 workers, evaluate on $EVAL_DEVICE"
-"$PYTHON" - "$WORK" "$EVAL_DEVICE" "${DISTILL_FLAGS[@]}" <<'EOF' || fail "the end-to-end run failed (see above)"
-import json, subprocess, sys, time
-from pathlib import Path
-
-import torch
-import torchvision
-
-work, device, flags = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-fadrm = [sys.executable, "-m", "actors.cli"]
-
-
-def call(*args):
-    out = subprocess.run(fadrm + list(args) + ["--json", "--quiet"], check=True, stdout=subprocess.PIPE, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-started = time.perf_counter()
-torch.manual_seed(0)
-torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), work / "r18.pth")
-teacher = call("import-teacher", "--model", "torchvision:resnet18", "--weights", str(work / "r18.pth"),
-               "--dataset", "digits", "--out", str(work / "r18.pt"), "--accept-chance", "--device", device)
-imported = time.perf_counter()
-result = call("distill", "--dataset", "digits", "--teacher", str(work / "r18.pt"), "--ipc", "2",
-              "--set", "iterations=16", "--out", str(work / "store"), *flags)
-distilled = time.perf_counter()
-run_dir = Path(result["run_dir"])
-ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
-workers = [e for e in ledger if e["event"] == "worker_started"]
-evaluation = call("evaluate", "--run", str(run_dir), "--device", device, "--seeds", "1", "--epochs", "3",
-                  "--no-baselines")
-done = time.perf_counter()
-seeds = len(evaluation["seeds"]) - len(evaluation["seeds_reused"])  # trained now
-info = {"teacher_top1": teacher["top1"], "images": result["images"], "expected": 20,
-        "workers": len(workers), "worker_devices": sorted({str(e.get("device")) for e in workers}),
-        "import_seconds": imported - started, "distill_seconds": distilled - imported,
-        "evaluate_seconds": done - distilled, "student_top1": evaluation["top1_mean"],
-        "student_seconds_per_epoch": evaluation["seconds"] / max(1, seeds * evaluation["epochs"]),
-        "eval_device": device}
-print(json.dumps(info))
-json.dump(info, open(work / "e2e.json", "w"))
-assert result["images"] == 20, f"expected 20 images, the run wrote {result['images']}"
-assert len(workers) == 2, f"expected 2 workers, the ledger shows {len(workers)}"
-EOF
-
-step "6/8 a student epoch on each device (bench.student_speed)"
-"$PYTHON" -m bench.student_speed "${STUDENT[@]}" --json > "$WORK/student.json" || fail "bench.student_speed failed"
-
-step "7/8 one process against two sharing the $DEVICE (bench.side_by_side --share 2)"
-"$PYTHON" -m bench.side_by_side --share 2 "${SHARE[@]}" --json > "$WORK/share.json" || fail "the share run failed"
-
-step "8/8 results"
-"$PYTHON" - "$WORK" "$RESULT" "$DRY" "$((SECONDS - START))" <<'EOF'
+# Run one step under its budget; write DIR/<n>-<name>.json: {step, ok, seconds, budget, error?, result?}.
+n=0
+failed=()
+for entry in "${STEPS[@]}"; do
+    read -r name budget estimate <<<"$entry"
+    index=$n
+    n=$((n + 1))
+    wanted "$name" || continue
+    printf '\n== [%3ds] %d %s (budget %ss, estimated %ss)\n' "$((SECONDS - START))" "$index" "$name" "$budget" "$estimate"
+    raw="$WORK/$name.raw.json"
+    began=$SECONDS
+    if [[ "${FADRM_GPU_CHECK_FAIL:-}" == "$name" ]]; then
+        echo "FADRM_GPU_CHECK_FAIL=$name: this step fails on purpose" | tee "$WORK/$name.err" >&2
+        rc=3
+    else
+        timeout --kill-after=10 "$budget" bash -c "$(declare -f "cmd_$name"); $(declare -p PYTHON DEVICE SBS SHARE \
+            STUDENT PACK OURS WORK); cmd_$name \"\$1\"" _ "$raw" 2> >(tee "$WORK/$name.err" >&2)
+        rc=$?
+    fi
+    took=$((SECONDS - began))
+    sleep 0.2  # the stderr tee catches up
+    "$PYTHON" - "$name" "$rc" "$took" "$budget" "$raw" "$WORK/$name.err" "$DIR/$index-$name.json" <<'EOF'
 import json, sys
 from pathlib import Path
-work, result, dry, seconds = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-read = lambda name: json.loads((work / name).read_text())  # noqa: E731
-sbs = read("side_by_side.json")
-out = {"dry_run": dry, "seconds": seconds, "env": read("env.json"), "precision_paths": read("paths.json")["runs"],
-       "side_by_side": sbs, "fast_vs_eager": read("fast_vs_eager.json"), "imagenet": read("imagenet.json")["runs"],
-       "end_to_end": read("e2e.json"),
-       "student_speed": read("student.json"), "share": read("share.json"),
-       "published": {"fadrm_seconds_per_image": 0.47, "fadrm_peak_gb": 2.9, "hardware": "one RTX 4090"}}
-Path(result).write_text(json.dumps(out, indent=2))
-mem = "gpu_peak_gb" if not dry else "rss_peak_mb"
-print(f"{'precision':>9} {'pack':>4} {'ms/step':>9} {'s/image@T2000':>14} {'images/hour':>12} {mem:>12}")
-for r in out["imagenet"]:
-    print(f"{r['precision']:>9} {r['pack']:>4} {r['ms_per_step']:>9.1f} {r['seconds_per_image_at_T2000']:>14.3f} "
-          f"{r['images_per_hour']:>12.0f} {r[mem]:>12.2f}")
-ratio = sbs.get("ratio_pack1")
-print(f"side by side: official {sbs['official_ms'] or float('nan'):.2f} ms/step, ours eager pack 1 "
-      f"{sbs['ours_pack1_ms']:.2f}, fast pack 1 {sbs['ours_fast_pack1_ms']:.2f}, best {sbs['ours_best_ms']:.2f} "
-      f"({sbs['ours_best']})" + (f"; official / ours at pack 1 {ratio:.2f}x" if ratio else ""))
-e2e, st, sh = out["end_to_end"], out["student_speed"], out["share"]
-print(f"end to end: {e2e['images']} images by {e2e['workers']} workers on {e2e['worker_devices']}; student on "
-      f"{e2e['eval_device']}: {e2e['student_seconds_per_epoch']:.3f} s/epoch")
-print("student epoch: " + ", ".join(f"{r['device']} {r['seconds_per_epoch']:.3f} s" for r in st["runs"])
-      + (f" (CPU / GPU {st['cpu_over_cuda']:.1f}x)" if "cpu_over_cuda" in st else ""))
-print(f"sharing: {sh['processes']} processes {sh['shared_ms_per_step']:.2f} ms per batch-step against "
-      f"{sh['one_ms_per_step']:.2f} alone ({sh['gain']:.2f}x)")
-print(f"all checks passed in {seconds} s; JSON: {result}")
+
+name, rc, took, budget, raw, err, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
+    Path(sys.argv[5]), Path(sys.argv[6]), Path(sys.argv[7])
+record = {"step": name, "ok": rc == 0, "seconds": took, "budget": budget}
+try:
+    record["result"] = json.loads(raw.read_text())
+except (OSError, ValueError):
+    pass
+if rc:
+    lines = [l.strip() for l in (err.read_text(errors="replace").splitlines() if err.is_file() else []) if l.strip()]
+    why = f"over its budget of {budget} s" if rc in (124, 137) else (lines[-1] if lines else f"exit status {rc}")
+    record["error"] = why[:500]
+out.write_text(json.dumps(record, indent=2))
 EOF
+    if (( rc )); then
+        failed+=("$name")
+        echo "FAILED: $name ($("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['error'])" \
+            "$DIR/$index-$name.json" 2>/dev/null || echo "exit $rc")); going on" >&2
+    else
+        echo "-- $name done in ${took}s"
+    fi
+done
+
+echo
+"$PYTHON" - "$DIR" <<'EOF'
+import json, sys
+from pathlib import Path
+
+steps = {json.loads(p.read_text())["step"]: json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))}
+print("summary:")
+for name, s in steps.items():
+    print(f"  {name:<13} {'ok' if s['ok'] else 'FAILED'} in {s['seconds']} s" + ("" if s["ok"] else f": {s['error']}"))
+r = (steps.get("side_by_side") or {}).get("result")
+if r:
+    rows = r["contenders"]
+    print("  side by side (ms per step of one batch; s per image at T = 2000):")
+    for n, c in rows.items():
+        print(f"    {n:<18} pack {c['pack']:>2} {c['precision']:>5} {c['ms_per_step']:8.2f} ms "
+              f"{c['seconds_per_image_at_T2000']:7.3f} s/image  peak {c['peak']:.2f} {c['peak_unit']}")
+    if r.get("official_ms"):
+        print(f"    published / ours: eager pack 1 {r['ratio_pack1']:.2f}x, fast pack 1 {r['ratio_fast_pack1'] or 0:.2f}x")
+    for n, p in (r.get("profiles") or {}).items():
+        extra = f", {p['host_syncs_per_step']:.2f} host syncs and {p['kernel_launches_per_step']:.0f} launches" \
+            if "host_syncs_per_step" in p else ""
+        print(f"    profile {n}: {p['op_calls_per_step']:.0f} op calls per step{extra}")
+s = (steps.get("students") or {}).get("result")
+if s:
+    print("  student epoch: " + ", ".join(f"{x['device']} {x['seconds_per_epoch']:.3f} s" for x in s["runs"])
+          + (f" (CPU / GPU {s['cpu_over_cuda']:.1f}x)" if "cpu_over_cuda" in s else ""))
+EOF
+echo "all steps ran in $((SECONDS - START)) s; ${#failed[@]} failed${failed:+: ${failed[*]}}; JSON and log in $DIR"
+(( ${#failed[@]} == 0 ))

@@ -2,7 +2,8 @@
 # The wheels the lent GPU machine lacks, for `device`'s carry (its image: Python 3.12 with torch,
 # torchvision, timm, pyarrow, scikit-learn and opencv, but no Ray, pydantic or mlxtend).
 #
-#   bash bench/gpu_wheels.sh          # writes .whl/ (git-ignored), under the 64 MiB a call carries
+#   bash bench/gpu_wheels.sh          # writes .whl/ (git-ignored), under the 64 MiB a call carries, and checks
+#                                     # them with the image's packages (bench/gpu_image.py)
 #
 # Then, with `device`: carry [".whl", ".official"] and run
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -39,3 +40,5 @@ PY
 mv "$work/$(basename "$ray_wheel")" "$ray_wheel"
 rm -rf "$work"
 du -ch .whl/*.whl | tail -1
+# Together with the image's packages, they must hold everything the GPU check imports.
+python3 -m bench.gpu_image --wheels .whl

@@ -22,15 +22,18 @@ Contenders: `official` (the published loop, its own fp16 autocast and GradScaler
 on a CPU, where its CUDA autocast is off), `ours-eager-pack1` (the engine at pack 1 as a run
 configures it, nothing compiled), `ours-default` (a run as typed: eager, with the automatic
 pack: as many 1-image-per-class groups per forward/backward as the device holds well),
-`ours-fast-pack1` (the engine's fast path at pack 1) and `ours-fast-auto` (the fast path with the
-automatic pack). Figures are per step of one `--batch` batch: a packed
+`ours-fast-pack1` (the engine's fast path at pack 1), `ours-fast-auto` (the fast path with the
+automatic pack) and, asked for by name with `--pack N`, `ours-fast-packed` (the fast path at a
+fixed pack of N: contenders that run at the same time must not each size an automatic pack to
+the memory free as if alone). Figures are per step of one `--batch` batch: a packed
 step of G groups counts as G steps. Printed: ms per step, seconds per image at T = 2000
 (ms per step x 2000 / batch), peak memory (CUDA: max_memory_allocated; CPU: the process's peak
 RSS), and the ratio of the published loop's time to each of ours. `--json` prints one object
 instead (`official_ms`, `ours_pack1_ms` (eager), `ours_fast_pack1_ms`, `ours_best_ms` (the
 fastest of ours, per batch), `ratio_pack1`, `ratio_fast_pack1`, `ratio_best`, each contender's
 rounds, the device, torch and the CPU or GPU name). `--profile DIR` adds a torch.profiler trace
-of 20 steps of each contender (DIR/<contender>/trace.json and a summary: the busiest ops, and on
+of 20 steps of each contender at pack 1 (DIR/<contender>/trace.json and a summary: operator calls
+per step, the busiest ops, and on
 CUDA the kernel time against the wall time, host syncs and kernel launches per step).
 """
 from __future__ import annotations
@@ -55,7 +58,8 @@ T_PUBLISHED = 2000
 OURS = {"ours-eager-pack1": {"pack": 1, "compile": False},
         "ours-default": {"pack": "auto", "compile": False},
         "ours-fast-pack1": {"pack": 1, "fast": True},
-        "ours-fast-auto": {"pack": "auto", "fast": True}}
+        "ours-fast-auto": {"pack": "auto", "fast": True},
+        "ours-fast-packed": {"pack": "fixed", "fast": True}}  # the pack of --pack N
 
 
 def fast_overrides(device: str) -> dict:
@@ -132,8 +136,9 @@ class Setting(BaseModel):
     rounds: int = 3
     steps: int
     official: str | None = None     # a checkout of the published code; None: ours alone
-    ours: list[str] = list(OURS)    # which of OURS
-    profile: str | None = None      # a folder for torch.profiler traces of each contender
+    ours: list[str] = [n for n in OURS if n != "ours-fast-packed"]  # which of OURS
+    profile: str | None = None      # a folder for torch.profiler traces of each contender at pack 1
+    pack: int | None = None         # the pack of ours-fast-packed
 
     @property
     def jitter(self) -> int:
@@ -167,6 +172,8 @@ def side_by_side(setting: Setting, log=print) -> dict:
         try:
             for name in names:
                 overrides = dict(OURS.get(name, {}))
+                if overrides["pack"] == "fixed":
+                    overrides["pack"] = setting.pack
                 if overrides.pop("fast", False):
                     overrides.update(fast_overrides(setting.device))
                 contenders[name] = Contender(name, {**base, "overrides": overrides}, work, env)
@@ -181,8 +188,9 @@ def side_by_side(setting: Setting, log=print) -> dict:
                     f"{n} {1000 * runs[n][-1]['seconds'] / steps / contenders[n].hello['pack']:.1f} ms" for n in names))
             profiles = {}
             if setting.profile:
-                for name in names:
-                    profiles[name] = contenders[name].ask(f"profile {Path(setting.profile).resolve() / name}")
+                for name in names:  # the pack-1 contenders: what one step costs, op by op
+                    if contenders[name].hello["pack"] == 1:
+                        profiles[name] = contenders[name].ask(f"profile {Path(setting.profile).resolve() / name}")
         finally:
             for c in contenders.values():
                 c.close()
@@ -276,6 +284,8 @@ def report(out: dict) -> str:
         lines.append("official: not run (no --official DIR or $FADRM_OFFICIAL)")
     for name, p in out.get("profiles", {}).items():
         head = f"profile {name}: {p['wall_ms_per_step']:.2f} ms/step wall"
+        if "op_calls_per_step" in p:
+            head += f", {p['op_calls_per_step']:.0f} op calls ({p['top_level_op_calls_per_step']:.0f} from Python)"
         if "kernel_ms_per_step" in p:
             head += (f", kernels {p['kernel_ms_per_step']:.2f} ms ({100 * p['busy_share']:.0f}% busy), "
                      f"{p['kernel_launches_per_step']:.0f} launches, {p['host_syncs_per_step']:.2f} host syncs, "
@@ -296,9 +306,11 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="timed steps per round, a multiple of 4 (default 100 on CUDA, 40 "
                                                   "on a CPU)")
-    parser.add_argument("--ours", default=",".join(OURS), help=f"which of ours, comma-separated (default: all of "
-                                                                   f"{', '.join(OURS)})")
-    parser.add_argument("--profile", metavar="DIR", help="also write a torch.profiler trace of 20 steps of each")
+    parser.add_argument("--ours", default=",".join(n for n in OURS if n != "ours-fast-packed"),
+                        help=f"which of ours, comma-separated (default: all of {', '.join(OURS)} but the last)")
+    parser.add_argument("--profile", metavar="DIR", help="also write a torch.profiler trace of 20 steps of each "
+                                                         "contender at pack 1")
+    parser.add_argument("--pack", type=int, default=None, help="the pack of ours-fast-packed (required with it)")
     parser.add_argument("--share", type=int, metavar="N",
                         help="instead: ours at pack 1 in N processes on the device, against one alone")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -329,8 +341,10 @@ def main(argv=None) -> None:
     unknown = sorted(set(ours) - set(OURS))
     if unknown or not ours:
         parser.error(f"--ours: unknown {', '.join(unknown) or 'nothing'}; choose from {', '.join(OURS)}")
+    if "ours-fast-packed" in ours and not (args.pack and args.pack >= 1):
+        parser.error("ours-fast-packed needs --pack N (N >= 1)")
     out = side_by_side(Setting(device=args.device, size=size, batch=batch, rounds=args.rounds, steps=steps,
-                               official=official, ours=ours, profile=args.profile), log=log)
+                               official=official, ours=ours, profile=args.profile, pack=args.pack), log=log)
     print(json.dumps(out) if args.json else report(out))
 
 

@@ -48,8 +48,6 @@ def imagenet_timing(setup: ImagenetTiming, log=print) -> dict:
     from fadrm_ray.recover import FrozenTeacher, init_state, recover
 
     size, low, classes, num_classes, T = (32, 28, 10, 10, 2000) if tiny else (224, 200, 100, 1000, 2000)
-    if device.startswith("cuda"):
-        torch.backends.cudnn.benchmark = True  # fixed shapes per stage: let cuDNN pick its kernels once
     described = "torchvision resnet18 (random init)"
     if teacher is None:
         model = torchvision.models.resnet18(weights=None, num_classes=num_classes).to(device)

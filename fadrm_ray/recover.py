@@ -31,9 +31,10 @@ from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
 from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
-from fadrm_ray.statistics import ClassStatistics, ConvStatistics, GroupStats, StatisticsLoss, bn_layers
+from fadrm_ray.statistics import ClassStatistics, ConvStatistics, StatisticsLoss, bn_layers
 from fadrm_ray.committee import committee_weights
 from fadrm_ray.errors import InputError
+from fadrm_ray.runtime import autotune_convolutions, to_device
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
 # a pixel that starts saturated is written back as 0 or 255.
@@ -77,7 +78,7 @@ class FrozenTeacher:
     def _make_hook(self, index: int):
         def hook(module, inputs, output):
             if self._groups:  # else a forward of the same model from elsewhere (another FrozenTeacher)
-                self.matching.add(index, *GroupStats.apply(inputs[0], self._groups))
+                self.matching.observe(index, inputs[0], self._groups)
         return hook
 
     @property
@@ -175,7 +176,8 @@ class FrozenTeacher:
 # --------------------------------------------------------------------------- state
 @dataclass
 class RecoverState:
-    x: torch.Tensor                  # (G*B, C, R, R) float32, normalized, at the current stage resolution
+    x: torch.Tensor                  # (G*B, C, R, R) float32, normalized, at the current stage resolution,
+                                     # on the device of the last stage run (the host in `to_dict`)
     patches: torch.Tensor | None     # (G*B, C, D, D) uint8 real patches (ARC target); None for noise init
     labels: torch.Tensor             # (G*B,) int64 class index of each image
     ipc_indices: list[int]           # the IPC index of each group
@@ -266,6 +268,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     if state.done:
         raise ValueError("all stages of this state have already run")
     device = torch.device(device)
+    autotune_convolutions(device)  # a stage repeats one input shape
     s, last = state.stage, len(state.budgets) - 1
     budget, res = state.budgets[s], state.resolutions[s]
     groups = state.groups
@@ -306,7 +309,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     steps = 0
     held = ExitStack()
     for teacher in teachers:  # the low-precision weights autocast would cast every step
-        held.enter_context(teacher.weights_in(low_precision_dtype(cfg.precision)))
+        held.enter_context(teacher.weights_in(held_dtype(cfg)))
     with held:
         while steps < budget:
             t = state.iteration
@@ -352,11 +355,11 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
             x = resize(x, next_res)
             if cfg.uses_arc and state.patches is not None:
                 # ARC: re-inject real local detail washed out by optimization (section 4).
-                patch = (state.patches.to(device).float() / 255.0 - mean) / std
+                patch = (to_device(state.patches, device).float() / 255.0 - mean) / std
                 x = cfg.alpha * x + (1 - cfg.alpha) * resize(patch, next_res)
                 merged = True
     ce_curve, bn_curve = curves[:steps].T.tolist()
-    state.x = x.cpu()
+    state.x = x  # stays on the device for the next stage; `to_dict` and `final_images` bring it back
     state.rng_states = [gen.get_state() for gen in gens]
     state.history.append({
         "stage": s, "resolution": res, "iterations": steps, "merged_after": merged,
@@ -457,7 +460,7 @@ def final_images(state: RecoverState, teachers: Sequence[FrozenTeacher],
     device = torch.device(device)
     mean = torch.tensor(state.mean).view(1, -1, 1, 1)
     std = torch.tensor(state.std).view(1, -1, 1, 1)
-    images = ((state.x * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
+    images = ((state.x.cpu() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
     x = ((images.float() / 255.0 - mean) / std).to(device)
     labels = state.labels.to(device)
     ce = torch.zeros(x.shape[0], device=device)
@@ -510,6 +513,14 @@ def resize(x: torch.Tensor, size: int) -> torch.Tensor:
 def low_precision_dtype(precision: str) -> torch.dtype | None:
     """The dtype autocast computes in at `precision` (None for fp32)."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def held_dtype(cfg: DistillConfig) -> torch.dtype | None:
+    """The dtype a stage holds its teachers' weights in (`FrozenTeacher.weights_in`): the autocast
+    dtype on the eager path; none on the compiled one, whose graph casts them itself (Inductor's
+    backward of a linear layer mixes dtypes when given low-precision weights under an autocast
+    entered outside the graph: torch 2.14 on a CPU, bf16)."""
+    return None if cfg.compile else low_precision_dtype(cfg.precision)
 
 
 def mixed_precision(precision: str, device: torch.device):

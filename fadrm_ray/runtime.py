@@ -94,6 +94,29 @@ def tune_allocator() -> bool:
 
 
 # --------------------------------------------------------------------------- the device
+def autotune_convolutions(device) -> None:
+    """On CUDA, let cuDNN time its convolution algorithms for each new input shape and keep the
+    fastest. A recover stage and a student epoch repeat one shape for hundreds of steps, so the
+    first step's timing pays many times over. Process-wide; nothing to do elsewhere."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.backends.cudnn.benchmark = True
+
+
+def to_device(tensor, device):
+    """`tensor` (on the host) on `device` without waiting for it: through pinned memory on CUDA,
+    so that the copy is queued behind the device's work instead of synchronizing with it."""
+    import torch
+
+    device = torch.device(device)
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def resolve_device(device: str | None = None) -> str:
     """The device a phase runs on: `device` as given ("cpu", "cuda", "cuda:1"), or None for cuda
     where torch sees a CUDA device, else cpu. A device torch cannot use is refused here, in one

@@ -1,7 +1,7 @@
 """Per-group feature statistics, the convolution-statistics loss of G-VBSM and EDC, and EDC's
 class-wise BatchNorm targets.
 
-`GroupStats` is the one place that measures the channel mean and variance of an activation
+`LayerStatistics` is the one place that measures the channel mean and variance of activations
 per group (the BatchNorm loss of recover.py and the convolution loss here both use it).
 
 The convolution loss (docs/method.md section 7c) compares the channel statistics of each
@@ -39,46 +39,100 @@ CONV_STAT_IMAGES_PER_CLASS = 100
 _BATCH = 256
 
 
-class GroupStats(torch.autograd.Function):
-    """Per-group channel mean and biased variance of an activation, in fp32: (G, C) each.
+def moments(v: torch.Tensor, read_half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 mean (G, 1, C, 1) and biased variance (G, C) of a grouped activation (G, M, C, K)
+    over dims 1 and 3.
 
-    The activation is the largest tensor of a step, and autograd's graph for `mean` and
-    `((a - mean) ** 2).mean()` walks it five or six times in the backward. The gradient is
-    affine in the centred activation d = a - mean for each (group, channel):
-        dL/da = dL/dmean / n + 2 dL/dvar / n * d,
-    so one fused pass (addcmul) computes it. This was the costliest part of a step on CPU.
+    fp32: the two-pass formula (the mean, then the mean of the squared deviations). A half-
+    precision activation (bf16 or fp16 under autocast) with `read_half` (on CUDA, whose
+    reductions read half and accumulate in fp32 without a copy) is read twice as it is, for the
+    mean and for the sum of squares, both accumulated in fp32; var = E[a^2] - mean^2. A square of
+    a bf16 or fp16 value is exact in fp32, so this is as close as the two-pass formula on an fp32
+    copy unless a channel's mean is many times its spread (not so for BatchNorm inputs). Without
+    `read_half` (on a CPU, whose half reductions copy to fp32 anyway) it takes the two-pass
+    formula on an fp32 copy that lives for the call only.
+    """
+    if v.dtype != torch.float32 and read_half:
+        n = v.shape[1] * v.shape[3]
+        mean = v.mean(dim=(1, 3), keepdim=True, dtype=torch.float32)
+        norm = torch.linalg.vector_norm(v, dim=(1, 3), dtype=torch.float32)
+        return mean, (norm * norm / n - (mean * mean).view(norm.shape)).clamp_min(0)
+    v = v.float()
+    mean = v.mean(dim=(1, 3), keepdim=True)
+    d = v - mean
+    return mean, (d * d).mean(dim=(1, 3))
+
+
+class LayerStatistics(torch.autograd.Function):
+    """Per-group channel mean and biased variance of every observed activation of one forward,
+    in one autograd node: (G, sum of C) each, fp32, the layers side by side in their order.
+
+    One node for all layers, not one per layer: a step pays one Python call forward and one
+    backward. Nothing new is saved for the backward: the node keeps the activations themselves
+    (the BatchNorm layers they feed keep them too) and each layer's (G, C) mean (`moments`). The
+    gradient is affine in the activation for each (group, channel):
+        dL/da = dL/dmean / n + 2 dL/dvar / n * (a - mean),
+    one fused pass (addcmul) per layer: in fp32 as the two-pass formula's own; for a half-
+    precision activation computed in fp32 from it and written in its dtype (one rounding, no
+    fp32 copy of the activation).
     """
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, groups: int):
-        v, channels_last = _grouped(a, groups)
-        v = v.float()
-        mean = v.mean(dim=(1, 3), keepdim=True)
-        d = v - mean
-        var = (d * d).mean(dim=(1, 3))
-        ctx.save_for_backward(d)
-        ctx.shape, ctx.channels_last, ctx.dtype = a.shape, channels_last, a.dtype
-        return mean.view(var.shape), var
+    def forward(ctx, groups: int, *activations: torch.Tensor):
+        means, variances, sizes = [], [], []
+        for a in activations:
+            v, _ = _grouped(a, groups)
+            mean, var = moments(v, read_half=v.is_cuda)
+            means.append(mean.view(var.shape))
+            variances.append(var)
+            sizes.append(v.shape[1] * v.shape[3])
+        means = torch.cat(means, dim=1)
+        ctx.groups, ctx.sizes = groups, sizes
+        ctx.save_for_backward(means, *activations)
+        return means, torch.cat(variances, dim=1)
 
     @staticmethod
     def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor):
-        d, = ctx.saved_tensors
-        n = d.shape[1] * d.shape[3]
-        grad = torch.addcmul((grad_mean / n)[:, None, :, None], d, (grad_var * (2.0 / n))[:, None, :, None])
-        if ctx.channels_last:  # back from (G, B*H*W, C, 1) to an (N, C, H, W) channels-last tensor
-            n_, c, h, w = ctx.shape
-            grad = grad.view(n_, h, w, c).permute(0, 3, 1, 2)
-        else:
-            grad = grad.view(ctx.shape)
-        return grad.to(ctx.dtype), None
+        means, *activations = ctx.saved_tensors
+        widths = [a.shape[1] for a in activations]
+        # n of every column, and 2 / n as the per-layer formula rounds it (a Python float)
+        n = torch.tensor([float(k) for k, w in zip(ctx.sizes, widths) for _ in range(w)], device=means.device)
+        two_over_n = torch.tensor([2.0 / k for k, w in zip(ctx.sizes, widths) for _ in range(w)], device=means.device)
+        base, scale = grad_mean / n, grad_var * two_over_n
+        low = [a.dtype != torch.float32 for a in activations]
+        if any(low):
+            shifted = base - scale * means  # the affine form's constant, for the half-precision layers
+        grads = []
+        for i, a in enumerate(activations):
+            if not ctx.needs_input_grad[1 + i]:
+                grads.append(None)
+                continue
+            v, channels_last = _grouped(a, ctx.groups)
+            start = sum(widths[:i])
+            cols = slice(start, start + widths[i])
+            shape = (v.shape[0], 1, v.shape[2], 1)
+            if low[i]:  # computed in fp32, written in the activation's dtype
+                grad = torch.addcmul(shifted[:, cols].reshape(shape), v, scale[:, cols].reshape(shape),
+                                     out=torch.empty_like(v))
+            else:
+                grad = torch.addcmul(base[:, cols].reshape(shape), v - means[:, cols].reshape(shape),
+                                     scale[:, cols].reshape(shape))
+            if channels_last:  # back from (G, B*H*W, C, 1) to an (N, C, H, W) channels-last tensor
+                n_, c, h, w = a.shape
+                grad = grad.view(n_, h, w, c).permute(0, 3, 1, 2)
+            else:
+                grad = grad.view(a.shape)
+            grads.append(grad)
+        return (None, *grads)
 
 
 class StatisticsLoss:
     """The statistics-matching loss of a set of layers, taken in one pass after the forward.
 
     Per group: sum over layers l of w_l * (||mean_l - target_mean_l||_2 + ||var_l - target_var_l||_2),
-    w_0 = `first_weight`, every other w_l = 1 (docs/method.md section 3). The hooks only measure
-    each layer's (G, C_l) statistics (`GroupStats`) and hand them to `add`; `loss` then scatters
+    w_0 = `first_weight`, every other w_l = 1 (docs/method.md section 3). The hooks hand each
+    layer's input to `observe`; `loss` measures every layer's (G, C_l) statistics in one node
+    (`LayerStatistics`), then scatters
     the differences of every layer into one zero-padded (G, layers, C_max) tensor and takes all
     the norms at once, instead of a dozen small ops per layer on every step. The zero padding
     adds nothing to a norm, and the norm's gradient at zero is zero, so a layer that matches its
@@ -91,7 +145,9 @@ class StatisticsLoss:
         self.first_weight = float(first_weight)
         self.targets = [(m.detach().float().reshape(-1), v.detach().float().reshape(-1)) for m, v in targets]
         self.category: "ClassStatistics | None" = None
-        self._seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # (layer, its activation or its measured (mean, var)) of the forward under way
+        self._seen: list[tuple[int, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]] = []
+        self._groups = 1
         self._plans: dict[tuple, tuple] = {}
 
     def prepare(self, device: str | torch.device) -> None:
@@ -99,24 +155,38 @@ class StatisticsLoss:
         outside any compiled region (a plan built while torch.compile traces would recompile)."""
         self._plan(tuple(range(len(self.sizes))), torch.device(device))
 
+    def observe(self, index: int, activation: torch.Tensor, groups: int) -> None:
+        """Layer `index`'s input of this forward, of `groups` groups. Its statistics are measured
+        with every other layer's in one node when the loss is taken; an activation that needs no
+        gradient (a forward under no_grad) is measured now, so that it can be freed."""
+        self._groups = groups
+        if activation.requires_grad:
+            self._seen.append((index, activation))
+        else:
+            self._seen.append((index, LayerStatistics.apply(groups, activation)))
+
     def add(self, index: int, mean: torch.Tensor, var: torch.Tensor) -> None:
-        """Layer `index`'s per-group statistics of this forward, (G, C) each."""
-        self._seen.append((index, mean, var))
+        """Layer `index`'s per-group statistics of this forward, (G, C) each, measured elsewhere."""
+        self._seen.append((index, (mean, var)))
 
     def clear(self) -> None:
         self._seen = []
 
     def loss(self, labels: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The per-group loss (G,) of the statistics added since the last call (None if none);
+        """The per-group loss (G,) of the statistics seen since the last call (None if none);
         `labels` (G * B,) select the class-wise targets where they are attached."""
         seen, self._seen = self._seen, []
         if not seen:
             return None
-        order = tuple(i for i, _, _ in seen)
-        device = seen[0][1].device
+        order = tuple(i for i, _ in seen)
+        pending = [entry for _, entry in seen if isinstance(entry, torch.Tensor)]
+        if len(pending) == len(seen):  # a step: every layer in one node
+            means, variances = LayerStatistics.apply(self._groups, *pending)
+        else:
+            pairs = [LayerStatistics.apply(self._groups, e) if isinstance(e, torch.Tensor) else e for _, e in seen]
+            means, variances = torch.cat([m for m, _ in pairs], dim=1), torch.cat([v for _, v in pairs], dim=1)
+        device = means.device
         positions, t_mean, t_var, weights, width = self._plan(order, device)
-        means = torch.cat([m for _, m, _ in seen], dim=1)
-        variances = torch.cat([v for _, _, v in seen], dim=1)
         running = self._norms(means - t_mean, positions, len(order), width) + \
             self._norms(variances - t_var, positions, len(order), width)
         if self.category is not None and labels is not None:
@@ -209,7 +279,7 @@ class ConvStatistics:
     def _make_hook(self, index: int):
         def hook(module, inputs, output):
             if self.groups:
-                self.matching.add(index, *GroupStats.apply(inputs[0], self.groups))
+                self.matching.observe(index, inputs[0], self.groups)
         return hook
 
     def finish(self) -> torch.Tensor | None:

@@ -157,3 +157,106 @@ def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(t
     assert there["iteration"] == here.iteration and there["stage"] == here.stage
     assert all(torch.equal(a, b) for a, b in zip(there["rng_states"], here.rng_states))
     assert there["history"][-1]["ce"] == here.history[-1]["ce"]
+
+
+def _activations(model, x, layers):
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(i[0])) for m in layers]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("read_half", [False, True])
+def test_half_precision_statistics_are_as_close_to_exact_as_an_fp32_copy_and_save_no_copy(read_half):
+    """`statistics.moments` of bf16 activations (both ways: the CPU's over a transient fp32 copy, the
+    GPU's reading half with fp32 accumulation) against the exact statistics of the same values;
+    the gradient, written in bf16, the fp32 formula's rounded once; and a bf16 step saves no fp32
+    copy of any activation. The random teacher's last layers have channels whose mean is over 100
+    times their spread: the hardest case for E[a^2] - mean^2."""
+    from fadrm_ray.statistics import LayerStatistics, _grouped, moments
+
+    torch.manual_seed(3)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    teacher = FrozenTeacher(model)
+    x = torch.randn(8, 3, 32, 32) * 2 + 0.5
+    acts = [a.detach().to(memory_format=torch.channels_last) for a in _activations(model, x, teacher.bn_layers)]
+    for a in acts:
+        v, _ = _grouped(a.bfloat16(), 2)
+        exact_mean, exact_var = moments(v.double().float())  # the statistics of the bf16 values themselves
+        mean, var = moments(v, read_half=read_half)
+        assert mean.dtype == var.dtype == torch.float32
+        assert torch.allclose(mean, exact_mean, rtol=1e-5, atol=1e-5 * float(exact_var.sqrt().mean()))
+        # E[a^2] - mean^2 loses what fp32 loses of E[a^2]: a channel whose mean is many times its
+        # spread keeps its variance to within 1e-5 of E[a^2], not of itself
+        second = exact_var + exact_mean.view(exact_var.shape) ** 2
+        assert ((var - exact_var).abs() <= 1e-4 * exact_var + 1e-5 * second).all()
+    # the gradient, written in bf16, is the fp32 formula's rounded once
+    low = [a.bfloat16().requires_grad_(True) for a in acts]
+    m, v = LayerStatistics.apply(2, *low)
+    (m.square().sum() + v.sum()).backward()
+    ref = [a.detach().float().requires_grad_(True) for a in low]
+    m32, v32 = LayerStatistics.apply(2, *ref)
+    (m32.square().sum() + v32.sum()).backward()
+    for a, r in zip(low, ref):
+        assert a.grad.dtype == torch.bfloat16
+        assert torch.allclose(a.grad.float(), r.grad.bfloat16().float(), rtol=2e-2, atol=1e-3 * float(r.grad.abs().max()))
+    # saved for the backward of a bf16 step: nothing in fp32 the size of an activation
+    saved = []
+    sizes = {a.numel() for a in acts}
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.numel())) or t, lambda t: t):
+        view = x.clone().requires_grad_(True)
+        with teacher.weights_in(torch.bfloat16), torch.autocast("cpu", dtype=torch.bfloat16):
+            _, bn = teacher(view, groups=2)
+    assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] in sizes]
+
+
+@pytest.mark.parametrize("model_name", ["convnet-bn", "resnet18"])
+def test_the_fast_path_really_compiles_without_a_graph_break(model_name):
+    """No silent fallback to eager: the teacher's loss compiles to one graph, in fp32 and bf16, and
+    its losses and input gradient equal the eager step's (fp32 to rounding; bf16 as close to the
+    fp32 step as the eager bf16 step is)."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    from fadrm_ray.models import create_model
+    from fadrm_ray.recover import held_dtype, mixed_precision, step_loss, teacher_loss
+
+    torch.manual_seed(0)
+    model = create_model(model_name, num_classes=10, in_chans=3, image_size=16).eval()
+    teacher = FrozenTeacher(model)
+    view = torch.randn(10, 3, 16, 16)
+    labels = torch.arange(10)
+
+    def one_step(precision, fast):
+        cfg = DistillConfig(precision=precision, **(fast_path("cpu") if fast else {})).resolve(16, 10, True, "cpu",
+                                                                                              channels=3)
+        autocast, _ = mixed_precision(cfg.precision, torch.device("cpu"))
+        fn = teacher_loss(teacher, cfg)
+        x = view.clone().requires_grad_(True)
+        with teacher.weights_in(held_dtype(cfg)), autocast():
+            ce, bn, stat = step_loss(fn, x, labels, 2, cfg)
+        (ce + stat).sum().backward()
+        return ce.detach().float(), bn.detach().float(), x.grad
+
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback warns: make it fail here
+        results = {(p, f): one_step(p, f) for p in ("fp32", "bf16") for f in (False, True)}
+    assert counters["stats"]["unique_graphs"] >= 2  # one per precision (and memory format)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    ref = results[("fp32", False)]
+    for a, b in zip(results[("fp32", True)], ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+    def rel(a, b):
+        return float((a.float() - b).norm() / b.norm())
+
+    eager, fast = results[("bf16", False)], results[("bf16", True)]
+    for e, f, r in zip(eager, fast, ref):
+        assert rel(f, r) <= 1.5 * rel(e, r) + 0.02

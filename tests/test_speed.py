@@ -236,25 +236,54 @@ def test_bench_imagenet_timing_runs_in_its_tiny_cpu_form():
         assert r["seconds_per_image_at_T2000"] == pytest.approx(r["seconds"] / 4 * 2000 / r["images_per_step"])
 
 
-@pytest.mark.slow
-def test_gpu_check_script_dry_run(tmp_path):
-    import json
+def _gpu_check(tmp_path, *args, fail=None):
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    out = tmp_path / "gpu_check.json"
-    proc = subprocess.run(["bash", str(root / "bench" / "gpu_check.sh"), "--dry-run", str(out)], cwd=root,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable})
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    if fail:
+        env["FADRM_GPU_CHECK_FAIL"] = fail
+    return subprocess.run(["bash", str(root / "bench" / "gpu_check.sh"), "--dry-run", *args, str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def _steps(folder) -> dict:
+    import json
+
+    return {json.loads(p.read_text())["step"]: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def test_a_failed_gpu_check_step_leaves_the_others_figures_written(tmp_path):
+    proc = _gpu_check(tmp_path, "--only", "env,checks,students", fail="checks")
+    assert proc.returncode != 0  # a step failed: the run says so
+    steps = _steps(tmp_path)
+    assert set(steps) == {"env", "checks", "students"}  # the step after the failed one ran too
+    assert not steps["checks"]["ok"] and "fails on purpose" in steps["checks"]["error"]
+    assert steps["env"]["ok"] and steps["env"]["result"]["versions"]["ray"] and not steps["env"]["result"]["missing"]
+    assert steps["students"]["ok"] and steps["students"]["result"]["runs"][0]["seconds_per_epoch"] > 0
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "FAILED: checks" in log and "total" in log and "students      ok" in log
+
+
+@pytest.mark.slow
+def test_gpu_check_script_dry_run(tmp_path):
+    proc = _gpu_check(tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(out.read_text())
-    assert result["dry_run"] and result["end_to_end"]["images"] == 20 and result["end_to_end"]["workers"] == 2
-    assert result["end_to_end"]["student_seconds_per_epoch"] > 0
-    assert {r["precision"] for r in result["precision_paths"]} == {"bf16", "fp32"}
-    assert all(r["finite"] for r in result["imagenet"]) and [r["pack"] for r in result["imagenet"]] == [1, 2]
+    steps = _steps(tmp_path)
+    assert [p.name for p in sorted(tmp_path.glob("*.json"))] == [
+        "0-env.json", "1-checks.json", "2-side_by_side.json", "3-end_to_end.json", "4-students.json", "5-share.json"]
+    assert len(list(tmp_path.iterdir())) <= 8  # what the device tool brings back
+    result = {name: s["result"] for name, s in steps.items()}
+    e2e = result["end_to_end"]
+    assert e2e["images"] == 20 and e2e["workers"] == 2 and e2e["student_seconds_per_epoch"] > 0
+    assert {r["precision"] for r in result["checks"]["precision_paths"]} == {"bf16", "fp32"}
     sbs = result["side_by_side"]
-    assert sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0 and set(sbs["profiles"]) >= {"ours-eager-pack1"}
-    assert result["student_speed"]["runs"][0]["seconds_per_epoch"] > 0 and result["share"]["processes"] == 2
-    assert result["fast_vs_eager"]["fast fp32"]["grad_rel"] < 1e-3  # compiled equals eager to rounding
+    assert sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0
+    assert sbs["contenders"]["ours-fast-packed"]["pack"] == 2
+    assert set(sbs["profiles"]) >= {"ours-eager-pack1"} and "ours-fast-packed" not in sbs["profiles"]
+    assert sbs["profiles"]["ours-eager-pack1"]["op_calls_per_step"] > 0
+    assert result["students"]["runs"][0]["seconds_per_epoch"] > 0 and result["share"]["processes"] == 2

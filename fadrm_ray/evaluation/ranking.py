@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
@@ -44,8 +43,8 @@ from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.data.parallel import prefetch
-from fadrm_ray.evaluation.relabel import epoch_batches, epoch_generator, steps_per_epoch
+from fadrm_ray.evaluation.hard_labels import HardLabels, SplitCount, StreamedHardLabels
+from fadrm_ray.evaluation.relabel import steps_per_epoch
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import Evaluation, Ranking, StudentScore
 from fadrm_ray.config import EvalConfig
@@ -106,75 +105,6 @@ def ranking_scores(top1: Sequence[float], random_top1: Sequence[float] | None = 
     return Ranking(full_hard_top1=full_hard_top1, hard_top1_per_seed=list(hard_top1 or ()), hlr=_mean(hlr, 3),
                    ior=_mean(ior, 3), lrs=_mean(lrs, 4), plain_ior=_mean(plain, 3), ars=_mean(ars, 4),
                    weight=weight, missing=list(missing))
-
-
-# --------------------------------------------------------------------------- hard-label students
-class _Batch(NamedTuple):
-    view01: torch.Tensor   # (B, C, H, W) in [0, 1], as the images are
-    indices: torch.Tensor  # (B,) which images
-
-
-class _Batches:
-    """The images as they are, in a shuffled order per (seed, epoch) (relabel.epoch_batches)."""
-
-    def __init__(self, images_uint8: torch.Tensor, batch_size: int, seed: int):
-        self.images, self.batch_size, self.seed = images_uint8, int(batch_size), int(seed)
-
-    def epoch(self, epoch: int):
-        gen = epoch_generator(self.seed, epoch)
-        for idx in epoch_batches(self.images.shape[0], self.batch_size, gen):
-            yield _Batch(self.images[idx].float().div_(255.0), idx)
-
-
-class _SplitBatches:
-    """A split in a shuffled order per (seed, epoch), read batch by batch through its loader (the
-    parallel decoder), the next batch decoding while the student trains on this one: a whole
-    training split is never held in memory."""
-
-    def __init__(self, split, batch_size: int, seed: int):
-        self.split, self.batch_size, self.seed = split, int(batch_size), int(seed)
-
-    def epoch(self, epoch: int):
-        gen = epoch_generator(self.seed, epoch)
-        for idx, images in prefetch(self.split.load, epoch_batches(len(self.split), self.batch_size, gen)):
-            yield _Batch(images.float().div_(255.0), idx)
-
-
-class _Count:
-    """What `train_student` needs of a streamed split in place of its images: how many."""
-
-    def __init__(self, n: int):
-        self.shape = (n,)
-
-
-class HardLabels:
-    """`students.Targets` for hard-label students: cross-entropy on each image's class, images
-    unaugmented (DD-Ranking's default for hard labels)."""
-
-    teacher_ids: list[str] = []
-
-    def __init__(self, labels: torch.Tensor):
-        self.labels = torch.as_tensor(labels, dtype=torch.long)
-
-    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int) -> _Batches:
-        if images_uint8.shape[0] != self.labels.numel():
-            raise ValueError(f"{images_uint8.shape[0]} images but {self.labels.numel()} labels")
-        return _Batches(images_uint8, batch_size, seed)
-
-    def loss(self, logits: torch.Tensor, step: _Batch) -> torch.Tensor:
-        return F.cross_entropy(logits, self.labels[step.indices].to(logits.device))
-
-
-class StreamedHardLabels(HardLabels):
-    """`HardLabels` of a whole split, its images read batch by batch (`_SplitBatches`) in the
-    order and batches `HardLabels` gives loaded images: the same student, in bounded memory."""
-
-    def __init__(self, split):
-        super().__init__(split.labels)
-        self.split = split
-
-    def source(self, images_uint8, batch_size: int, seed: int) -> _SplitBatches:
-        return _SplitBatches(self.split, batch_size, seed)
 
 
 def _cached_student(path: Path, train) -> StudentScore:
@@ -243,7 +173,7 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
     job, spec = EvalJob(config=full), EvalSpec(device=device, progress=progress)
     parts = EvalParts(dataset=dataset, classes=classes, targets=StreamedHardLabels(split),
                       progress_label=f"DD-Ranking full-data reference ({len(split):,} images)")
-    student = train_student(_Count(len(split)), 0, job, spec, parts)
+    student = train_student(SplitCount(len(split)), 0, job, spec, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, student.model_dump_json())
     return FullReference(student.final_top1, f"{what} (kept in {path.parent})")
@@ -262,7 +192,8 @@ def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
     key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
                   test_classes=classes, device=torch.device(device).type)
     job, spec = EvalJob(config=cfg), EvalSpec(device=device, progress=spec.progress)
-    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(run.labels))
+    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(run.labels),
+                      progress_label="the run, hard labels")
     return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()),
                             lambda seed=seed: train_student(run.images, seed, job, spec, parts))
             for seed in evaluation.seeds]
@@ -290,6 +221,9 @@ def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation 
             full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES,
                                                        classes=result.classes, device=device, progress=progress,
                                                        teacher_top1=recorded, on_note=parts.on_note)
+            if parts.on_note is not None and not result.cached:
+                parts.on_note(f"DD-Ranking: {len(result.seeds)} hard-label students on the run's images, about "
+                              f"{result.seconds:.0f} s (as its soft-label students) unless kept; --no-ranking skips them")
             hard = [s.final_top1 for s in hard_label_students(run, result, job, spec)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")

@@ -34,6 +34,7 @@ from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.statistics import bn_layers
 from fadrm_ray.errors import InputError
+from fadrm_ray.runtime import to_device
 
 
 
@@ -102,12 +103,19 @@ def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
 
 
 def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
-    """The augmented batch (B, C, out, out) in [0, 1] pixel units.
+    """The augmented batch (B, C, out, out) in [0, 1] pixel units, on the device of `images01`.
 
     Bilinear resampling and CutMix are convex combinations of pixels, so working in [0, 1]
     and normalizing afterwards (per model: student and teachers may use different statistics)
     gives the same view as working in normalized space.
+
+    On a CPU each view is cut on its own (`F.interpolate` of its crop): the views the recorded
+    results were trained on, bit for bit. On an accelerator the whole batch is cut in one
+    `grid_sample` (`cut_views`), with the plan sent over in one non-blocking copy: no Python
+    loop over images, and nothing that waits for the device. The two agree to rounding.
     """
+    if images01.device.type != "cpu":
+        return cut_views(images01, plan, out_size)
     views = []
     for j in range(len(plan)):
         top, left, h, w = (int(v) for v in plan.boxes[j])
@@ -123,6 +131,38 @@ def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.T
         mixed = view.clone()
         mixed[:, :, y0:y1, x0:x1] = view[plan.partner, :, y0:y1, x0:x1]
         view = mixed
+    return view
+
+
+def cut_views(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
+    """`apply_plan`'s views, cut in one batched operation where `images01` lives.
+
+    Each output pixel samples the point `F.interpolate(crop, align_corners=False)` samples,
+    (i + 0.5) * size / out - 0.5 in the crop, clamped to the crop's own pixels; a flip reverses
+    the columns; CutMix copies the box from each slot's partner. Only the plan's integers cross
+    from the host, in one non-blocking copy.
+    """
+    device = images01.device
+    packed = to_device(torch.cat([plan.indices.view(-1, 1), plan.boxes, plan.flips.view(-1, 1).long(),
+                                  plan.partner.view(-1, 1)], dim=1), device)
+    index, top, left, h, w, flip, partner = packed.unbind(1)
+    height, width = images01.shape[-2:]
+    centres = torch.arange(out_size, device=device, dtype=torch.float32) + 0.5
+
+    def grid_coordinates(start: torch.Tensor, size: torch.Tensor, full: int) -> torch.Tensor:
+        size = size.float()
+        inside = ((size / out_size)[:, None] * centres - 0.5).clamp_min(0).minimum(size[:, None] - 1)
+        return (start.float()[:, None] + inside) * (2.0 / max(1, full - 1)) - 1.0  # align_corners=True
+
+    ys = grid_coordinates(top, h, height)
+    xs = grid_coordinates(left, w, width)
+    xs = torch.where(flip.bool()[:, None], xs.flip(1), xs)
+    grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), dim=-1)
+    view = F.grid_sample(images01.index_select(0, index), grid, mode="bilinear", padding_mode="border",
+                         align_corners=True)
+    if plan.mixed:
+        y0, y1, x0, x1 = plan.mix_box
+        view[:, :, y0:y1, x0:x1] = view.index_select(0, partner)[:, :, y0:y1, x0:x1]
     return view
 
 
@@ -165,7 +205,9 @@ class SoftLabeler:
         if not models:
             raise InputError("at least one teacher is needed for soft labels")
         self.device = torch.device(device)
-        self.models = [m.to(self.device).eval().requires_grad_(False) for m in models]
+        # On CUDA the teachers label in mixed precision and channels-last, as the students train.
+        self.layout = torch.channels_last if self.device.type == "cuda" else torch.contiguous_format
+        self.models = [m.to(self.device, memory_format=self.layout).eval().requires_grad_(False) for m in models]
         self.means = [torch.tensor(list(m), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for m in means]
         self.stds = [torch.tensor(list(s), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for s in stds]
         self.in_chans = [int(c) for c in in_chans]
@@ -206,12 +248,16 @@ class SoftLabeler:
 
     @torch.no_grad()
     def __call__(self, view01: torch.Tensor) -> torch.Tensor:
-        """The averaged fp32 logits of a [0, 1] view, on the teachers' device."""
+        """The averaged fp32 logits of a [0, 1] view, on the teachers' device (on CUDA computed
+        under autocast, in the students' precision)."""
+        from fadrm_ray.evaluation.on_device import student_autocast
+
         view01 = view01.to(self.device)
         total = None
         for model, mean, std, chans in zip(self.models, self.means, self.stds, self.in_chans):
-            x = match_channels((view01 - mean) / std, chans)
-            with batch_statistics(model) if self.batch_statistics else contextlib.nullcontext():
+            x = match_channels((view01 - mean) / std, chans).contiguous(memory_format=self.layout)
+            with batch_statistics(model) if self.batch_statistics else contextlib.nullcontext(), \
+                    student_autocast(self.device):
                 logits = model(x).float()
             total = logits if total is None else total + logits
         return total / len(self.models)

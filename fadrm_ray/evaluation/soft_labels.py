@@ -35,6 +35,7 @@ from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.settings import EvaluationError
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
+from fadrm_ray.runtime import to_device
 from fadrm_ray.errors import InputError
 
 SOFT_LABEL_MODES = ("online", "stored")
@@ -306,8 +307,9 @@ class StoredSoftLabels(torch.utils.data.Dataset):
 
     mode = "stored"
 
-    def __init__(self, source: str | Path, images_uint8: torch.Tensor, seed: int | None = None):
-        self.source = Path(source)
+    def __init__(self, source: str | Path, images_uint8: torch.Tensor, seed: int | None = None,
+                 device: torch.device | str = "cpu"):
+        self.source, self.device = Path(source), torch.device(device)
         if self.source.is_dir():
             self.meta, self._packed = _read_meta(self.source), False
             self.epochs = _stored_epochs(self.source)
@@ -325,7 +327,8 @@ class StoredSoftLabels(torch.utils.data.Dataset):
                                  "differs): use the soft-label file of this very data file")
         if self.epochs < 1:
             raise SoftLabelError(f"{self.source}: no epoch is stored")
-        self.images01 = to_unit(images_uint8)
+        # The views are cut, and the logits held, where the student trains (relabel.apply_plan).
+        self.images01 = to_unit(images_uint8).to(self.device)
         self.spec, self.batch_size = meta.spec, meta.batch_size
         self._cache: tuple[int, list[tuple[ViewPlan, torch.Tensor]]] | None = None
 
@@ -375,7 +378,7 @@ class StoredSoftLabels(torch.utils.data.Dataset):
                 partner=torch.tensor([col["mix_slot"][i] for i in o], dtype=torch.long),
                 mix_box=(col["mix_y0"][first], col["mix_y1"][first], col["mix_x0"][first], col["mix_x1"][first]),
                 lam=float(col["lam"][first]))
-            steps.append((plan, logits[order]))
+            steps.append((plan, to_device(logits[order], self.device)))
         self._cache = (epoch, steps)
         return steps
 
@@ -414,5 +417,5 @@ def soft_label_source(mode: str, online: OnlineSoftLabels, epochs: int, director
         if directory is None:
             raise InputError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
         folder = precompute_soft_labels(online, epochs, directory, storage, progress=progress)
-        return StoredSoftLabels(folder, online.images_uint8)
+        return StoredSoftLabels(folder, online.images_uint8, device=online.labeler.device)
     raise InputError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")

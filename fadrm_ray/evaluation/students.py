@@ -53,11 +53,11 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.evaluation.cache import EvalKey, keep
 from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
-from fadrm_ray.models import create_model, evaluate_top1
-from fadrm_ray.recover import mixed_precision
+from fadrm_ray.models import create_model
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
 from fadrm_ray.evaluation.soft_labels import soft_label_source
-from fadrm_ray.runtime import torch_threads, tune_allocator
+from fadrm_ray.evaluation.on_device import TestImages, layout as device_layout, optimizer as student_optimizer, student_precision
+from fadrm_ray.runtime import autotune_convolutions, torch_threads, tune_allocator
 from fadrm_ray.evaluation.scores import Evaluation, StudentScore
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import EvaluationError
@@ -176,8 +176,9 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
         cfg = resolve_protocol(cfg, n, images_per_class(None, n, dataset.num_classes))
     epochs = cfg.epochs
     device_t = torch.device(spec.on_device())
+    autotune_convolutions(device_t)
     autocast, scaler = student_precision(device_t)
-    layout = torch.channels_last if device_t.type == "cuda" else torch.contiguous_format
+    layout = device_layout(device_t)
     if targets is None:
         # A whole-image crop (scale 1) and no flip or CutMix leave the images as they are.
         views = AugmentSpec(out_size=dataset.image_size, crop_scale=tuple(cfg.crop_scale) if augment else (1.0, 1.0),
@@ -189,25 +190,28 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
         def loss_of(logits, step):
             return kd_loss(logits, step.logits.to(device_t), cfg.temperature)
     else:
-        source, loss_of = targets.source(images_uint8, cfg.batch_size, seed), targets.loss
+        source, loss_of = targets.source(images_uint8, cfg.batch_size, seed, device=device_t), targets.loss
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the student's initial weights depend on the seed only
         model = create_model(cfg.student, dataset.num_classes, in_chans=dataset.channels,
                              image_size=dataset.image_size, **cfg.student_kwargs).to(device_t, memory_format=layout)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    optimizer = student_optimizer(param_groups(model, cfg.weight_decay), cfg.lr, device_t)
     # Stepped once per epoch: the rate of epoch e is cfg.lr * cosine_factor(e, ...).
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda epoch: cosine_factor(epoch, epochs, cfg.cosine_stretch))
     mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
     std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
     evaluate_at = _eval_epochs(epochs, cfg.eval_every)
+    # The test images are decoded once per student, not at every test, and kept where the student is.
+    test_images = TestImages(dataset.test, dataset, device_t, classes)
 
     from tqdm.auto import tqdm
 
     curve: list[tuple[int, float]] = []
     steps = 0
     started = time.perf_counter()
-    bar = tqdm(range(epochs), desc=parts.progress_label or f"student {cfg.student} seed {seed}", unit="epoch",
+    label = f"student {cfg.student} seed {seed}"
+    bar = tqdm(range(epochs), desc=f"{parts.progress_label}: {label}" if parts.progress_label else label, unit="epoch",
                disable=not progress, leave=False)
     for epoch in bar:
         model.train()
@@ -227,7 +231,7 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
             steps += 1
         scheduler.step()
         if epoch in evaluate_at:
-            top1 = evaluate_top1(model, dataset.test, dataset, classes=classes)
+            top1 = test_images.top1(model)
             curve.append((epoch + 1, round(top1, 4)))
             bar.set_postfix(top1=f"{top1:.1f}")
             if on_eval is not None:
@@ -236,15 +240,6 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
     score = StudentScore(seed=seed, final_top1=curve[-1][1], best_top1=max(v for _, v in curve), curve=curve,
                          epochs=epochs, steps=steps, seconds=time.perf_counter() - started)
     return (score, model) if return_model else score
-
-
-def student_precision(device: torch.device):
-    """How students compute: on CUDA under autocast (bf16 where the GPU has it, else fp16 with a
-    gradient scaler); on a CPU in fp32, as the recorded results were trained. Returns (autocast
-    context factory, GradScaler or None)."""
-    if device.type != "cuda":
-        return contextlib.nullcontext, None
-    return mixed_precision("bf16" if torch.cuda.is_bf16_supported() else "fp16", device)
 
 
 def _as_dataset(dataset: ImageDataset | str) -> ImageDataset:
@@ -380,7 +375,11 @@ def evaluation_key(run: OpenedRun, job: EvalJob, spec: EvalSpec | None, cfg: Eva
     """What decides an evaluation of `run` under `job` with the resolved recipe `cfg`, its students
     on `spec`'s device type (None: `EvalSpec()`) (cache.py)."""
     device = (spec or EvalSpec()).on_device()
-    return EvalKey(config=cfg.key_values(), teachers=list(run.labeler.ids), data=run.dataset.fingerprint(),
+    recorded = run.reader.provenance.dataset if run.reader.provenance is not None else None
+    # The fingerprint the run records (checked against the data when it was opened): a run recorded
+    # under an older rule keeps the cache keys it has.
+    data = recorded.fingerprint if recorded is not None and recorded.fingerprint else run.dataset.fingerprint()
+    return EvalKey(config=cfg.key_values(), teachers=list(run.labeler.ids), data=data,
                    images=run.content_hash, device=torch.device(device).type,
                    test_classes=run_classes(run.reader.config, run.dataset.num_classes), augment=job.augment)
 
