@@ -3,19 +3,24 @@
 Every endpoint but /healthz requires `Authorization: Bearer <FADRM_API_TOKEN>` (compared in
 constant time; 401 without one, 403 for a wrong one), the OpenAPI schema included; Swagger UI
 and ReDoc are not served (their pages load from a CDN). Each token may make `rate_limit`
-requests a second (429 past it). Bodies over `max_body_bytes` are refused (413) however they are
-sent (FastAPI's `max_body_size`); ids and names are checked against their patterns (422) before
-anything touches the store, and a 422 quotes little of the request (api.refusals). Requests
+requests a second (429 past it). Bodies over `max_body_bytes` are refused (413, in JSON) however
+they are sent (api.bodies); no path is redirected (a trailing slash is a 404); ids and names are
+checked against their patterns (422) before anything touches the store, and a 422 quotes little
+of the request (api.refusals). Requests
 without the token are limited per address, and a request naming two body lengths is refused
 (api.http). Every GET endpoint answers HEAD too (api.http). Work happens elsewhere: jobs are
 records (`api.job_records`), run by driver processes on Ray (`api.drivers`), whose scheduler (with the
 retention sweep) and the watch of the local Ray head run in threads of this process (`api.service`).
 The endpoints are routers by resource (`api.routes`: health, distillations, catalog); this module
-puts them together with what every request passes through (middleware, the exception handlers).
+puts them together with what every request passes through (middleware, the exception handlers:
+every refusal is the JSON problem shape, a store that failed a request a 503 in one line,
+api.store_errors, and anything else a 500 whose traceback stays in the log).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import sqlite3
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -24,14 +29,18 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from api.bodies import BodyLimit, too_large
 from api.config import ServiceSettings
+from api.errors import scrub
 from api.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
 from api.refusals import problems, validation_refused
 from api.requests import RequestInvalid
 from api.routes import catalog, distillations, health
 from api.routes.common import AUTH
 from api.service import Conflict, Service
+from api.store_errors import Unavailable, unavailable
 
+log = logging.getLogger("fadrm.api")
 ROUTERS = (health.router, distillations.router, catalog.router)
 
 
@@ -48,14 +57,17 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     # The schema is served below, behind the token; the interactive docs are off because their
     # pages load Swagger UI and ReDoc from a CDN (nothing in the installed packages ships them).
+    # No slash redirects: `/v1/teachers/` is a 404, never a redirect whose Location a client's
+    # Host header would build. The body limit is the service's own (api.bodies: a 413 in JSON).
     app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan, openapi_url=None, docs_url=None,
-                  redoc_url=None, max_body_size=settings.max_body_bytes,
+                  redoc_url=None, redirect_slashes=False,
                   description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
     app.state.service = service
     app.state.token_limiter = RateLimiter(settings.rate_limit, settings.rate_burst)  # api.routes.common.authorized
     app.add_middleware(HeadAsGet)
     # Outermost first: a request without the token is counted against its address before anything
-    # else is done for it; then a request naming two lengths is refused.
+    # else is done for it; then a request naming two lengths is refused, then a body too large.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(OneRequestLength)
     app.add_middleware(AddressLimit, token=settings.api_token, exempt=frozenset({"/healthz"}),
                        limiter=RateLimiter(settings.anon_rate_limit, settings.anon_rate_burst))
@@ -73,17 +85,36 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                        for m in getattr(route, "methods", None) or ()}
             allowed |= {"HEAD"} if "GET" in allowed else set()  # HeadAsGet answers HEAD for each GET
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
-        if exc.status_code == 413:  # Starlette's limit says "Content Too Large"; say which limit
-            exc = StarletteHTTPException(413, f"request body larger than {settings.max_body_bytes} bytes")
+        if exc.status_code == 413:  # whichever layer refused it, say which limit
+            exc = StarletteHTTPException(413, too_large(settings.max_body_bytes), headers={"Connection": "close"})
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(Conflict)
     async def _conflict(request: Request, exc: Conflict):
         return JSONResponse({"detail": exc.message, "state": exc.job.state}, status_code=409)
 
+    @app.exception_handler(Unavailable)
+    async def _unavailable(request: Request, exc: Unavailable):
+        return JSONResponse({"detail": exc.message, "state": exc.state}, status_code=503,
+                            headers={"Retry-After": str(exc.retry_after)})
+
+    async def _store_failed(request: Request, exc: Exception):
+        """A disk or the job records that failed a request outside a download (a submit, a
+        listing): 503 in one line; the whole error goes to the service's log."""
+        log.error("%s %s: %s", request.method, request.url.path, scrub(f"{type(exc).__name__}: {exc}")[:300])
+        answer = unavailable(exc) or Unavailable("the service's store or its job records failed; retry later")
+        return await _unavailable(request, answer)
+
+    app.add_exception_handler(OSError, _store_failed)
+    app.add_exception_handler(sqlite3.Error, _store_failed)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):  # the traceback goes to the log, not the client
+        return JSONResponse({"detail": "internal error; the service's log has the details"}, status_code=500)
+
     @app.get("/openapi.json", include_in_schema=False, dependencies=AUTH)
     def openapi() -> JSONResponse:
-        return JSONResponse(app.openapi())
+        return JSONResponse(plain_tuples(app.openapi()))
 
     for router in ROUTERS:
         app.include_router(router)
@@ -92,3 +123,21 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     served = [r for r in app.router.routes if getattr(r, "methods", None)] + [r for router in ROUTERS
                                                                               for r in router.routes]
     return app
+
+
+def plain_tuples(schema):
+    """The schema with each fixed-length tuple of one item type (`prefixItems` of equal schemas,
+    as pydantic writes `tuple[float, float]`) said as `items` with its length: the same values,
+    in the words every OpenAPI tool reads (some still take `prefixItems` for a 3.0 list of `items`)."""
+    if isinstance(schema, list):
+        return [plain_tuples(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: plain_tuples(value) for key, value in schema.items()}
+    prefix = out.get("prefixItems")
+    if isinstance(prefix, list) and prefix and all(item == prefix[0] for item in prefix) and "items" not in out:
+        del out["prefixItems"]
+        out["items"] = prefix[0]
+        out["minItems"] = out.get("minItems", len(prefix))
+        out["maxItems"] = out.get("maxItems", len(prefix))
+    return out

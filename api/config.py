@@ -30,17 +30,19 @@ prefix, FADRM_MAX_<NAME>; in the file they are a `limits:` mapping or flat keys 
 | FADRM_JOB_RETENTION | how long finished job records and their files are kept (seconds, or 30m, 12h, 7d) |
 | FADRM_MAX_JOB_RECORDS | job records kept at most (the oldest finished ones go first) |
 | FADRM_DRIVER_HEARTBEAT_TIMEOUT | seconds without a heartbeat after which a running job's driver is failed |
+| FADRM_TRUSTED_PROXIES | addresses or networks of proxies whose X-Forwarded-For names the client (default none) |
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fadrm_ray.errors import InputError
 from fadrm_ray.fileio import read_yaml_mapping
@@ -138,6 +140,28 @@ class ServiceSettings(BaseSettings):
     job_retention: float = Field(7 * 86400.0, gt=0)
     max_job_records: int = Field(10_000, ge=1)
     driver_heartbeat_timeout: float = Field(120.0, gt=0)
+    # The proxies (addresses or networks) whose X-Forwarded-For header names the client: the
+    # address limits and the access log then see the client's address, not the proxy's. Empty:
+    # every request's client is the socket's peer, whatever it writes in its headers.
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value):
+        """A comma-separated list (or a YAML list) of addresses or networks, each normalized."""
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ValueError("a comma-separated list of addresses or networks (10.0.0.5, 10.0.0.0/24)")
+        out = []
+        for item in (str(i).strip() for i in items):
+            if not item:
+                continue
+            try:
+                network = ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or a network: {item[:60]!r}") from None
+            out.append(str(network.network_address) if network.num_addresses == 1 else str(network))
+        return tuple(dict.fromkeys(out))
 
     @field_validator("job_retention", mode="before")
     @classmethod

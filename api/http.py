@@ -1,22 +1,25 @@
 """HTTP plumbing of the service that is not an endpoint: the rate limits (per token, and per
 address for requests without a valid token), HEAD on every GET endpoint, the refusal of a request
 that names both Transfer-Encoding and Content-Length, the connection guard (a time limit on
-reading each request, a cap on open connections) and uvicorn's logging (query strings left out
-and long request lines cut in the access log; size-rotated files when the operator names one)."""
+reading each request, a cap on open connections), which proxies' X-Forwarded-For is believed
+(`proxy_options`) and uvicorn's logging (each field of an access-log line checked, query strings
+left out, long paths cut; size-rotated files when the operator names one)."""
 from __future__ import annotations
 
 import copy
 import hashlib
+import ipaddress
+import json
 import logging
 import math
+import re
 import threading
 import time
 from contextvars import ContextVar
 from pathlib import Path
 
-# Characters of a request's path, method and client address as the access log writes them.
+# Characters of a request's path as the access log writes it.
 LOG_PATH_CHARS = 200
-LOG_FIELD_CHARS = 64
 
 
 class RateLimiter:
@@ -78,7 +81,8 @@ class HeadAsGet:
             if not message.get("more_body", False):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        await self.app({**scope, "method": "GET"}, receive, headers_only)
+        # `fadrm.head` tells a file answer (api.downloads) to read nothing of its file.
+        await self.app({**scope, "method": "GET", "fadrm.head": True}, receive, headers_only)
 
 
 # Set while a response is sent that the access log leaves out (AddressLimit counts those instead).
@@ -93,7 +97,8 @@ class AddressLimit:
     per-address rate limit of such requests the answer adds Retry-After and is left out of the
     access log: one line a minute per address counts them instead. So a flood of them costs a dictionary lookup each and a bounded
     amount of log. Requests with the token, and `exempt` paths (/healthz), are not counted.
-    Behind a proxy every client has the proxy's address: size the limit for that."""
+    The address is the socket's peer; behind a proxy the operator names in FADRM_TRUSTED_PROXIES
+    it is the client that proxy names (uvicorn's proxy headers, `proxy_options`), else the proxy's."""
 
     def __init__(self, app, token: str, limiter: RateLimiter, exempt: frozenset[str] = frozenset()):
         self.app, self.limiter, self.exempt = app, limiter, exempt
@@ -117,7 +122,7 @@ class AddressLimit:
         count, said = self._refused.get(address, (0, now))
         if now - said >= SUMMARY_S:
             self._log.warning("refused %d requests without a valid token from %s in %.0f s (FADRM_ANON_RATE_LIMIT)",
-                              count + 1, address[:LOG_FIELD_CHARS], now - said)
+                              count + 1, logged_address(f"{address}:0").rsplit(":", 1)[0], now - said)
             count, said = -1, now
         if len(self._refused) >= self.limiter.max_keys and address not in self._refused:
             self._refused.clear()
@@ -207,6 +212,16 @@ def guarded_protocol(read_timeout: float, max_connections: int):
             super().connection_made(transport)
             self._arm()
 
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse: the 400 in the service's JSON shape (uvicorn's is text)."""
+            body = json.dumps({"detail": msg[:200]}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+            self.transport.close()
+
         def connection_lost(self, exc) -> None:
             self._disarm()
             if self._refused:
@@ -252,11 +267,39 @@ def guarded_protocol(read_timeout: float, max_connections: int):
     return GuardedH11Protocol
 
 
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_VERSIONS = frozenset({"1.0", "1.1", "2", "2.0", "3"})
+
+
+def logged_address(client: str) -> str:
+    """`client` ("host:port", as uvicorn writes it) when its host is an IP address and its port a
+    number, else a placeholder: an address an X-Forwarded-For header set is written only once it
+    is one."""
+    host, sep, port = client.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return "<not an address>"
+    return client if sep and port.isdigit() and len(port) <= 5 else "<not an address>"
+
+
+def logged_path(path: str) -> str:
+    """The path as the access log writes it: no query string, printable ASCII, cut."""
+    if "?" in path:
+        path = path.split("?", 1)[0] + "?<query left out>"
+    if not (path.isascii() and path.isprintable()):  # uvicorn quotes it; anything else is escaped
+        path = path.encode("unicode_escape").decode("ascii")
+    if len(path) > LOG_PATH_CHARS:
+        path = f"{path[:LOG_PATH_CHARS]}...<{len(path) - LOG_PATH_CHARS} more characters>"
+    return path
+
+
 class BoundedAccessLine(logging.Filter):
-    """What uvicorn's access log writes of a request, bounded: the query string left out (a
-    client that put its token there, refused with a 401, would otherwise leave it in the log),
-    the path cut to LOG_PATH_CHARS characters and the method and client address to
-    LOG_FIELD_CHARS, so one line is a few hundred bytes whatever the request."""
+    """What uvicorn's access log writes of a request, each field checked: the client an IP address
+    and port (`logged_address`), the method a word of capitals, the HTTP version one h11 speaks, the
+    path without its query string (a client that put its token there, refused with a 401, would
+    otherwise leave it in the log) and cut to LOG_PATH_CHARS characters, so one line is a few
+    hundred bytes whatever the request and holds nothing a client wrote unchecked."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if QUIET.get():
@@ -265,12 +308,18 @@ class BoundedAccessLine(logging.Filter):
         # uvicorn logs (client, method, path with query, HTTP version, status) for each request.
         if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
             client, method, path, version = (str(a) for a in args[:4])
-            if "?" in path:
-                path = path.split("?", 1)[0] + "?<query left out>"
-            if len(path) > LOG_PATH_CHARS:
-                path = f"{path[:LOG_PATH_CHARS]}...<{len(path) - LOG_PATH_CHARS} more characters>"
-            record.args = (client[:LOG_FIELD_CHARS], method[:LOG_FIELD_CHARS], path, version[:8], args[4])
+            method = method if _METHOD.fullmatch(method) else "<method>"
+            version = version if version in _VERSIONS else "?"
+            status = args[4] if isinstance(args[4], int) else 0
+            record.args = (logged_address(client), method, logged_path(path), version, status)
         return True
+
+
+def proxy_options(trusted_proxies: tuple[str, ...]) -> dict:
+    """uvicorn's proxy settings for the service: X-Forwarded-For read only from the operator's
+    proxies (FADRM_TRUSTED_PROXIES), and not at all without them. uvicorn's own default trusts
+    loopback, where the service binds by default, so any client could name its own address."""
+    return {"proxy_headers": bool(trusted_proxies), "forwarded_allow_ips": list(trusted_proxies)}
 
 
 def uvicorn_log_config(log_file: Path | None = None, max_bytes: int = 10 * 2**20, backups: int = 3) -> dict:

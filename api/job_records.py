@@ -251,6 +251,15 @@ class JobDB:
             old += [job_id for job_id in newer if job_id not in spare][:over]
         return old
 
+    def known(self, job_ids: list[str]) -> set[str]:
+        """Those of `job_ids` that have a record."""
+        found: set[str] = set()
+        for start in range(0, len(job_ids), 500):
+            chunk = job_ids[start:start + 500]
+            found |= {row[0] for row in self._execute(
+                f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(chunk))})", chunk)}
+        return found
+
     def delete(self, job_ids: list[str]) -> int:
         """Remove the records of these jobs while they are finished; how many went."""
         gone, marks = 0, ", ".join("?" * len(FINISHED))
@@ -298,7 +307,8 @@ class JobDB:
                     (job_id, fingerprint, key, state, int(reused), plan.model_dump_json(), now, finished, finished))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # a COMMIT that failed (a full disk) has rolled back already
+                    conn.execute("ROLLBACK")
                 raise
         return self.get(job_id)
 

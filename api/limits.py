@@ -48,7 +48,8 @@ class RequestLimits(BaseSettings):
     eval_every: int = Field(2000, **_AT_LEAST_1, description="epochs between test evaluations")
     student_width: int = Field(512, **_AT_LEAST_1, description="student_kwargs.width")
     student_depth: int = Field(8, **_AT_LEAST_1, description="student_kwargs.depth")
-    eval_work: int = Field(10_000_000, **_AT_LEAST_1, description="images x epochs x seeds of one evaluation")
+    eval_work: int = Field(10_000_000, **_AT_LEAST_1,
+                           description="images x epochs x seeds of one evaluation, over every student it trains")
     soft_label_bytes: int = Field(2 * 1024**3, **_AT_LEAST_1, description="stored soft labels of one evaluation")
     eval_backlog: int = Field(50_000_000, **_AT_LEAST_1,
                               description="images x epochs x seeds of every evaluation queued or running at once "
@@ -131,18 +132,21 @@ def check_evaluation(evaluation: dict[str, Any], limits: RequestLimits) -> None:
 
 
 def check_totals(images: int, iterations: int, eval_images: int | None, epochs: int | None, seeds: int,
-                 soft_label_bytes: int, limits: RequestLimits) -> None:
-    """What the counts make together: recover work, evaluation work and stored soft labels."""
+                 soft_label_bytes: int, limits: RequestLimits, students: int = 1) -> None:
+    """What the counts make together: recover work, evaluation work (`students` a seed, each on
+    `eval_images` images: api.requests.eval_students) and stored soft labels."""
     if images * iterations > limits.work:
         raise OverLimit(("overrides", "iterations"),
                         f"{images} images x {iterations} iterations = {images * iterations} image-iterations; this "
                         f"service runs at most {limits.work} per request ({_ENV}WORK)")
     if eval_images is not None and epochs is not None:
-        work = eval_images * epochs * seeds
+        work = eval_images * students * epochs * seeds
         if work > limits.eval_work:
+            each = f" x {students} students a seed" if students > 1 else ""
             raise OverLimit(("evaluation", "epochs"),
-                            f"{eval_images} images x {epochs} epochs x {seeds} seeds = {work} image-epochs; this "
-                            f"service trains at most {limits.eval_work} per evaluation ({_ENV}EVAL_WORK)")
+                            f"{eval_images} images{each} x {epochs} epochs x {seeds} seeds = {work} image-epochs (every "
+                            f"student counted: the set's, the baselines', the hard-label ones); this service trains "
+                            f"at most {limits.eval_work} per evaluation ({_ENV}EVAL_WORK)")
         if soft_label_bytes > limits.soft_label_bytes:
             raise OverLimit(("evaluation", "soft_labels"),
                             f"stored soft labels would take about {soft_label_bytes} bytes; this service stores at "

@@ -28,10 +28,14 @@ ClassRef = Annotated[int, Strict()] | Annotated[str, Strict()]
 
 
 class DistillationRequest(BaseModel):
-    """POST /v1/distillations."""
+    """POST /v1/distillations: a dataset, exactly one of `teacher` or `teachers`, the classes."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"dataset": "digits", "teacher": "digits-convnet", "classes": [3, 7], "ipc": 10, "preset": "fadrm"}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"dataset": "digits", "teacher": "digits-convnet", "classes": [3, 7], "ipc": 10,
+                      "preset": "fadrm"}],
+        # Exactly one of `teacher` (a name) or `teachers` (a list): a null one counts as absent.
+        "oneOf": [{"required": ["teacher"], "properties": {"teacher": {"type": "string"}}},
+                  {"required": ["teachers"], "properties": {"teachers": {"type": "array"}}}]})
 
     dataset: str = Field(pattern=NAME_PATTERN, description="a dataset name (GET /v1/datasets)")
     teacher: str | None = Field(None, pattern=NAME_PATTERN, description="a teacher name (GET /v1/teachers)")
@@ -64,6 +68,9 @@ class Progress(BaseModel):
     stages_done: int = 0
     stages_total: int = 0
     classes: list[ClassProgress] = []
+    phase: Literal["queued", "distilling", "evaluating", "done"] | None = Field(
+        None, description="what the job is doing: its images are distilled, then (where asked) its students train; "
+                          "eta_seconds covers the distillation only and is null while the students train")
 
 
 class Timings(BaseModel):

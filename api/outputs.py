@@ -9,8 +9,8 @@ parquet` writes it: an `image` struct of PNG bytes and path, `label` the dataset
 `ClassLabel` in the `huggingface` schema metadata and the request under `fadrm`, whose `labels`
 (`api.models.DatasetLabels`) says that the reported top-1 trains students with the teachers' soft
 labels and where the teachers, the stored soft labels and the recipe are. Each file is written once per job, atomically
-and with mode 0600, beside the job record, and served from there; a write that fails leaves no
-partial file behind.
+and with mode 0600, beside the job record, and served from there (api.downloads); a write that
+fails leaves no partial file behind.
 
 Every top-1 the project reports is a student trained on the images with the teachers' soft
 labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluation.students`), so a client
@@ -81,7 +81,11 @@ def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | Non
                     for c, n in zip(classes, names)],
     }
     eta = None
-    if state == "running" and started is not None and done_events:
+    distilled = body["stages_total"] > 0 and body["stages_done"] >= body["stages_total"]
+    body["phase"] = ("done" if state in ("succeeded", "failed", "cancelled") else
+                     "queued" if state == "queued" else
+                     "evaluating" if distilled and plan.evaluate else "distilling")
+    if state == "running" and started is not None and done_events and not distilled:
         elapsed = time.time() - started.t
         remaining = body["stages_total"] - body["stages_done"]
         if elapsed > 0 and remaining >= 0:
@@ -138,15 +142,18 @@ def stored_labels(plan: "JobPlan", evaluation_file: Path) -> bool:
 
 def write_soft_labels(run_dir: Path, plan: "JobPlan", out: Path, evaluation_file: Path) -> Path:
     """The stored soft labels of the job's evaluation, one part per student seed, packed in one
-    file (`fadrm_ray.evaluation.soft_labels`): what `fadrm train-student --soft-labels` reads."""
+    file as `fadrm_ray.evaluation.soft_labels.pack_soft_labels` packs them, written as it is read
+    (`api.packing`: bounded memory): what `fadrm train-student --soft-labels` reads."""
     from fadrm_ray.evaluation.scores import Evaluation
-    from fadrm_ray.evaluation.soft_labels import folders_of, pack_soft_labels
+    from fadrm_ray.evaluation.soft_labels import folders_of
+
+    from api.packing import pack_to_file
 
     evaluation = Evaluation.model_validate_json(evaluation_file.read_text())
     reader = open_run(run_dir, ipc=plan.ipc)
     images, _, _ = reader.read(plan.classes)
     folders = folders_of(RunLayout(run_dir).soft_labels, images, evaluation.config, evaluation.teachers)
-    return private_write(out, pack_soft_labels(folders))
+    return pack_to_file(folders, out)
 
 
 def dataset_labels(plan: "JobPlan", job_id: str, evaluation_file: Path) -> DatasetLabels:
@@ -217,13 +224,6 @@ def open_teacher(path: str | Path, sha256: str) -> tuple[BinaryIO, int]:
     except BaseException:
         f.close()
         raise
-
-
-def file_chunks(f: BinaryIO, size: int = 1 << 20):
-    """The bytes of an open file, chunk by chunk; the file is closed at the end."""
-    with f:
-        while chunk := f.read(size):
-            yield chunk
 
 
 def write_imagefolder_zip(run_dir: Path, plan: "JobPlan", out: Path) -> Path:

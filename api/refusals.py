@@ -21,6 +21,8 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from api.bodies import parse_json
+
 MAX_ERRORS = 10
 MAX_LOC = 6  # parts of one error's location
 MAX_TEXT = 64  # characters of one location part or one value excerpt
@@ -132,10 +134,9 @@ def body_shape(fields: frozenset[str], listed: dict[str, tuple]):
     its items may have (strictly: a bool is not an int)."""
 
     async def check(request: Request) -> None:
-        try:
-            body = await request.json()  # parsed once already, for the body's validation
-        except ValueError:
-            return  # not JSON: FastAPI's own answer
+        # Parsed only where FastAPI reads the body as JSON, and never raising: a body that is not
+        # JSON (another content type, malformed, nested past the parser's depth) is FastAPI's to refuse.
+        body = parse_json(await request.body(), request.headers.get("content-type"))
         errors, total = shape_errors(body, fields, listed)
         if total:
             raise ManyErrors(errors, total)

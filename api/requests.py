@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from fadrm_ray.config import ConfigError, make_config
@@ -21,6 +24,7 @@ from fadrm_ray.run.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import StoreError, open_run
+from fadrm_ray.store.records import RunIncomplete
 
 from api.catalog import Catalog, UnknownName, UnusableTeacher
 from api.config import ServiceSettings
@@ -32,6 +36,7 @@ from api.models import CLASS_NAME_MAX, DistillationRequest
 _TOP_LEVEL = ("ipc", "classes", "seed", "preset")
 # What a plan reads from its job's settings (earlier versions also stored them beside the job).
 _FROM_CONFIG = frozenset(_TOP_LEVEL)
+WRITER_GAP_S = 0.3  # how long `store_holds` waits before it takes a run without manifest nor writer as absent
 
 
 class RequestInvalid(ValueError):
@@ -109,24 +114,26 @@ class JobPlan(BaseModel):
 
     @property
     def eval_work(self) -> int:
-        """The image-epochs its evaluation trains: images x epochs x seeds, for each set (the
-        job's, and with baselines the random real images and the starting patches); 0 without."""
+        """The image-epochs its evaluation trains: images x epochs x seeds for every student it
+        trains (`eval_students`); 0 without an evaluation."""
         if not self.evaluate or self.evaluation is None:
             return 0
         from fadrm_ray.evaluation.students import resolve_protocol
 
         images = self.ipc * len(self.classes)
         resolved = resolve_protocol(self.evaluation, images, self.ipc)
-        return (3 if self.baselines else 1) * images * resolved.epochs * len(resolved.seed_list)
+        return eval_students(self.baselines) * images * resolved.epochs * len(resolved.seed_list)
 
     @property
     def recipe_notes(self) -> tuple[str | None, list[str]]:
-        """The pilot behind the recipe in one line (or why there was none, where one was due),
-        and the warnings: the pilot's choice below random real images."""
+        """The pilot behind the recipe in one line (or why there was none, where one was due; or
+        that it cannot tell at this IPC whether its choice beats random real images), and the
+        warnings: the pilot's choice below random real images."""
         pilot = self.job.pilot
         if pilot is None:
             return self.pilot_note, []
-        return pilot.summary(), [pilot.below_random] if pilot.below_random is not None else []
+        note = pilot.summary() + (f"; {pilot.cannot_tell}" if pilot.cannot_tell is not None else "")
+        return note, [pilot.below_random] if pilot.below_random is not None else []
 
     def fingerprint(self) -> str:
         """Same images and same evaluation -> same job."""
@@ -205,11 +212,21 @@ def _plan(body: DistillationRequest, catalog: Catalog, settings: ServiceSettings
                    baselines=body.baselines, evaluation=evaluation, pilot_note=note)
 
 
+def eval_students(baselines: bool) -> int:
+    """Students an evaluation of the service trains per seed, each on as many images for as many
+    epochs as the set's: one on the set with the teachers' soft labels, one more on random real
+    images and one on the starting patches with baselines, and one on the set with its hard
+    labels alone (the ranking's `hard_top1_per_seed`, actors.evaluation). The budget
+    (FADRM_MAX_EVAL_WORK, FADRM_MAX_EVAL_BACKLOG) counts them all."""
+    return (3 if baselines else 1) + 1
+
+
 def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, ipc: int, limits,
                   sets: int = 1) -> None:
-    """The resolved job's recover work, and its evaluation's work and stored soft labels for
-    `sets` sets of `images` images (the job's, and with baselines random real images and the
-    starting patches)."""
+    """The resolved job's recover work, and its evaluation's work (every student it trains:
+    `sets` sets of `images` images with soft labels, the job's and with baselines random real
+    images and the starting patches, and the hard-label students) and stored soft labels (of the
+    soft-label students only)."""
     from fadrm_ray.evaluation.students import resolve_protocol
 
     epochs, seeds, label_bytes = None, 1, 0
@@ -224,25 +241,44 @@ def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, i
             # rest) and its crop plan (a few dozen bytes); only the epochs kept are stored.
             per_view = (job.num_classes * per_logit if kept is None else kept * (per_logit + 4) + per_logit) + 64
             label_bytes = sets * images * min(epochs, storage.epochs or epochs) * seeds * per_view
-    check_totals(images, job.config.iterations, sets * images if evaluation is not None else None, epochs, seeds,
-                 label_bytes, limits)
+    check_totals(images, job.config.iterations, images if evaluation is not None else None, epochs, seeds,
+                 label_bytes, limits, students=eval_students(sets > 1))
 
 
 def run_dir(settings: ServiceSettings, plan: JobPlan) -> Path:
     return settings.store / plan.run_id
 
 
-def images_in_store(settings: ServiceSettings, plan: JobPlan) -> bool:
-    """True when the store's run is complete and holds IPC indices 0..ipc-1 of every class asked
-    for (checked against its manifests as it is read)."""
+def store_holds(settings: ServiceSettings, plan: JobPlan) -> Literal["held", "absent", "writing"]:
+    """"held" when the store's run is complete and holds IPC indices 0..ipc-1 of every class asked
+    for (checked against its manifests as it is read); "writing" when the run has no manifest
+    because a live process is writing it (a `fadrm verify --repair`, a distill): it is not absent,
+    only not readable yet; else "absent"."""
     path = run_dir(settings, plan)
     if not path.is_dir():
-        return False
-    try:
-        held = open_run(path, ipc=plan.ipc).info()["images_per_class"]
-    except StoreError:
-        return False
-    return all(held.get(c, 0) >= plan.ipc for c in plan.classes)
+        return "absent"
+    for attempt in range(2):
+        try:
+            held = open_run(path, ipc=plan.ipc).info()["images_per_class"]
+        except RunIncomplete as exc:
+            if exc.writer is not None:
+                return "writing"
+            if attempt == 0:
+                # `fadrm verify --repair` removes the manifest under the run's lock, lets go of
+                # it, and takes it again to recompute: a moment without either. A repair is
+                # writing again by now; a run left incomplete is still so.
+                time.sleep(WRITER_GAP_S)
+                continue
+            return "absent"
+        except StoreError:
+            return "absent"
+        return "held" if all(held.get(c, 0) >= plan.ipc for c in plan.classes) else "absent"
+    return "absent"
+
+
+def images_in_store(settings: ServiceSettings, plan: JobPlan) -> bool:
+    """True when the store's run holds what `plan` asks for, complete (`store_holds`)."""
+    return store_holds(settings, plan) == "held"
 
 
 def _json_value(value):

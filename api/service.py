@@ -1,20 +1,22 @@
 """What the endpoints share (`Service`, on `app.state.service`): the settings, the catalog, the
 job records and the driver supervisor, with the threads that keep them going (the scheduler,
-with the retention sweep, and the watch of the local Ray head), and how a job is reported
-(`Service.view`).
+with the retention sweep of `api.retention`, and the watch of the local Ray head), how a job is
+reported (`Service.view`), and how a job's files are served: held against the sweep
+(`Service.serving`), built once, and every store error answered in one line (`api.store_errors`).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
-import shutil
+import os
 import threading
 import time
+from collections import OrderedDict
+from typing import Iterator
 
 from fastapi import HTTPException
 from pydantic import TypeAdapter
-
-from fadrm_ray.store.records import IntegrityError
 
 from api.catalog import Catalog
 from api.config import ServiceSettings, SettingsError
@@ -24,11 +26,14 @@ from api.job_records import JobDB, JobRecord, UnreadableJob
 from api.models import FINAL_STATES, Job, JobAsked
 from api.outputs import progress
 from api.requests import run_dir
+from api.retention import Retention
+from api.store_errors import Unavailable, refusal
 
 log = logging.getLogger("fadrm.api")
 TICK_S = 0.5
 RAY_WATCH_S = 2.0  # how often the local Ray head is checked (and started again when it is gone)
 SWEEP_MAX_S = 60.0  # how often, at most, job records past their retention are removed
+FINAL_PROGRESS_KEPT = 4096
 
 
 class Scheduler(threading.Thread):
@@ -93,12 +98,18 @@ class Service:
         self.catalog = Catalog(settings)
         self.db = JobDB(settings.state_dir)
         self.drivers = DriverSupervisor(settings, self.db)
+        self.retention = Retention(settings, self.db, spared=lambda: set(self.drivers.ending.copy()),
+                                   on_gone=self._forget)
         self.scheduler = Scheduler(self.drivers, self.sweep,
                                    max(TICK_S, min(SWEEP_MAX_S, settings.job_retention / 4)))
         self.ray_watch = RayWatch(self.drivers)
         self.submit_lock = threading.Lock()
-        self.build_locks: dict[str, threading.Lock] = {}
-        self.final_progress: dict[str, tuple] = {}
+        # Files built at once, whatever the number of downloads waiting: each build is CPU work in
+        # a thread of this process, and more of them than cores only slow each other and the loop.
+        self._builds = threading.BoundedSemaphore(min(4, os.cpu_count() or 1))
+        # The progress of finished jobs, which never changes (the most recent FINAL_PROGRESS_KEPT).
+        self.final_progress: OrderedDict[str, tuple] = OrderedDict()
+        self._progress_lock = threading.Lock()
 
     def start(self) -> None:
         self.ray_watch.start()
@@ -118,35 +129,31 @@ class Service:
         if isinstance(job, UnreadableJob):
             return _unreadable_view(job)
         plan = job.plan
-        if job.id in self.final_progress:  # a finished job's progress never changes
-            prog, eta = self.final_progress[job.id]
+        with self._progress_lock:
+            kept = self.final_progress.get(job.id)
+        if kept is not None:  # a finished job's progress never changes
+            prog, eta = kept
         else:
             prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
             if job.state in FINAL_STATES:
-                self.final_progress[job.id] = (prog, eta)
+                with self._progress_lock:
+                    self.final_progress[job.id] = (prog, eta)
+                    while len(self.final_progress) > FINAL_PROGRESS_KEPT:
+                        self.final_progress.popitem(last=False)
         asked = {name: getattr(plan, name) for name in JobAsked.model_fields}
         return Job(id=job.id, state=job.state, run_id=plan.run_id, **asked, reused=job.reused, progress=prog,
                    timings=_timings(job), eta_seconds=eta, error=job.error, links=_links(job.id))
 
     def sweep(self) -> int:
-        """Remove the finished jobs past FADRM_JOB_RETENTION, and the oldest finished ones past
-        FADRM_MAX_JOB_RECORDS: their records and their folders (plan, log, outcome, the files
-        built for downloads), never a run in the store, which other jobs may share. A job whose
-        leftovers are not tidied yet stays until they are. How many went."""
-        spare = set(self.drivers.ending.copy())
-        gone = self.db.expired(time.time() - self.settings.job_retention, self.settings.max_job_records, spare)
-        if not gone:
-            return 0
-        self.db.delete(gone)
-        jobs_dir = self.settings.state_dir / "jobs"
-        for job_id in gone:
-            folder = self.db.files(job_id).root
-            if folder.parent == jobs_dir:
-                shutil.rmtree(folder, ignore_errors=True)
-            self.final_progress.pop(job_id, None)
-            self.build_locks.pop(job_id, None)
-        log.info("removed %d finished job record(s) past retention or the record cap", len(gone))
-        return len(gone)
+        """Remove the finished jobs past FADRM_JOB_RETENTION or FADRM_MAX_JOB_RECORDS, record and
+        folder, and folders without a record (api.retention); never a run in the store, which
+        other jobs may share. How many records went."""
+        return self.retention.sweep()
+
+    def _forget(self, job_ids: list[str]) -> None:
+        with self._progress_lock:
+            for job_id in job_ids:
+                self.final_progress.pop(job_id, None)
 
     def entry(self, job_id: str) -> JobRecord | UnreadableJob:
         """The job, readable by this version or not; 404 when there is none."""
@@ -171,24 +178,36 @@ class Service:
             raise Conflict(job, f"job {job.id} {job.state}: it has no results; submit the request again for a new job")
         return job
 
+    @contextlib.contextmanager
+    def serving(self, job_id: str) -> Iterator[JobRecord]:
+        """The succeeded job, held against the retention sweep for the block (open what is served
+        inside it), its store errors answered in one line: 409 or 503 (`store_errors.refusal`)."""
+        with self.retention.held(job_id):
+            job = self.finished(job_id)
+            try:
+                yield job
+            except Exception as exc:
+                answer = refusal(exc, job.id, job.plan.run_id, job.state)
+                if answer is None:
+                    raise
+                if isinstance(answer, Unavailable):
+                    raise answer from None
+                if job.error != answer.message:  # said once in the log and the record, not per request
+                    log.error("job %s: %s (%s)", job.id, answer.message, scrub(str(answer.cause))[:300])
+                    self.db.update(job.id, error=answer.message)
+                raise Conflict(self.job(job.id), answer.message) from None
+
     def build(self, job: JobRecord, path, writer):
-        """A job's file, written once (one writer at a time) and then served as it is. Store files
-        that fail their manifest's check (changed after the job succeeded) are refused (409) in
-        one line, and the job's record says so."""
-        lock = self.build_locks.setdefault(job.id, threading.Lock())
-        with lock:
+        """A job's file, written once (one writer at a time, and at most as many builds at once as
+        cores, up to 4) and then served as it is; inside `serving`. The first build after the job's record kept an error of its store files
+        (damaged, then repaired) clears it: the files were read and checked again."""
+        with self.retention.build_lock(job.id):
             if not path.is_file():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                try:
+                with self._builds:
                     writer(run_dir(self.settings, job.plan), job.plan, path)
-                except IntegrityError as exc:
-                    message = (f"the store files of job {job.id} failed verification (a file's sha256 differs from "
-                               f"what its run recorded: changed or damaged since it was written); nothing of them "
-                               f"is served; the operator mends them with `fadrm verify --run "
-                               f"STORE/{job.plan.run_id} --repair`")
-                    log.error("job %s: %s (%s)", job.id, message, scrub(str(exc)))
-                    self.db.update(job.id, error=message)
-                    raise Conflict(self.job(job.id), message) from None
+                if job.error is not None:
+                    self.db.update(job.id, only_from=("succeeded",), error=None)
         return path
 
 

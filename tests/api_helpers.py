@@ -77,12 +77,15 @@ class ApiServer:
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
+    def command(self) -> list[str]:
+        """What starts the server."""
+        return [sys.executable, "-m", "actors.cli", "serve", *self.args]
+
     def start(self, timeout: float = 180) -> None:
         self.starts += 1
         log = open(self.root / f"serve-{self.starts}.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", *self.args],
-                                        env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(self.command(), env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        cwd=self.root, start_new_session=True)
         log.close()
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -114,8 +117,9 @@ class ApiServer:
 
 
 @contextlib.contextmanager
-def running_service(teacher: Path, root: Path, tls: bool = False, **limits):
-    server = ApiServer(root, tls, **limits)
+def running_service(teacher: Path, root: Path, tls: bool = False, server_class: type = ApiServer, **limits):
+    server = server_class(root, tls, **limits)
+    server.store.mkdir(parents=True, exist_ok=True)
     server.teachers.mkdir(parents=True)
     shutil.copy(teacher, server.teachers / f"{TEACHER}.pt")
     try:
@@ -168,3 +172,15 @@ def raylet_children(server: ApiServer, title: str) -> list[int]:
         if stat and stat[0] != "Z" and int(stat[1]) in members and title in cmd:
             found.append(int(entry.name))
     return found
+
+
+def flip_a_byte(run: Path) -> None:
+    """Damage a run as a bad disk does: one byte of its first part file flipped, size and mtime kept."""
+    from fadrm_ray.layout import RunLayout
+
+    part = RunLayout(run).parts_on_disk()[0]
+    stat = part.stat()
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -7,18 +7,20 @@ import functools
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.evaluation.soft_labels import SoftLabelError
 
+from api.downloads import FileAnswer
 from api.models import MAX_TEACHERS, STATES, DistillationRequest, Job, JobList, Problem, Report
-from api.outputs import (TeacherChanged, file_chunks, job_recipe, open_teacher, report, stored_labels, write_dataset,
+from api.outputs import (TeacherChanged, job_recipe, open_teacher, report, stored_labels, write_dataset,
                          write_imagefolder_zip, write_preview, write_soft_labels)
 from api.refusals import body_shape, utf8_body
-from api.requests import images_in_store, plan_request, run_dir
+from api.requests import plan_request, run_dir, store_holds
 from api.routes.common import AUTH, ERRORS, JOB_ERRORS, JobId, ServiceDep, json_response
 from api.service import Conflict
+from api.store_errors import RETRY_S, short_of_space
 
 RETRY_AFTER_S = 30
 # What api.refusals.body_shape checks of a POST body before pydantic does.
@@ -33,7 +35,9 @@ router = APIRouter()
                      400: {"model": Problem, "description": "a body that is not UTF-8 JSON text"},
                      409: {"model": Problem, "description": "the Idempotency-Key was used for another request"},
                      413: {"model": Problem},
-                     429: {"model": Problem, "description": "too many jobs waiting, or too many requests"}})
+                     429: {"model": Problem, "description": "too many jobs waiting, or too many requests"},
+                     503: {"model": Problem, "description": "the store is full, read-only or failing, or another "
+                                                            "process writes the request's run (see Retry-After)"}})
 def submit(body: DistillationRequest, service: ServiceDep,
            idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
     plan = plan_request(body, service.catalog, service.settings)
@@ -52,8 +56,18 @@ def submit(body: DistillationRequest, service: ServiceDep,
                 # not a new job.
                 service.db.update(existing.id, idempotency_key=idempotency_key)
             return _job_response(service.view(existing), 200)
-        if not plan.evaluate and images_in_store(service.settings, plan):
+        if (full := short_of_space(service.settings.state_dir)) is not None:
+            raise full
+        held = "absent" if plan.evaluate else store_holds(service.settings, plan)
+        if held == "held":
             job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
+        elif held == "writing" and not any(j.plan.run_id == plan.run_id
+                                           for j in service.db.in_state("queued", "running")):
+            # Another process writes the run (a repair, a distill of the same images): it is not
+            # absent, and a job now would only wait for it; the store answers again in a moment.
+            return JSONResponse({"detail": f"the store's run {plan.run_id} is being written by another process (a "
+                                           f"`fadrm verify --repair`, or a distill of the same images); retry in "
+                                           f"{RETRY_S} s"}, status_code=503, headers={"Retry-After": str(RETRY_S)})
         elif (busy := sum(j.plan.eval_work for j in service.db.in_state("queued", "running"))) + plan.eval_work > \
                 (backlog := service.settings.limits.eval_backlog) and plan.eval_work:
             return JSONResponse({"detail": f"the evaluations queued and running already train {busy} image-epochs; "
@@ -95,76 +109,96 @@ def cancel(service: ServiceDep, job_id: str = JobId) -> Job:
                              "can be cancelled")
     return service.view(service.job(job_id))
 
+# What every download may answer beside 200 (api.downloads: RFC 9110's conditional and range requests).
+DOWNLOAD = {**JOB_ERRORS,
+            206: {"description": "the byte range asked for (Range; If-Range that matches)"},
+            304: {"description": "not modified: If-None-Match matches the ETag, or If-Modified-Since is not older"},
+            409: {"model": Problem, "description": "not succeeded, or its store files cannot be served (damaged, "
+                                                   "incomplete); one line"},
+            412: {"model": Problem, "description": "If-Match or If-Unmodified-Since does not hold"},
+            416: {"model": Problem, "description": "the range lies past the end of the file"},
+            503: {"model": Problem, "description": "the store is full, read-only or failing, or its run is being "
+                                                   "repaired (see Retry-After)"}}
+
+
+def _served(path, media_type: str, filename: str | None = None) -> FileAnswer:
+    """The answer over `path`, opened now: inside `Service.serving`, so it is the job's file."""
+    return FileAnswer(open(path, "rb"), media_type, filename=filename)
+
+
 @router.get("/v1/distillations/{job_id}/dataset", tags=["results"], dependencies=AUTH, response_class=FileResponse,
-         responses={**JOB_ERRORS, 409: {"model": Problem},
-                    200: {"content": {"application/vnd.apache.parquet": {}, "application/zip": {}},
-                          "description": "the dataset file (Range requests resume it)"}})
+         responses={**DOWNLOAD, 200: {"content": {"application/vnd.apache.parquet": {}, "application/zip": {}},
+                                      "description": "the dataset file (Range requests resume it)"}})
 def dataset(service: ServiceDep, job_id: str = JobId, format: Literal["parquet", "imagefolder"] = "parquet"):
-    job = service.finished(job_id)
-    files = service.db.files(job.id)
-    if format == "imagefolder":
-        path = service.build(job, files.imagefolder, write_imagefolder_zip)
-        return FileResponse(path, media_type="application/zip", filename=f"{job.id}-imagefolder.zip")
-    path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id,
-                                                               evaluation_file=files.evaluation))
-    return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.parquet")
+    with service.serving(job_id) as job:
+        files = service.db.files(job.id)
+        if format == "imagefolder":
+            path = service.build(job, files.imagefolder, write_imagefolder_zip)
+            return _served(path, "application/zip", f"{job.id}-imagefolder.zip")
+        path = service.build(job, files.dataset, functools.partial(write_dataset, job_id=job.id,
+                                                                   evaluation_file=files.evaluation))
+        return _served(path, "application/vnd.apache.parquet", f"{job.id}.parquet")
+
 
 @router.get("/v1/distillations/{job_id}/preview.png", tags=["results"], dependencies=AUTH,
-         response_class=FileResponse,
-         responses={**JOB_ERRORS, 409: {"model": Problem}, 200: {"content": {"image/png": {}}}})
+         response_class=FileResponse, responses={**DOWNLOAD, 200: {"content": {"image/png": {}}}})
 def preview(service: ServiceDep, job_id: str = JobId):
-    job = service.finished(job_id)
-    return FileResponse(service.build(job, service.db.files(job.id).preview, write_preview), media_type="image/png")
+    with service.serving(job_id) as job:
+        return _served(service.build(job, service.db.files(job.id).preview, write_preview), "image/png")
+
 
 @router.get("/v1/distillations/{job_id}/report", tags=["results"], dependencies=AUTH,
-         responses={**JOB_ERRORS, 409: {"model": Problem}})
+         responses={**JOB_ERRORS, 409: {"model": Problem}, 503: {"model": Problem}})
 def job_report(service: ServiceDep, job_id: str = JobId) -> Report:
-    job = service.finished(job_id)
-    return Report(**report(run_dir(service.settings, job.plan), job.plan, service.db.files(job.id).evaluation))
+    with service.serving(job_id) as job:
+        return Report(**report(run_dir(service.settings, job.plan), job.plan, service.db.files(job.id).evaluation))
+
 
 @router.get("/v1/distillations/{job_id}/recipe", tags=["results"], dependencies=AUTH, response_model=EvalConfig,
-         responses={**JOB_ERRORS, 409: {"model": Problem}})
+         responses={**JOB_ERRORS, 409: {"model": Problem}, 503: {"model": Problem}})
 def recipe(service: ServiceDep, job_id: str = JobId):
     """The student recipe of the report's top-1: students trained on the images with the
     teachers' soft labels under these EvalConfig settings (those the job's evaluation ran
     with, else the defaults resolved for its images)."""
-    job = service.finished(job_id)
-    return json_response(job_recipe(job.plan, service.db.files(job.id).evaluation))
+    with service.serving(job_id) as job:
+        return json_response(job_recipe(job.plan, service.db.files(job.id).evaluation))
+
 
 @router.get("/v1/distillations/{job_id}/soft-labels", tags=["results"], dependencies=AUTH,
          response_class=FileResponse,
-         responses={**JOB_ERRORS, 409: {"model": Problem,
-                                        "description": "not finished, or its evaluation stored no soft labels"},
+         responses={**DOWNLOAD, 409: {"model": Problem,
+                                      "description": "not finished, or its evaluation stored no soft labels"},
                     200: {"content": {"application/vnd.apache.parquet": {}},
                           "description": "the soft labels the job's students learnt from, one part per seed "
                                          "(`fadrm train-student --soft-labels`)"}})
 def soft_labels(service: ServiceDep, job_id: str = JobId):
     """The soft labels the job's evaluation stored (a request with `evaluate: true` and
     `evaluation.soft_labels: stored`, with `soft_label_topk` and `soft_label_epochs` to keep
-    them small): what a client trains from where the teacher stays on the server."""
-    job = service.finished(job_id)
-    files = service.db.files(job.id)
-    if not stored_labels(job.plan, files.evaluation):
-        raise Conflict(job, f"job {job.id} stored no soft labels: submit with evaluate: true and evaluation "
-                             "{soft_labels: stored} (soft_label_topk and soft_label_epochs keep them small)")
-    try:
-        path = service.build(job, files.soft_labels,
-                             functools.partial(write_soft_labels, evaluation_file=files.evaluation))
-    except SoftLabelError:
-        raise Conflict(job, f"the soft labels of job {job.id} are no longer in the store (its run was "
-                             "evaluated again or cleaned); submit the request again") from None
-    return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{job.id}.soft-labels.parquet")
+    them small): what a client trains from where the teacher stays on the server. Packed from
+    the store's folders into one file at the first request, in bounded memory (api.outputs)."""
+    with service.serving(job_id) as job:
+        files = service.db.files(job.id)
+        if not stored_labels(job.plan, files.evaluation):
+            raise Conflict(job, f"job {job.id} stored no soft labels: submit with evaluate: true and evaluation "
+                                 "{soft_labels: stored} (soft_label_topk and soft_label_epochs keep them small)")
+        try:
+            path = service.build(job, files.soft_labels,
+                                 functools.partial(write_soft_labels, evaluation_file=files.evaluation))
+        except SoftLabelError:
+            raise Conflict(job, f"the soft labels of job {job.id} are no longer in the store (its run was "
+                                 "evaluated again or cleaned); submit the request again") from None
+        return _served(path, "application/vnd.apache.parquet", f"{job.id}.soft-labels.parquet")
+
 
 @router.get("/v1/distillations/{job_id}/teacher", tags=["results"], dependencies=AUTH, response_class=Response,
-         responses={**JOB_ERRORS,
+         responses={**DOWNLOAD,
                     200: {"content": {"application/octet-stream": {}},
                           "description": "the teacher checkpoint as it is (loads with torch.load(weights_only=True)"
                                          "); ETag and Repr-Digest carry its sha256"},
                     403: {"model": Problem, "description": "a wrong token, or the operator keeps teachers "
                                                            "private (FADRM_PRIVATE_TEACHERS)"},
                     404: {"model": Problem, "description": "no such job, or no teacher of that index"},
-                    409: {"model": Problem}, 410: {"model": Problem,
-                                                   "description": "the teacher file changed or went away"}})
+                    410: {"model": Problem, "description": "the teacher file changed or went away"}})
 def teacher(service: ServiceDep, job_id: str = JobId,
             index: int = Query(0, ge=0, le=MAX_TEACHERS - 1, description="which teacher of a committee")):
     job = service.job(job_id)
@@ -183,15 +217,14 @@ def teacher(service: ServiceDep, job_id: str = JobId,
                                  f"(index 0..{len(refs) - 1}); no teacher {index}")
     name, ref = names[index], refs[index]
     try:
-        f, size = open_teacher(ref.path, ref.sha256)
+        f, _ = open_teacher(ref.path, ref.sha256)
     except TeacherChanged:
         raise HTTPException(410, f"teacher {name} of job {job.id} is no longer the file the job was distilled "
                                  f"with (sha256 {ref.sha256[:12]}...): the operator changed or removed it") from None
     digest = base64.b64encode(bytes.fromhex(ref.sha256)).decode()
-    return StreamingResponse(file_chunks(f), media_type="application/octet-stream",
-                             headers={"Content-Length": str(size), "ETag": f'"{ref.sha256}"',
-                                      "Repr-Digest": f"sha-256=:{digest}:",
-                                      "Content-Disposition": f'attachment; filename="{name}.pt"'})
+    # The bytes served are those whose sha256 was checked through this open file: the tag is theirs.
+    return FileAnswer(f, "application/octet-stream", etag=f'"{ref.sha256}"', filename=f"{name}.pt",
+                      headers={"Repr-Digest": f"sha-256=:{digest}:"})
 
 
 def _job_response(job: Job, status: int) -> JSONResponse:

@@ -12,8 +12,8 @@ from api.routes.common import AUTH, ERRORS, ServiceDep
 router = APIRouter(tags=["service"])
 
 
-@router.get("/healthz")  # no token, no rate limit
-def healthz() -> dict[str, bool]:
+@router.get("/healthz")  # no token, no rate limit; on the event loop, never waiting for a worker thread
+async def healthz() -> dict[str, bool]:
     return {"ok": True}
 
 

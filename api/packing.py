@@ -1,0 +1,98 @@
+"""The stored soft labels of a job packed into one file as they are read: memory bounded by a
+batch, whatever the file's size.
+
+`fadrm_ray.evaluation.soft_labels.pack_soft_labels` builds the whole packed file in memory (every
+epoch's table, their concatenation, the Parquet bytes), about four times the file's size; at the
+service's 2 GiB cap (FADRM_MAX_SOFT_LABEL_BYTES) that is more than a server can spare for one
+download. `pack_to_file` writes the same file (the same rows in the same order, the same column
+types, the same `fadrm_soft_labels` metadata: `StoredSoftLabels` and `fadrm train-student` read it
+alike) with a Parquet writer fed one batch at a time, to a temporary name that is renamed into
+place once whole (mode 0600): the memory it holds is a batch and a row group's buffer.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fadrm_ray.evaluation.soft_labels import (PACK_KEY, PACK_ROW_GROUP, PackPart, SoftLabelError, SoftLabelMeta,
+                                              SoftLabelPack)
+
+from api.files import private_output
+
+BATCH_BYTES = 1 << 20     # of one batch read from an epoch file
+BUFFER_BYTES = 2 << 20    # of the rows gathered into one row group (at most PACK_ROW_GROUP rows)
+
+
+def _epoch_file(folder: Path, epoch: int) -> Path:
+    return folder / f"epoch={epoch:05d}.parquet"  # the stored layout (soft_labels' module docstring)
+
+
+def _epochs(folder: Path) -> int:
+    n = 0
+    while _epoch_file(folder, n).is_file():
+        n += 1
+    return n
+
+
+def _meta(folder: Path) -> SoftLabelMeta:
+    try:
+        return SoftLabelMeta.model_validate_json((folder / "meta.json").read_bytes())
+    except FileNotFoundError:
+        raise SoftLabelError(f"no stored soft labels in {folder.name} (meta.json missing)") from None
+    except ValueError:
+        raise SoftLabelError(f"{folder.name}/meta.json is not a soft-label folder's") from None
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` in `schema`'s columns and types (a column it lacks as nulls), as a permissive
+    concatenation of the epoch tables would have it."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def pack_to_file(folders: list[Path], out: Path) -> Path:
+    """The soft-label folders of one or more seeds as one packed Parquet file at `out` (module
+    docstring): their rows with `seed` and `epoch` columns first, seed by seed, epoch by epoch."""
+    parts, sources = [], []
+    for folder in folders:
+        meta, epochs = _meta(folder), _epochs(folder)
+        parts.append(PackPart(meta=meta.model_copy(update={"epochs": epochs})))
+        sources += [(meta.seed, epoch, _epoch_file(folder, epoch)) for epoch in range(epochs)]
+    if not sources:
+        raise SoftLabelError("no stored soft labels to pack")
+    stored = None  # the epochs' schemas unified, one file's read at a time (they are the same, but for widths)
+    for _, _, path in sources:
+        schema = pq.read_schema(path).remove_metadata()
+        if stored is None or not schema.equals(stored):
+            stored = schema if stored is None else pa.unify_schemas([stored, schema], promote_options="permissive")
+    schema = pa.schema([pa.field("seed", pa.int64()), pa.field("epoch", pa.uint32()), *stored],
+                       metadata={PACK_KEY: SoftLabelPack(parts=parts).model_dump_json().encode()})
+    plain = schema.remove_metadata()
+    with private_output(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        buffered: list[pa.Table] = []
+
+        def flush():
+            if buffered:
+                writer.write_table(pa.concat_tables(buffered), row_group_size=PACK_ROW_GROUP)
+                buffered.clear()
+
+        for seed, epoch, path in sources:
+            stored_file = pq.ParquetFile(path, pre_buffer=False)
+            rows = max(1, stored_file.metadata.num_rows)
+            size = sum(stored_file.metadata.row_group(i).total_byte_size
+                       for i in range(stored_file.metadata.num_row_groups))
+            batch_rows = max(256, min(65536, BATCH_BYTES * rows // max(1, size)))
+            for batch in stored_file.iter_batches(batch_size=batch_rows, use_threads=False):
+                n = batch.num_rows
+                table = pa.Table.from_batches([batch])
+                table = table.add_column(0, "epoch", pa.array(np.full(n, epoch, dtype=np.uint32)))
+                table = table.add_column(0, "seed", pa.array(np.full(n, seed, dtype=np.int64)))
+                buffered.append(_conform(table, plain))
+                if sum(t.nbytes for t in buffered) >= BUFFER_BYTES or sum(map(len, buffered)) >= PACK_ROW_GROUP:
+                    flush()
+        flush()
+    return out
