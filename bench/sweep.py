@@ -11,6 +11,9 @@ a fresh folder and store (so nothing is served from a cache):
 - per trial: every trial loads the dataset and reads the teachers itself and scores its own
   patches (`SweepRequest.share=False`).
 
+Both without the confirmation of the best trials (`confirm_seeds=0`), the same in either, so
+that the difference is the trials'.
+
 For each it prints the wall time of the command (Ray start included), the trials' working time
 (each trial's seconds from its start to its last report) and the utilization: the working time
 over the wall time times the trial slots (`--concurrent`), for the whole command and for the
@@ -41,17 +44,17 @@ def measure(args, teacher: str, share: bool) -> dict:
                            params=[f"alpha={','.join(map(str, alphas))}", f"iterations={args.iterations}",
                                    "precision=fp32"],
                            seeds=1, epochs=args.epochs, scheduler="fifo", max_concurrent=args.concurrent,
-                           cpus_per_trial=1.0, share=share, progress=False)
+                           cpus_per_trial=1.0, share=share, progress=False, confirm_seeds=0)
     summary = run_sweep(request)
-    if summary["interrupted"]:  # Tune caught a SIGINT and ended the fit: a partial sweep measures nothing
+    if summary.interrupted:  # Tune caught a SIGINT and ended the fit: a partial sweep measures nothing
         raise KeyboardInterrupt
-    rows = summary["rows"]
+    rows = summary.rows
     events = _events(out)
     starts = [e["t"] for e in events if e["event"] == "trial_started"]
     ends = [e["t"] for e in events if e["event"] == "evaluated"]
     working = sum(r["trial_seconds"] for r in rows)
     phase = max(ends) - min(starts)
-    wall = summary["wall_seconds"]
+    wall = summary.wall_seconds
     return {
         "share": share, "trials": len(rows), "wall_seconds": wall, "trial_phase_seconds": round(phase, 2),
         "working_seconds": round(working, 2), "slots": args.concurrent,
@@ -59,8 +62,8 @@ def measure(args, teacher: str, share: bool) -> dict:
         "utilization_trial_phase": round(working / (phase * args.concurrent), 3),
         "distill_seconds_mean": round(statistics.fmean(r["distill_seconds"] for r in rows), 3),
         "trial_seconds_mean": round(statistics.fmean(r["trial_seconds"] for r in rows), 3),
-        "patches_scored": summary["patches"]["scored"] + sum(r["patches_scored"] for r in rows),
-        "patch_seconds_driver": round(summary["patches"]["seconds"], 3),
+        "patches_scored": summary.patches["scored"] + sum(r["patches_scored"] for r in rows),
+        "patch_seconds_driver": round(summary.patches["seconds"], 3),
         "top1": {r["alpha"]: r["top1"] for r in rows},
     }
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from actors.cli import main
 from fadrm_ray.settings import ConfigError
-from tune.results import TrialRow, colour_range, heatmap_cells, key_figure, not_made
+from tune.plots import colour_range, heatmap_cells, key_figure
+from tune.results import TrialRow, not_made
 from tune.space import parse_space, split_space
 from tune.sweep import SweepRequest, trial_count
 
@@ -192,6 +193,23 @@ def test_pruned_and_interrupted_trials_are_drawn_and_marked_apart():
     plt.close(fig)
 
 
+def test_the_plots_draw_random_real_images_integer_ticks_and_a_range_wider_than_the_noise():
+    from fadrm_ray.evaluation.report import pyplot
+
+    plt = pyplot()
+    _, swept = split_space(parse_space(["alpha=0.3,0.5,0.7", "k=1,2"]))
+    rows = [dict(r, top1=50.0 + 0.2 * i, top1_std=0.5, state="done") for i, r in enumerate(_rows())]
+    fig = key_figure(plt, "k", swept["k"], rows, seeds=3, random_real=[47.0, 48.0, 49.0])
+    ax = fig.axes[0]
+    assert [t for t in ax.get_xticks()] == [1, 2]  # no tick at 1.2 or 1.4
+    [level] = [line for line in ax.lines if line.get_label().startswith("random real images")]
+    assert set(level.get_ydata()) == {48.0} and "± 1.0 std over 3 seeds" in level.get_label()
+    low, high = ax.get_ylim()
+    assert high - low >= 10.0 and low <= 47.0 and high >= 51.5  # the 1-point spread of the trials is not magnified
+    assert any(c.__class__.__name__ == "LineCollection" for c in ax.collections)  # the seeds' error bars
+    plt.close(fig)
+
+
 def test_the_heat_map_keeps_every_column_and_marks_the_stopped_cells():
     xs, ys, grid, marks = heatmap_cells(_rows(), "alpha", "k")
     assert xs == [0.3, 0.5, 0.7] and ys == [1, 2]  # no collapse to the columns of finished trials
@@ -206,7 +224,7 @@ def test_the_colour_scale_is_never_narrower_than_a_few_points(values):
 
 
 def test_the_plots_are_written_with_pruned_trials(tmp_path):
-    from tune.results import plot_results
+    from tune.plots import plot_results
 
     _, swept = split_space(parse_space(["alpha=0.3,0.5,0.7", "k=1,2"]))
     files = plot_results(tmp_path, _rows(), swept, seeds=1)
@@ -256,7 +274,7 @@ def test_sigint_mid_sweep_is_marked_interrupted_exits_130_and_the_same_command_r
     assert (out / "results.md").read_text().startswith("**Interrupted**")
     progress = [line for line in err.splitlines() if line.startswith("fadrm tune: ") and " trial " in line]
     assert progress and all(line.split()[2].endswith("/4") for line in progress)  # the whole sweep, from the start
-    assert "fadrm tune: interrupted:" in err
+    assert "fadrm tune: interrupted during the trials:" in err
     finished = {r["trial"]: r["top1"] for r in summary["rows"] if r["state"] == "done"}
 
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -122,3 +122,36 @@ class TrialReport(BaseModel):
 
 
 assert TIME_ATTR in TrialReport.model_fields
+
+
+class Reevaluation(BaseModel):
+    """One of the sweep's best trials evaluated again (tune.confirm.evaluate_again, a Ray task of
+    the driver): its run, read at `ipc`, on `seeds` (the trials' own seeds, read back from the
+    run, and the confirmation's new ones) where `students`, and random real images of its classes
+    and IPC on the same seeds where `random_real`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep: TrialSettings
+    trial: str
+    run_dir: str
+    ipc: Count | None = None
+    seeds: list[Index]
+    students: bool = True
+    random_real: bool
+
+
+class Reevaluated(BaseModel):
+    """What a Reevaluation measured: the students' top-1 seed by seed (in the order of `seeds`;
+    empty where not asked), and random real images' on the same seeds (None where not asked, or
+    `random_error` says why)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trial: str
+    run_id: str
+    seeds: list[int]
+    top1_per_seed: list[float]
+    random_real_per_seed: list[float] | None = None
+    random_run_id: str | None = None
+    random_error: str | None = None

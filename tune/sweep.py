@@ -1,12 +1,14 @@
 """A sweep of DistillConfig values on Ray Tune: `fadrm tune ...`, or `python -m tune.sweep ...`
 (the same command, for `ray job submit`; inside a job it joins the job's cluster).
 
-`run_sweep` checks everything before any trial starts: first what needs neither torch nor the
-data (the flags, as `SweepRequest` is built; the folders, local paths only; the teachers; the
-space and each of its values alone; the evaluation settings; whether OUT holds another sweep),
-then every combination of the space's values against the loaded dataset. Then, from absolute
-paths and working in OUT, on Ray (`actors.coordinator.ray_session`: an embedded local Ray, the
-cluster at `--address`, or the Ray this process already joined) it:
+`run_sweep` first resolves every path it was given (the dataset's, the teachers, OUT, the store,
+the space file, the data root) against the working folder it started in (tune.request), then
+checks everything before any trial starts: first what needs neither torch nor the data (the
+flags, as `SweepRequest` is built; the folders, local paths only; the teachers; the space and
+each of its values alone; the evaluation settings; whether OUT holds another sweep), then every
+combination of the space's values against the loaded dataset. Then, working in OUT, on Ray
+(tune.session: the Ray this process joined, the cluster at `--address`, or an embedded local Ray
+whose session and logs are under OUT/ray) it:
 
 - puts the dataset and the teachers' bytes into the object store once (`tune.with_parameters`)
   and scores the real patches once per patch setting (one Ray task each, with a trial's
@@ -17,9 +19,14 @@ cluster at `--address`, or the Ray this process already joined) it:
   default (one rung, at half the students' schedule), under OUT/experiment;
 - resumes OUT/experiment when it exists (`Tuner.restore`, errored and interrupted trials
   resumed): finished trials are not run again;
-- writes results.csv, results.md, best.yaml, the plots (tune.results) and summary.json before it
-  leaves Ray. A sweep stopped by SIGINT (Tune ends its fit and saves its state) is written as
-  interrupted, with its running and not yet started trials labelled so and no best.yaml.
+- evaluates the best finished trials again on new student seeds, beside random real images
+  (tune.confirm), and writes results.csv, results.md, best.yaml, the plots and summary.json
+  (tune.outputs) before it leaves Ray.
+
+A SIGINT at any moment after the checks (loading the data, the pilot, Ray starting, the patches,
+the trials: Tune ends its fit and saves its state, the confirmation) ends the sweep with its
+results written as interrupted: every trial labelled done, stopped, error, interrupted or
+pending, and no best.yaml; the same command resumes it.
 """
 from __future__ import annotations
 
@@ -28,154 +35,53 @@ import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from typing import TYPE_CHECKING
 
 from fadrm_ray.config import EvalConfig
-from fadrm_ray.settings import ConfigError, Count, Index, Indices, describe, error_loc
+from fadrm_ray.settings import ConfigError
 
+from tune.request import FLAGS, SweepRequest, flag, with_absolute_paths
 from tune.settings import PatchScoring, TrialBase, TrialSettings
 from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space
 
 if TYPE_CHECKING:
-    from fadrm_ray.pilot_record import PilotRecord
     from fadrm_ray.data.base import ImageDataset
+    from fadrm_ray.pilot_record import PilotRecord
 
+    from tune.outputs import SweepSummary
     from tune.results import TrialRow
+
+__all__ = ["FLAGS", "Prepared", "SweepFailed", "SweepRequest", "check", "flag", "prepare", "run_sweep",
+           "trial_count", "with_pilot"]
 
 EXPERIMENT = "experiment"
 # ASHA on student_pct (percent of the students' schedule): one rung, at 50 %. The rung metric is
 # a student's test top-1 part-way through its cosine schedule, while the learning rate is still
 # high; an earlier rung ranks trials by noise (docs/benchmarks/sweeps.md).
 ASHA_GRACE, ASHA_MAX, ASHA_REDUCTION = 50, 100, 2
-# The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.sweep_command).
-FLAGS = {"teachers": "--teacher", "params": "--param", "space_file": "--space", "progress": "--quiet"}
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def flag(field: str) -> str:
-    """The command-line flag of a SweepRequest field."""
-    return FLAGS.get(field, "--" + field.replace("_", "-"))
-
-
-def _local_folder(path: str | None) -> str | None:
-    # The driver writes results into OUT and trials write into the store with plain file I/O, so
-    # a URI (s3://, gs://) would become a local folder named "s3:".
-    if path is not None and _URI.match(path):
-        raise ValueError(f"must be a local or mounted folder, not a URI, got {path!r}")
-    return path
-
-
-Folder = Annotated[str, AfterValidator(_local_folder)]
-
-
-class SweepRequest(BaseModel):
-    """What `fadrm tune` was asked (tune.sweep_command builds it from the flags). A bad value fails when
-    it is built, as one ConfigError line that names the flag."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dataset: str = Field(min_length=1)
-    teachers: list[str]
-    out: Folder
-    preset: str = "fadrm"
-    ipc: Count | None = None
-    classes: Indices | None = None
-    seed: Index | None = None
-    params: list[str] = []
-    space_file: str | None = None
-    samples: Count | None = None        # None: 1 for a grid, 10 for random and optuna
-    search: Literal["grid", "random", "optuna"] = "grid"
-    scheduler: Literal["asha", "fifo"] = "asha"
-    metric: Literal["top1"] = "top1"
-    student: str | None = None
-    seeds: Count | None = None
-    epochs: Count | None = None
-    protocol: Literal["short", "published"] | None = None
-    eval_set: list[str] = []
-    max_concurrent: Count | None = None
-    cpus_per_trial: float = Field(1.0, gt=0)
-    gpus_per_trial: float = Field(0.0, ge=0)
-    # Where the trials distill and train their students: cuda gives each trial a whole GPU unless
-    # --gpus-per-trial says its share; None: cuda when --gpus-per-trial gives the trials GPUs.
-    device: Literal["cpu", "cuda"] | None = None
-    workers_per_trial: Count = 1
-    address: str | None = None
-    store: Folder | None = None         # default OUT/store
-    data_root: str | None = None
-    share: bool = True                  # dataset, teachers and patches shared (False: bench.sweep's control)
-    progress: bool = True
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(_request_error(exc, data), error_loc(exc)) from None
-
-    @property
-    def trial_device(self) -> str:
-        """Where each trial runs: cuda when it is given a GPU share."""
-        return "cuda" if self.trial_gpus > 0 else "cpu"
-
-    @property
-    def trial_gpus(self) -> float:
-        """The GPU share of each trial: --gpus-per-trial, or one GPU for --device cuda."""
-        return self.gpus_per_trial or (1.0 if self.device == "cuda" else 0.0)
-
-    @property
-    def sample_count(self) -> int:
-        return self.samples or (1 if self.search == "grid" else 10)
-
-    def identity(self) -> dict:
-        """What makes a sweep this sweep (a rerun with the same identity resumes it)."""
-        keep = ("dataset", "teachers", "preset", "ipc", "classes", "seed", "params", "space_file", "samples",
-                "search", "scheduler", "metric", "student", "seeds", "epochs", "protocol", "eval_set")
-        return {k: v for k, v in self.model_dump(mode="json").items() if k in keep}
-
-
-def _request_error(exc: ValidationError, data: dict) -> str:
-    """One line for the first problem, naming the flag."""
-    errors = exc.errors()
-    unknown = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
-    if unknown:
-        return f"unknown sweep setting(s) {', '.join(unknown)}; known: {', '.join(SweepRequest.model_fields)}"
-    err = errors[0]
-    name = str(err["loc"][0])
-    if err["type"] == "value_error":  # a validator of the field said what is wrong
-        return f"{flag(name)} {err['ctx']['error']}"
-    return f"{flag(name)} must be {_accepts(SweepRequest.model_fields[name])}, got {data.get(name, err['input'])!r}"
-
-
-def _accepts(field) -> str:
-    # A flag left out is None, so "or null" would only confuse.
-    options = [a for a in get_args(field.annotation) if a is not type(None)]
-    if len(options) == 1 and get_origin(options[0]) is Literal:  # an optional choice
-        return "one of " + ", ".join(map(str, get_args(options[0])))
-    return describe(field).removesuffix(" or null")
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked request, with every path absolute (a Ray job's working folder may vanish)."""
+    """A checked request, with every path absolute; the dataset, the device and the count of
+    configurations checked once the data is loaded (`prepare`)."""
 
     request: SweepRequest
     out: Path
     store: Path
     teachers: list[Path]
     data_root: str | None
-    dataset: ImageDataset
     base: TrialBase                     # preset, flags and fixed values of every trial
     swept: dict[str, Param]
     eval_cfg: EvalConfig
-    device: str
-    checked: int                        # configurations checked before the sweep
     total: int                          # trials of the whole sweep
+    dataset: "ImageDataset | None" = None
+    device: str = "cpu"
+    checked: int = 0                    # configurations checked before the sweep
 
 
 def trial_count(swept: dict[str, Param], search: str, samples: int) -> int:
@@ -194,26 +100,26 @@ def _check_search(req: SweepRequest) -> None:
             raise ConfigError("--search optuna needs optuna, which is not installed: pip install optuna") from None
 
 
-def prepare(req: SweepRequest) -> Prepared:
-    """Check every input before any trial: raises ConfigError (or a library error) in one line.
-    The flags, the folders, the teachers, the space and each value alone are checked before
-    torch and the dataset load, so a bad command is refused at once."""
+def check(req: SweepRequest) -> Prepared:
+    """The checks that need neither torch nor the data, on the request with its paths resolved:
+    raises ConfigError in one line."""
     from fadrm_ray.config import parse_overrides
     from fadrm_ray.fileio import check_output_dir
     from fadrm_ray.settings import layered
 
+    given, req = req, with_absolute_paths(req)
     _check_search(req)
     if req.device == "cpu" and req.gpus_per_trial > 0:
         raise ConfigError(f"--device cpu with --gpus-per-trial {req.gpus_per_trial}: a CPU trial holds no GPU; "
                           f"drop one of them", ("device",))
-    out = check_output_dir(Path(req.out).absolute(), "--out")
-    store = Path(req.store).absolute() if req.store else out / "store"
+    out = check_output_dir(Path(req.out), "--out")
+    store = Path(req.store) if req.store else out / "store"
     check_output_dir(store, "--store")
     if not req.teachers:
         raise ConfigError("--teacher is needed (a checkpoint from `fadrm squeeze`)")
-    for path in req.teachers:
+    for path, named in zip(req.teachers, given.teachers):
         if not Path(path).is_file():
-            raise ConfigError(f"teacher checkpoint {path} does not exist")
+            raise ConfigError(f"teacher checkpoint {named} does not exist" + (f" ({path})" if named != path else ""))
     space = parse_space(req.params, req.space_file)
     fixed, swept = split_space(space)
     base = TrialBase(preset=req.preset, ipc=req.ipc, classes=req.classes, seed=req.seed, fixed=fixed)
@@ -221,23 +127,31 @@ def prepare(req: SweepRequest) -> Prepared:
     eval_cfg = layered(EvalConfig, parse_overrides(req.eval_set, EvalConfig),
                        flags={"student": req.student, "seeds": req.seeds, "epochs": req.epochs,
                               "protocol": req.protocol})
-    _check_resume(out, req)
+    _check_resume(out, req, given)
+    return Prepared(req, out, store, [Path(t) for t in req.teachers], req.data_root, base, swept, eval_cfg,
+                    trial_count(swept, req.search, req.sample_count))
+
+
+def prepare(req: SweepRequest | Prepared) -> Prepared:
+    """Check every input before any trial (`check`, then every combination of the space against
+    the loaded dataset): raises ConfigError (or a library error) in one line."""
+    p = req if isinstance(req, Prepared) else check(req)
     from fadrm_ray.data import get_dataset  # torch loads here, after every check that does not need it
 
-    data_root = str(Path(req.data_root).absolute()) if req.data_root else None
-    dataset = get_dataset(req.dataset, root=data_root)
-    device = req.trial_device
-    checked = validate_space(base, swept, dataset, device)
-    return Prepared(req, out, store, [Path(t).absolute() for t in req.teachers], data_root, dataset, base, swept,
-                    eval_cfg, device, checked, trial_count(swept, req.search, req.sample_count))
+    dataset = get_dataset(p.request.dataset, root=p.data_root)
+    device = p.request.trial_device
+    return replace(p, dataset=dataset, device=device, checked=validate_space(p.base, p.swept, dataset, device))
 
 
-def _check_resume(out: Path, req: SweepRequest) -> None:
+def _check_resume(out: Path, req: SweepRequest, given: SweepRequest) -> None:
+    """A sweep.json in OUT must be this sweep's: the same identity, with its paths resolved (or
+    as given, for a sweep saved before its paths were resolved)."""
     saved = out / "sweep.json"
     if saved.is_file():
         before = json.loads(saved.read_text()).get("identity")
-        if before != json.loads(json.dumps(req.identity())):
-            changed = sorted(k for k in req.identity() if (before or {}).get(k) != req.identity()[k])
+        now = json.loads(json.dumps(req.identity()))
+        if before not in (now, json.loads(json.dumps(given.identity()))):
+            changed = sorted(k for k in now if (before or {}).get(k) != now[k])
             raise ConfigError(f"--out {out} holds another sweep (it differs in {', '.join(changed)}); "
                               f"use a new --out, or the same command to resume it")
 
@@ -300,51 +214,6 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     return out, cost
 
 
-def random_reference(p: Prepared, blobs: list[bytes]):
-    """A Ray task (`tune.trainable.random_real_top1`, with a trial's resources) that trains the
-    students of random real images the trials are compared with; None where the trials differ
-    in what those images are (a swept seed or class list)."""
-    import ray
-
-    from tune.trainable import random_real_top1
-
-    if {"seed", "classes"} & set(p.swept):
-        return None
-    req = p.request
-    task = ray.remote(random_real_top1).options(num_cpus=req.cpus_per_trial, num_gpus=req.trial_gpus)
-    return task.remote(trial_settings(p), p.dataset, blobs)
-
-
-def mark_below_random(rows: list[TrialRow], reference, interrupted: bool) -> str:
-    """Each finished row's gain over random real images, seed by seed (`vs_random`, a
-    `baselines.gain_text`), and `below_random` where it is clearly below them (more than two
-    standard errors); returns one line on what was compared. An interrupted sweep does not train
-    those students: the same command, resuming, compares."""
-    import ray
-
-    from fadrm_ray.evaluation.baselines import gain_text, paired_gain
-
-    if interrupted:
-        return "not compared: the sweep was interrupted (resuming it compares)"
-    if reference is None:
-        return "not compared: the trials sweep the seed or the classes, so random real images differ between them"
-    try:
-        random_top1 = ray.get(reference)
-    except Exception as exc:  # noqa: BLE001 - the sweep's results stand without the comparison
-        return f"not compared: the random real images' students failed ({type(exc).__name__}: {exc})"
-    below = 0
-    for row in rows:
-        if row.state != "done" or not row.top1_per_seed or len(row.top1_per_seed) != len(random_top1):
-            continue
-        gain = paired_gain(row.top1_per_seed, random_top1)
-        row.vs_random = gain_text(gain)
-        row.below_random = gain.clearly_below
-        below += row.below_random
-    return (f"random real images: {sum(random_top1) / len(random_top1):.2f} top-1 over seeds "
-            f"{', '.join(f'{v:.2f}' for v in random_top1)}; {below} finished trial{'s' if below != 1 else ''} "
-            f"clearly below them (paired, more than two standard errors)")
-
-
 def _tuner(p: Prepared, trainable, restore: bool, progress):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -353,8 +222,9 @@ def _tuner(p: Prepared, trainable, restore: bool, progress):
 
     req = p.request
     path = p.out / EXPERIMENT
-    if restore:
-        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    param_space = {k: q.tune_domain(req.search) for k, q in p.swept.items()}
+    if restore:  # the space again: Tune does not keep it, and needs it where it saved no trial yet
+        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True, param_space=param_space)
     scheduler = (ASHAScheduler(time_attr=TIME_ATTR, max_t=ASHA_MAX, grace_period=ASHA_GRACE,
                                reduction_factor=ASHA_REDUCTION)
                  if req.scheduler == "asha" else FIFOScheduler())
@@ -362,7 +232,6 @@ def _tuner(p: Prepared, trainable, restore: bool, progress):
     if req.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
         search_alg = OptunaSearch()
-    param_space = {k: q.tune_domain(req.search) for k, q in p.swept.items()}
     return tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(metric=req.metric, mode="max", scheduler=scheduler, search_alg=search_alg,
@@ -383,7 +252,7 @@ def _working_folder(folder: Path):
     driver starts in the job's working_dir, which Ray deletes as the job's driver leaves; Tune
     itself asks for the current folder as a fit ends (os.path.relpath), and a bare
     `[Errno 2] No such file or directory` would lose a finished sweep."""
-    before = os.getcwd()  # it exists: prepare() has just resolved the paths against it
+    before = os.getcwd()  # it exists: check() has just resolved the paths against it
     os.chdir(folder)
     try:
         yield
@@ -392,22 +261,49 @@ def _working_folder(folder: Path):
             os.chdir(before)
 
 
-def run_sweep(req: SweepRequest) -> dict:
-    """Run (or resume) the sweep; returns the summary (files, best trial, costs, and whether it
-    was interrupted). Every file is written before Ray is left."""
-    p = prepare(req)
-    from actors.coordinator import ray_session
+class _Stage:
+    """Where the sweep is (for the line of an interrupted sweep) and what it has learnt on the way,
+    for its summary."""
 
-    started = time.perf_counter()
-    p, pilot = with_pilot(p)
-    p.out.mkdir(parents=True, exist_ok=True)
-    (p.out / "sweep.json").write_text(json.dumps({"identity": req.identity(), "request": req.model_dump(mode="json")},
-                                                 indent=1))
-    with _working_folder(p.out), ray_session(req.address):
-        try:
-            return _sweep_on_ray(p, started, pilot)
-        except Exception as exc:
-            raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
+    def __init__(self, p: Prepared, started: float):
+        self.p, self.started, self.what, self.pilot, self.ray_dir = p, started, "while the data loaded", None, None
+        self.resumed: bool | None = None       # None: whether OUT holds Tune's experiment
+        self.patches: dict = {}
+        self.random_note: str | None = None    # what replaces the comparison with random real images
+
+
+def run_sweep(req: SweepRequest) -> "SweepSummary":
+    """Run (or resume) the sweep; returns its summary (files, best trial, costs, and whether it
+    was interrupted). Every file is written before Ray is left; a SIGINT at any moment after the
+    checks ends it with its results written as interrupted."""
+    stage = _Stage(check(req), time.perf_counter())
+    try:
+        import ray.tune  # noqa: F401 - here, so that a Ctrl-C inside the import is an interrupted sweep too
+
+        p = prepare(stage.p)
+        stage.p, stage.what = p, "during the pilot"
+        p, stage.pilot = with_pilot(p)
+        stage.p = p
+        p.out.mkdir(parents=True, exist_ok=True)
+        (p.out / "sweep.json").write_text(json.dumps({"identity": p.request.identity(),
+                                                      "request": p.request.model_dump(mode="json")}, indent=1))
+        stage.what = "while Ray started"
+        from tune.session import sweep_ray
+
+        with _working_folder(p.out), sweep_ray(p.out, p.request.address) as ray_dir:
+            stage.ray_dir = ray_dir
+            try:
+                return _sweep_on_ray(p, stage)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
+    except KeyboardInterrupt:
+        from tune.results import saved_rows
+        from tune.session import held_interrupt
+
+        with held_interrupt():
+            return _finish(stage.p, saved_rows(stage.p), stage, interrupted=True)
 
 
 def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
@@ -415,8 +311,6 @@ def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
     (fadrm_ray/pilot.py, measured or read back from the store) where it runs, so the trials and
     the patches shared between them resolve alike; unchanged where it does not or the recipe
     is swept."""
-    from dataclasses import replace
-
     from fadrm_ray.pilot import ensure_pilot
 
     if "recipe" in p.swept:
@@ -429,13 +323,18 @@ def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
     return replace(p, base=base), pilot
 
 
-def _sweep_on_ray(p: Prepared, started: float, pilot: "PilotRecord | None" = None) -> dict:
+def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
+    import ray
     from ray import tune
 
-    from tune.results import SweepProgress, collect_rows, write_results
+    from tune.confirm import run_confirmation
+    from tune.progress import SweepProgress
+    from tune.results import collect_rows
+    from tune.session import held_interrupt, tune_fit_interrupts, wait_interruptibly
     from tune.trainable import run_trial
 
     req = p.request
+    stage.what = "before any trial started"
     blobs = [t.read_bytes() for t in p.teachers]
     patches, patch_cost = shared_patches(p, blobs) if req.share else ({}, {"keys": 0, "scored": 0, "seconds": 0.0})
     shared = {"dataset": p.dataset, "teacher_blobs": blobs, "selections": patches} if req.share else {}
@@ -448,30 +347,60 @@ def _sweep_on_ray(p: Prepared, started: float, pilot: "PilotRecord | None" = Non
     else:
         resources = {"cpu": req.cpus_per_trial, "gpu": req.trial_gpus}
     trainable = tune.with_resources(trainable, resources)
-    restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT))
+    # Tune's experiment, where it saved one: a sweep interrupted as Tune started may have left
+    # the tuner without any experiment state, and starts anew.
+    restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT)) and any((p.out / EXPERIMENT).glob("experiment_state*"))
     progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()
-    with contextlib.redirect_stdout(sys.stderr):  # Tune's own tables: stdout is for the result
+    stage.what = "during the trials"
+    with tune_fit_interrupts() as came, contextlib.redirect_stdout(sys.stderr):  # stdout is for the result
         grid = _tuner(p, trainable, restore, progress).fit()
-    rows = collect_rows(grid, p, progress.statuses)
-    states = {s: sum(r.state == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
-    interrupted = bool(states["interrupted"] or states["pending"])
-    # After the trials, not beside them: started first, its students would hold a trial's
-    # resources while the first trials wait for them.
-    reference = None if interrupted else random_reference(p, blobs)
-    random_note = mark_below_random(rows, reference, interrupted)
-    files, best = write_results(p, rows, interrupted)
-    summary = {"out": str(p.out), "experiment": str(p.out / EXPERIMENT), "store": str(p.store), "resumed": restore,
-               "interrupted": interrupted, "trials": len(rows), "trials_total": p.total, "states": states,
-               "configs_checked": p.checked, "swept": {k: q.describe() for k, q in p.swept.items()},
-               "patches": patch_cost, "random_real": random_note, "wall_seconds": round(time.perf_counter() - started, 2),
-               "best": None if interrupted else best, "best_so_far": best if interrupted else None,
-               "files": files, "rows": [r.flat() for r in rows]}
-    if pilot is not None:
-        summary["pilot"] = pilot.summary()
+    with held_interrupt() as held:
+        rows = collect_rows(grid, p, progress)
+    stage.resumed, stage.patches = restore, patch_cost
+    if came() or held() or any(r.state in ("interrupted", "pending") for r in rows):
+        with held_interrupt():
+            return _finish(p, rows, stage, interrupted=True)
+    stage.what = "during the confirmation of the best trials"
+    try:
+        confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), blobs,
+                                               wait_interruptibly)
+    except KeyboardInterrupt:
+        with held_interrupt():
+            return _finish(p, rows, stage, interrupted=True)
+    except Exception as exc:  # noqa: BLE001 - the trials' results stand without it
+        from tune.results import error_line
+
+        confirmation, again = None, {}
+        stage.random_note = f"not compared: the confirmation of the best trials failed ({error_line(exc)})"
+    with held_interrupt():
+        return _finish(p, rows, stage, confirmation=confirmation, again=again)
+
+
+def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, interrupted: bool = False, confirmation=None,
+            again: dict | None = None) -> "SweepSummary":
+    """Write the results and summary.json; returns the summary."""
+    from tune.confirm import random_real_note
+    from tune.outputs import SweepSummary, failures, write_results
+
+    note, random = random_real_note(p, rows, again or {})
     if interrupted:
-        summary["resume"] = (f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials "
-                             f"are kept, interrupted ones continue from their last checkpoint, pending ones start)")
-    (p.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        note = "not compared: the sweep was interrupted (resuming it compares)"
+    during = stage.what if interrupted else None
+    files, best = write_results(p, rows, interrupted, None if interrupted else confirmation, random, during)
+    states = {s: sum(r.state == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
+    summary = SweepSummary(
+        out=str(p.out), experiment=str(p.out / EXPERIMENT), store=str(p.store),
+        ray_session=str(stage.ray_dir) if stage.ray_dir else None,
+        resumed=(p.out / EXPERIMENT).is_dir() if stage.resumed is None else stage.resumed, interrupted=interrupted,
+        interrupted_during=during, trials=len(rows), trials_total=p.total, states=states, configs_checked=p.checked,
+        swept={k: q.describe() for k, q in p.swept.items()}, patches=stage.patches, random_real=stage.random_note or note,
+        confirm_seeds=p.request.confirm_seeds, confirmation=None if interrupted else confirmation,
+        wall_seconds=round(time.perf_counter() - stage.started, 2), best=None if interrupted else best,
+        best_so_far=best if interrupted else None, failed=failures(rows), files=files, rows=[r.flat() for r in rows],
+        pilot=stage.pilot.summary() if stage.pilot is not None else None,
+        resume=(f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials are kept, "
+                f"interrupted ones continue from their last checkpoint, pending ones start)") if interrupted else None)
+    (p.out / "summary.json").write_text(summary.model_dump_json(indent=1))
     return summary
 
 

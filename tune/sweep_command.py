@@ -2,17 +2,21 @@
 command through the `fadrm.commands` entry point (pyproject.toml): a subcommand module of the
 shape of `fadrm_ray.cli`'s (NAME, HEAVY, add_parser(sub), run(args)).
 
-Exit status: 0 when the sweep ended; 2 for a bad command (one line); 130 when it was interrupted
-(SIGINT): the results so far are written and marked interrupted, and the same command resumes
-it; 1 when something unexpected failed after the checks, with its traceback on stderr.
+Exit status: 0 when the sweep ended with at least one finished trial; 2 for a bad command (one
+line); 130 when it was interrupted (SIGINT, at any moment): the results so far are written and
+marked interrupted, and the same command resumes it; 1 when no trial finished (the first trial's
+error in one line on stderr; each failed trial's on stdout and in results.md), or when something
+unexpected failed after the checks, with its traceback on stderr.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
-from typing import Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Literal, get_args, get_origin
+
+if TYPE_CHECKING:
+    from tune.outputs import SweepSummary
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
@@ -58,6 +62,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="student seeds per trial (default 3)")
     p.add_argument("--epochs", type=int, default=None, help="student epochs (default: by the protocol)")
     p.add_argument("--protocol", default=None, choices=_choices("protocol"), help="as in fadrm evaluate")
+    p.add_argument("--confirm-seeds", type=int, default=3,
+                   help="student seeds, beyond the trials' own, on which the 3 best trials are evaluated again "
+                        "beside random real images before best.yaml is written (default 3; 0: none)")
     p.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one EvalConfig value of the students (repeatable)")
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as resources allow)")
@@ -86,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
         classes=parse_classes(args.classes), seed=args.seed, params=args.param, space_file=args.space,
         samples=args.samples, search=args.search, scheduler=args.scheduler, metric=args.metric,
         student=args.student, seeds=args.seeds, epochs=args.epochs, protocol=args.protocol,
-        eval_set=args.eval_set, max_concurrent=args.max_concurrent, cpus_per_trial=args.cpus_per_trial,
+        eval_set=args.eval_set, confirm_seeds=args.confirm_seeds, max_concurrent=args.max_concurrent, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, device=args.device, workers_per_trial=args.workers_per_trial, address=args.address,
         store=args.store, data_root=args.data_root, progress=not args.quiet)
     try:
@@ -97,25 +104,46 @@ def run(args: argparse.Namespace) -> None:
               f"and the same command resumes the sweep", file=sys.stderr)
         raise SystemExit(EXIT_FAILED) from None
     if args.json:
-        print(json.dumps(summary, default=str))
-    if summary["interrupted"]:
-        s = summary["states"]
-        print(f"fadrm tune: interrupted: {s['done']} of {summary['trials_total']} trials finished "
-              f"({s['stopped']} stopped, {s['error']} errored, {s['interrupted']} interrupted, {s['pending']} "
-              f"not started); the results so far are in {summary['files']['results_md']}, no best.yaml; "
+        print(summary.model_dump_json())
+    if summary.interrupted:
+        s = summary.states
+        print(f"fadrm tune: interrupted {summary.interrupted_during}: {s['done']} of {summary.trials_total} trials "
+              f"finished ({s['stopped']} stopped, {s['error']} errored, {s['interrupted']} interrupted, "
+              f"{s['pending']} not started); the results so far are in {summary.files['results_md']}, no best.yaml; "
               f"the same command resumes the sweep", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED)
     if not args.json:
         _say(summary)
+    if summary.finished == 0:
+        first = summary.failed[0] if summary.failed else None
+        reason = (f"{len(summary.failed)} of {summary.trials} trials failed; the first, trial {first.trial}: "
+                  f"{first.error}") if first else "every trial was stopped"
+        print(f"fadrm tune: error: no trial finished: {reason}; see {summary.files['results_md']}",
+              file=sys.stderr)
+        raise SystemExit(EXIT_FAILED)
 
 
-def _say(summary: dict) -> None:
-    print(f"{summary['trials']} trials ({'resumed' if summary['resumed'] else 'new'} sweep) in "
-          f"{summary['wall_seconds']:.0f} s; results in {summary['files']['results_md']}")
-    best = summary["best"]
+def _say(summary: "SweepSummary") -> None:
+    print(f"{summary.trials} trials ({'resumed' if summary.resumed else 'new'} sweep) in "
+          f"{summary.wall_seconds:.0f} s; results in {summary.files['results_md']}")
+    for failed in summary.failed:
+        values = " ".join(f"{k}={v}" for k, v in failed.values.items())
+        print(f"trial {failed.trial} {values}: error: {failed.error}")
+    best = summary.best
     if best is None:
         print("no trial finished")
         return
-    values = " ".join(f"{k}={best[k]}" for k in summary["swept"])
-    print(f"best: trial {best['trial']} {values}: top-1 {best['top1']:.2f} ± {best['top1_std'] or 0:.2f} "
-          f"(run {best['run_id']})\nconfig: {summary['files']['best_yaml']}")
+    values = " ".join(f"{k}={best[k]}" for k in summary.swept)
+    confirmed = summary.confirmation
+    if confirmed is not None and confirmed.new_seeds:
+        top = confirmed.trials[0]
+        spread = f" ± {top.stderr:.2f} s.e." if top.stderr is not None else ""
+        print(f"best: trial {best['trial']} {values}: top-1 {top.mean:.2f}{spread} on {len(confirmed.seeds)} new "
+              f"student seed{'s' if len(confirmed.seeds) != 1 else ''} (run {best['run_id']})")
+    else:
+        print(f"best: trial {best['trial']} {values}: top-1 {best['top1']:.2f} ± {best['top1_std'] or 0:.2f} "
+              f"(run {best['run_id']})")
+    for line in (confirmed.lines if confirmed is not None else []):
+        if line.startswith("- "):
+            print(line[2:])
+    print(f"config: {summary.files['best_yaml']}")

@@ -77,33 +77,6 @@ def score_patches(job: PatchScoring, dataset, teacher_blobs: list[bytes]) -> tup
     return selections, time.perf_counter() - started
 
 
-def random_real_top1(sweep: TrialSettings, dataset, teacher_blobs: list[bytes]) -> list[float]:
-    """The students' top-1, seed by seed, on random real images of the sweep's classes, IPC and
-    seed (preset random-real, distilled into the sweep's store) under the sweep's evaluation:
-    what every trial is compared with (a Ray task of the sweep's driver, once per sweep; the
-    evaluation is cached in its run, so a resumed sweep reads it back)."""
-    import torch
-
-    from fadrm_ray.evaluation.baselines import baseline_configs
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.job import ExecutionSpec, prepare_job
-    from fadrm_ray.evaluation.measure import evaluate_store_run
-    from tune.space import trial_config
-
-    torch.set_num_threads(sweep.threads)
-    paths = teacher_files(sweep, teacher_blobs)
-    cfg = baseline_configs(trial_config(sweep.base, {}))["random_real"]  # what fadrm evaluate compares with
-    spec = ExecutionSpec(local=True, device=sweep.device, progress=False)
-    distill_job, parts = prepare_job(cfg, dataset, dataset.name, paths, sweep.store,
-                                     device_type=execute.device_type(spec))
-    run = execute.run(distill_job, spec, parts)
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-
-    job = EvalJob(config=sweep.eval, teacher_paths=paths, ipc=cfg.ipc)
-    eval_spec = EvalSpec(device=sweep.device, threads=sweep.threads, progress=False)
-    return evaluate_store_run(run.run_dir, job, eval_spec, parts=EvalParts(dataset=dataset)).evaluation.top1_per_seed
-
-
 def teacher_files(sweep: TrialSettings, blobs: list[bytes]) -> list[str]:
     """Teacher paths this node can read: the sweep's own paths where they exist here (shared
     storage), else a local copy of the bytes the object store brought."""

@@ -1,0 +1,134 @@
+"""Where a sweep's Ray runs, and Ctrl-C at any moment of it.
+
+- `sweep_ray`: the Ray this process already joined, or the cluster at `--address` (their own
+  session and logs), or an embedded local Ray whose session folder, logs and Tune's trial
+  working folders are under OUT/ray. Ray puts its Unix sockets in that folder, whose paths may
+  not pass 107 bytes; where OUT is too deep for that, Ray is given a short link in the system's
+  temporary folder that points to OUT/ray, so the files still live under OUT.
+- `tune_fit_interrupts`: Tune's fit catches the first SIGINT itself (it ends the fit and saves its
+  state) and leaves its own handler installed when no SIGINT came, which would swallow a later
+  Ctrl-C. The block says whether a SIGINT came during the fit and puts the handler back.
+- `held_interrupt`: files written whole: a SIGINT inside the block is held off, and said.
+- `wait_interruptibly`: `ray.get` of several refs that a Ctrl-C ends even where Ray drops the
+  KeyboardInterrupt its native wait raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+RAY_DIR = "ray"
+# Ray's sockets go to TEMP/session_<date>_<time>_<micro>_<pid>/sockets/plasma_store: 62 bytes
+# after TEMP, and an AF_UNIX path holds at most 107.
+MAX_TEMP_DIR = 107 - 62
+
+
+def ray_temp_dir(folder: Path) -> Path | None:
+    """The path to give Ray for its session folder in `folder`: `folder` itself where it is
+    short enough, else a link to it in the system's temporary folder (made here); None where no
+    such link can be made (another user's file holds its name): Ray's default then."""
+    if len(str(folder)) <= MAX_TEMP_DIR:
+        return folder
+    link = Path(tempfile.gettempdir()) / f"fadrm-tune-{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    if len(str(link)) > MAX_TEMP_DIR:
+        return None
+    try:
+        if link.is_symlink() and os.readlink(link) == str(folder):
+            return link
+        if os.path.lexists(link):
+            if link.lstat().st_uid != os.getuid():
+                return None
+            link.unlink()
+        link.symlink_to(folder, target_is_directory=True)
+    except OSError:
+        return None
+    return link
+
+
+@contextlib.contextmanager
+def sweep_ray(out: Path, address: str | None) -> Iterator[Path | None]:
+    """The sweep's Ray (module docstring); yields the folder of its sessions (OUT/ray), or None
+    where the sessions are not the sweep's (a Ray joined or named, or no link could be made)."""
+    import ray
+
+    from actors.coordinator import ray_session
+
+    if address or ray.is_initialized():
+        with ray_session(address):
+            yield None
+        return
+    folder = out / RAY_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    temp = ray_temp_dir(folder)
+    try:
+        with ray_session(None, temp_dir=str(temp) if temp is not None else None):
+            yield folder if temp is not None else None
+    finally:
+        if temp is not None and temp != folder:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def tune_fit_interrupts() -> Iterator[Callable[[], bool]]:
+    """Around `Tuner.fit`: yields a function that tells, after the fit, whether a SIGINT came
+    during it (Tune caught it, or it raised here); the SIGINT handler of before is put back."""
+    if not _main_thread():
+        yield lambda: False
+        return
+    before = signal.getsignal(signal.SIGINT)
+    came = threading.Event()
+
+    def mine(signum, frame):
+        came.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, mine)
+    try:
+        yield came.is_set
+    finally:
+        # Tune installs its handler over this one and puts this one back when a SIGINT comes.
+        if signal.getsignal(signal.SIGINT) is mine:
+            came.set()
+        signal.signal(signal.SIGINT, before)
+
+
+@contextlib.contextmanager
+def held_interrupt() -> Iterator[Callable[[], bool]]:
+    """A SIGINT inside the block is held off (what it writes is written whole); yields a function
+    that tells whether one came, for the caller to end the sweep as interrupted or not."""
+    came = threading.Event()
+    if not _main_thread():
+        yield came.is_set
+        return
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: came.set())
+    try:
+        yield came.is_set
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def wait_interruptibly(refs: list, poll_s: float = 0.5) -> list:
+    """`ray.get(refs)`, ended by Ctrl-C (KeyboardInterrupt) however Ray treats the signal."""
+    import ray
+
+    from actors.lifeline import interrupt_mark
+
+    with interrupt_mark() as interrupted:
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
+            if interrupted():
+                raise KeyboardInterrupt
+        return ray.get(list(refs))
