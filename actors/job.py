@@ -23,9 +23,33 @@ def with_job_address(argv: list[str]) -> list[str]:
     return list(argv)
 
 
+PATH_FLAGS = ("--out", "--teacher", "--run", "--config", "--dataset", "--data-root")
+
+
+def relative_paths(argv: list[str]) -> list[str]:
+    """The paths of `argv` that are relative (a folder or Parquet dataset's path included): inside a
+    Ray job they resolve in the job's uploaded working directory."""
+    found = []
+    for flag, given in zip(argv, argv[1:]):
+        if flag not in PATH_FLAGS:
+            continue
+        kind, sep, path = given.partition(":")
+        if flag == "--dataset" and not (sep and kind.lower().partition("+")[0] in ("imagefolder", "folder", "parquet")):
+            continue
+        value = path if flag == "--dataset" else given
+        if value and not os.path.isabs(os.path.expanduser(value)):
+            found.append(f"{flag} {given}")
+    return found
+
+
 if __name__ == "__main__":
     ensure_process_env()  # before torch loads (may re-execute the job's command once)
     argv = sys.argv[1:]
+    if os.environ.get("RAY_ADDRESS"):
+        for said in relative_paths(argv):
+            print(f"fadrm: note: {said} is a relative path: in this job it resolves in the job's uploaded working "
+                  f"directory ({os.getcwd()}), not where `ray job submit` ran; give an absolute path on shared "
+                  f"storage", file=sys.stderr)
     if argv and argv[0] in ("distill", "demo"):
         argv = with_job_address(argv)
     sys.exit(main(argv))

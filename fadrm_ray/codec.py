@@ -6,6 +6,8 @@ opens). Pillow imports in milliseconds, which matters in Ray workers that start 
 from __future__ import annotations
 
 import io
+import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -18,6 +20,23 @@ _GREY_MODES = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "F": 1
 
 class CodecError(InputError):
     """Bytes that are not a readable image."""
+
+
+# What a whole file of these formats ends with: JPEG's end-of-image marker, PNG's IEND chunk
+# (an MPO is a JPEG with more pictures after the first). Looked for in the last _TAIL_BYTES, as
+# some writers pad a file after it.
+_END_MARKS = {"JPEG": b"\xff\xd9", "MPO": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
+_TAIL_BYTES = 64
+
+
+class FileCheck(NamedTuple):
+    """What `check_file` found: `problem` None for a readable image, else one word (empty,
+    unreadable, truncated, oversized); its mode and size as stored where Pillow read its header."""
+
+    problem: str | None
+    mode: str = ""
+    width: int = 0
+    height: int = 0
 
 
 def _open(data: bytes | bytearray | memoryview):
@@ -69,6 +88,48 @@ def header_channels(head: bytes | bytearray | memoryview) -> int | None:
     except Exception:  # truncated before the mode, or not an image format Pillow knows
         return None
     return _channels(image)
+
+
+def is_grey_mode(mode: str) -> bool:
+    """Whether Pillow's `mode` holds one grey channel (with or without alpha)."""
+    return mode in _GREY_MODES
+
+
+def check_file(path: str) -> FileCheck:
+    """Whether the image file at `path` can be read whole, from its head and its end, without
+    decoding it: Pillow identifies it from its header (format, mode, size), and a JPEG or PNG
+    must end with its end marker. One that does not (cut short, or padded past the last bytes
+    looked at) is decoded whole and is `truncated` where that fails. Other formats are taken on
+    their header. Never raises: a file that cannot be opened is `unreadable`."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as fh:
+            try:
+                image = Image.open(fh)  # the header only: the pixels are left alone
+            except Image.DecompressionBombError:  # decoding it would be refused too
+                return FileCheck("oversized")
+            except Exception as exc:  # not an image Pillow knows, or cut short inside its header
+                if os.fstat(fh.fileno()).st_size == 0:
+                    return FileCheck("empty")
+                return FileCheck("truncated" if "truncated" in str(exc).lower() else "unreadable")
+            found = FileCheck(None, image.mode, *image.size)
+            mark = _END_MARKS.get(image.format or "")
+            if mark is None:
+                return found
+            end = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, end - _TAIL_BYTES))
+            if mark in fh.read():
+                return found
+            fh.seek(0)
+            data = fh.read()
+    except OSError:
+        return FileCheck("unreadable")
+    try:
+        _open(data)
+    except CodecError:
+        return found._replace(problem="truncated")
+    return found
 
 
 def _channels(image) -> int:

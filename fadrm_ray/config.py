@@ -404,3 +404,6 @@ class PilotConfig(Settings):
     free_seconds: float = Field(600.0, strict=True, ge=0)        # spent whatever the run's size
     max_share: Fraction = 0.1            # of the run's estimated recover time, above free_seconds
     min_scale: Fraction = 0.25           # the smallest scaling of the sizes above before skipping
+    # The user's bound in seconds (--pilot-budget): in place of the two above; 0 skips the pilot.
+    # Not part of what a cached pilot is matched on: it bounds the measuring, not what is measured.
+    budget: float | None = Field(None, strict=False, ge=0)

@@ -26,6 +26,15 @@ class OutputError(InputError):
     """An output location that cannot be written, or an output that would replace existing data."""
 
 
+CACHE_ENV = "FADRM_CACHE"
+
+
+def cache_root() -> Path:
+    """The machine's cache of this project: $FADRM_CACHE, default ~/.cache/fadrm (folder
+    listings, built datasets, pilots)."""
+    return Path(os.environ.get(CACHE_ENV) or "~/.cache/fadrm").expanduser()
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

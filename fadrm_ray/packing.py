@@ -111,12 +111,12 @@ def probe_step(cfg: DistillConfig, teacher, classes: int, channels: int, resolut
                device: torch.device) -> torch.Tensor:
     """One recover step's forward/backward of one group of random images through `teacher`, with the
     step's own loss (`recover.step_loss`); returns the images' gradient. Runs on any device."""
-    from fadrm_ray.recover import low_precision_dtype, mixed_precision, step_loss, teacher_loss
+    from fadrm_ray.recover import held_dtype, mixed_precision, step_loss, teacher_loss
 
     autocast, _ = mixed_precision(cfg.precision, device)
     labels = torch.zeros(classes, dtype=torch.long, device=device)
     x = torch.randn(classes, channels, resolution, resolution, device=device, requires_grad=True)
-    with teacher.weights_in(low_precision_dtype(cfg.precision)):
+    with teacher.weights_in(held_dtype(cfg)):
         with autocast():
             ce, _, stat = step_loss(teacher_loss(teacher, cfg), x, labels, 1, cfg)
         (ce + stat).sum().backward()

@@ -26,6 +26,8 @@ runs in `STORE/.pilots/`, so an interrupted pilot resumes where it stopped.
 from __future__ import annotations
 
 import random
+import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -39,10 +41,11 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
 from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import DEFAULT_BATCH_SIZE, epochs_for_steps, resolve_protocol
+from fadrm_ray.evaluation.students import DEFAULT_BATCH_SIZE, epochs_for_steps, kd_loss, param_groups, resolve_protocol
 from fadrm_ray.models import create_model, load_teacher
-from fadrm_ray.pilot_record import PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
-from fadrm_ray.evaluation.relabel import SoftLabeler
+from fadrm_ray.pilot_record import (PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, machine_pilots,
+                                    pilot_file, pilot_reason)
+from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
@@ -58,43 +61,59 @@ def candidates(image_size: int, channels: int) -> list[str]:
 
 
 def _timed(fn: Callable[[], None], repeats: int = 5) -> float:
-    """The fastest of `repeats` calls after a warm-up: what the device can do, less what other
-    work on the machine took from it at the moment of the probe."""
+    """The median of `repeats` calls after a warm-up: what a step costs on this machine as it is
+    now, other work on it included (the fastest call would promise what a busy machine does not
+    give; a pilot measured 805 s against an estimate of 517 s so)."""
     fn()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    return min(times)
+    return statistics.median(times)
 
 
-def probe_rates(parts: JobParts, student: str, batch: int) -> tuple[float, float]:
-    """Seconds per image of one recover step (the teacher's forward and backward to its input)
-    and seconds per student step (a student's forward, backward and update on `batch` views
-    with the teacher's logits), timed here on the parts' device."""
+def probe_rates(parts: JobParts, student: str, batch: int, cfg: DistillConfig | None = None) -> tuple[float, float]:
+    """Seconds per image of one recover step (the step's own loss, statistics matching included:
+    `packing.probe_step`, with `cfg` resolved for the data) and seconds per student step (its
+    views cut, the teachers' soft labels, the student's KD loss and update, on `batch` views),
+    timed here on the parts' device."""
+    from fadrm_ray.packing import probe_step
+    from fadrm_ray.recover import FrozenTeacher
+
     dataset, device, teacher = parts.dataset, parts.device, parts.models[0]
     shape = (batch, dataset.channels, dataset.image_size, dataset.image_size)
-    images = torch.rand(shape, device=device, requires_grad=True)
+    resolved = (cfg or make_config("fadrm")).resolve(dataset.image_size, dataset.num_classes, dataset.hflip,
+                                                      torch.device(device).type, channels=dataset.channels)
+    frozen = FrozenTeacher(teacher, in_chans=parts.infos[0].in_chans)
 
     def recover_step():
-        images.grad = None
-        teacher(images).logsumexp(1).sum().backward()
+        probe_step(resolved, frozen, batch, dataset.channels, dataset.image_size, torch.device(device))
 
+    # A student step as the pilot's students take it: a view plan cut from real-sized images, the
+    # teachers' soft labels on it, the student's KD loss and AdamW's update (students.train_student).
     model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    views = torch.rand(shape, device=device)
+    optimizer = torch.optim.AdamW(param_groups(model, EvalConfig().weight_decay), lr=1e-3)
+    images = torch.randint(0, 256, (2 * batch, *shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    spec = AugmentSpec(out_size=dataset.image_size, hflip=dataset.hflip)
+    labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
+    online = OnlineSoftLabels(images, labeler, spec, batch, seed=0)
+    mean = torch.tensor(dataset.mean, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(dataset.std, device=device).view(1, -1, 1, 1)
+    plans = online.plans(0)
 
     def student_step():
-        with torch.no_grad():
-            target = teacher(views)
-        loss = torch.nn.functional.mse_loss(model(views), target)
+        view = apply_plan(online.images01, plans[0], spec.out_size)
+        loss = kd_loss(model((view - mean) / std), labeler(view), EvalConfig().temperature)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-    return _timed(recover_step) / batch, _timed(student_step)
+    try:
+        return _timed(recover_step) / batch, _timed(student_step)
+    finally:
+        frozen.remove_hooks()
 
 
 def choose(rows: Sequence[PilotRow]) -> str:
@@ -124,74 +143,137 @@ def _sample_classes(dataset: ImageDataset, count: int) -> list[int]:
     return sorted(rng.sample(range(dataset.num_classes), min(count, dataset.num_classes)))
 
 
+# Test evaluations of each pilot student (`students._eval_epochs`: about six), each image a forward
+# pass, about a third of a training step's work per image.
+_TESTS_PER_STUDENT, _FORWARD_SHARE = 6, 1 / 3
+
+
 class PilotPlan:
     """A pilot's sizes after its bound, and its cost and the run's as estimated from `rates`
-    (`probe_rates`): seconds, the recover time of each set and the students' time."""
+    (`probe_rates`): seconds, the recover time of each set and the students' time. The bound is
+    the user's (`settings.budget`: 0 skips the pilot) or `free_seconds`, above it `max_share` of
+    the run's estimated recovery. `sets` is the estimate of each set in the order they are
+    measured (random real images first), which the progress bar calibrates as they finish."""
 
     def __init__(self, settings: PilotConfig, recipes: list[str], cfg: DistillConfig, dataset: ImageDataset,
-                 rates: tuple[float, float]):
+                 rates: tuple[float, float], batch: int = DEFAULT_BATCH_SIZE):
         per_image, per_step = rates
         self.recipes = recipes
         self.classes = _sample_classes(dataset, settings.classes)
         self.ipc = min(cfg.ipc, settings.ipc)
         images = len(self.classes) * self.ipc
-        students = (len(recipes) + 1) * settings.seeds
-        recover = sum(RECIPES[r].values["iterations"] for r in recipes) * settings.recover_share * images * per_image
-        self.full = recover + students * settings.student_steps * per_step
+        tests = len(dataset.test.of_classes(self.classes)) * _TESTS_PER_STUDENT * _FORWARD_SHARE / batch
+        per_student = settings.student_steps + tests  # in student steps
+        recover = {r: RECIPES[r].values["iterations"] * settings.recover_share * images * per_image for r in recipes}
+        students = settings.seeds * per_student * per_step
+        self.full = sum(recover.values()) + (len(recipes) + 1) * students
         run_iterations = cfg.iterations if cfg.iterations != "auto" else RECIPES[recipes[0]].values["iterations"]
         run_classes = len(cfg.classes) if cfg.classes is not None else dataset.num_classes
         self.run = run_iterations * cfg.ipc * run_classes * per_image
-        self.budget = max(settings.free_seconds, settings.max_share * self.run)
+        self.budget = settings.budget if settings.budget is not None else \
+            max(settings.free_seconds, settings.max_share * self.run)
         self.scale = min(1.0, self.budget / self.full) if self.full > 0 else 1.0
         self.estimate = self.full * self.scale
         self.share = settings.recover_share * self.scale
         self.steps = max(_MIN_STEPS, round(settings.student_steps * self.scale))
         self.seeds = settings.seeds
+        scaled = settings.seeds * (self.steps + tests) * per_step
+        self.sets = {"random-real": scaled, **{r: recover[r] * self.scale + scaled for r in recipes}}
 
 
 def plan_pilot(cfg: DistillConfig, parts: JobParts, settings: PilotConfig) -> PilotPlan:
     """The pilot of a run of `cfg` on `parts.dataset`, sized to its bound by a probe of this device."""
     dataset = parts.dataset
-    rates = probe_rates(parts, EvalConfig().student, min(settings.classes, dataset.num_classes))
+    rates = probe_rates(parts, EvalConfig().student, min(settings.classes, dataset.num_classes), cfg)
     return PilotPlan(settings, candidates(dataset.image_size, dataset.channels), cfg, dataset, rates)
+
+
+class _Progress:
+    """A progress bar of the pilot in seconds, with an ETA that calibrates the plan's estimate on
+    the sets already measured (their time against their estimate), ticking while a set runs."""
+
+    def __init__(self, plan: PilotPlan, show: bool):
+        from tqdm.auto import tqdm
+
+        self.plan, self.done, self.predicted, self.started = plan, [], [], time.perf_counter()
+        self.bar = tqdm(total=round(plan.estimate), desc="pilot", unit="s", disable=not show, leave=False,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}")
+        self.bar.set_postfix_str(f"about {plan.estimate:.0f} s left (estimated)")
+        self.stop = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, daemon=True, name="fadrm-pilot-progress")
+        self.ticker.start()
+
+    def _left(self) -> float:
+        factor = sum(self.done) / sum(self.predicted) if self.predicted else 1.0
+        remaining = [s for name, s in self.plan.sets.items()][len(self.done):]
+        return max(0.0, sum(remaining) * factor - (time.perf_counter() - self.started - sum(self.done)))
+
+    def _tick(self) -> None:
+        while not self.stop.wait(1.0):
+            elapsed = time.perf_counter() - self.started
+            self.bar.total = max(round(elapsed + self._left()), round(elapsed) + 1)
+            self.bar.n = round(elapsed)
+            calibrated = "calibrated on the sets measured" if self.done else "estimated"
+            self.bar.set_postfix_str(f"about {self._left():.0f} s left ({calibrated})")
+
+    def finished(self, name: str, seconds: float) -> None:
+        self.done.append(seconds)
+        self.predicted.append(self.plan.sets[name])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.ticker.join(timeout=5)
+        self.bar.close()
 
 
 def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path], store: str | Path,
                  settings: PilotConfig | None = None, *, device: str | None = None,
-                 on_line: Callable[[str], None] = print) -> PilotRecord | None:
+                 on_line: Callable[[str], None] = print, progress: bool = True) -> PilotRecord | None:
     """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
-    pilot is run (`pilot_reason`), the cached record where one was measured with these settings,
-    else measured now (module docstring), cached and returned. Every line for the user (the
-    cost before it starts, each set as it is measured, the choice, a set below random real
-    images) goes to `on_line`."""
+    pilot is run (`pilot_reason`), the cached record where one was measured with these settings
+    (in this store, or on this machine for another: then kept in this store too), else measured
+    now (module docstring), cached and returned. Every line for the user (the cost before it
+    starts, each set as it is measured, the choice, a set below random real images) goes to
+    `on_line`; a progress bar with its ETA to stderr (`progress`)."""
     settings = settings or PilotConfig()
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
     fingerprint, shas = dataset.fingerprint(), tuple(sha256_file(p) for p in teacher_paths)
     cached = cached_pilot(store, fingerprint, shas, cfg.ipc)
-    if cached is not None and cached.settings == settings:
-        on_line(f"{cached.summary()} (measured before: {Path(store) / PILOTS_DIR})")
+    if cached is not None and cached.settings.model_copy(update={"budget": settings.budget}) == settings:
+        where = Path(store) / PILOTS_DIR
+        if not (where / pilot_file(fingerprint, shas, cfg.ipc)).is_file():  # this machine's, for another store
+            keep_pilot(store, cached)
+            where = machine_pilots()
+        on_line(f"{cached.summary()} (measured before: {where})")
         return cached
+    common = dict(dataset=dataset.name, dataset_fingerprint=fingerprint, teachers=shas, ipc=cfg.ipc, settings=settings)
+    if settings.budget == 0:
+        record = PilotRecord(**common, chosen=candidates(dataset.image_size, dataset.channels)[0],
+                             skipped="--pilot-budget 0")
+        on_line(record.summary())
+        return record
     device = resolve_device(device)
     parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teacher_paths], device)
     plan = plan_pilot(cfg, parts, settings)
     recipes = plan.recipes
-    common = dict(dataset=dataset.name, dataset_fingerprint=fingerprint, teachers=shas, ipc=cfg.ipc,
-                  settings=settings, estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
+    common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
     if plan.scale < settings.min_scale:
+        bound = (f"--pilot-budget {settings.budget:.0f} s" if settings.budget is not None else
+                 f"its bound of {plan.budget:.0f} s (the larger of {settings.free_seconds:.0f} s and "
+                 f"{settings.max_share:.0%} of this run's estimated {plan.run:.0f} s of recovery; --pilot-budget sets it)")
         record = PilotRecord(**common, chosen=recipes[0], skipped=(
             f"it would take about {plan.full:.0f} s, and at its smallest size ({settings.min_scale:.0%}) about "
-            f"{plan.full * settings.min_scale:.0f} s, more than its bound of {plan.budget:.0f} s (the larger of "
-            f"{settings.free_seconds:.0f} s and {settings.max_share:.0%} of this run's estimated {plan.run:.0f} s of "
-            f"recovery)"))
+            f"{plan.full * settings.min_scale:.0f} s, more than {bound}"))
         on_line(record.summary())
         return record
     on_line(f"pilot: {len(recipes)} recipes ({', '.join(recipes)}) beside random real images on {len(plan.classes)} "
             f"classes at IPC {plan.ipc}, each recover budget cut to {plan.share:.0%}, {plan.seeds} students of "
             f"{plan.steps} steps per set: about {plan.estimate:.0f} s here (this run's recovery: about {plan.run:.0f} s); "
-            f"--set recipe=NAME skips it")
+            f"--pilot-budget SECONDS bounds it, 0 or --set recipe=NAME skips it")
     started = time.perf_counter()
+    bar = _Progress(plan, progress)
     labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
     eval_cfg = student_schedule(len(plan.classes) * plan.ipc, plan.ipc, plan.steps, plan.seeds)
     pilot_store = Path(store) / PILOTS_DIR
@@ -207,22 +289,29 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
                                     parts=EvalParts(dataset=dataset, labeler=labeler)).evaluation
         row = PilotRow(recipe=name, run_id=job.run_id, top1_per_seed=result.top1_per_seed,
                        top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1))
+        bar.finished(name, row.seconds)
         on_line(f"pilot: {name}: top-1 {row.top1_mean:.2f} on the sampled classes ({row.seconds:.0f} s)")
         return row
 
-    random_real = measure("random-real", make_config("random-real", overrides=base))
-    rows = []
-    for name in recipes:
-        iterations = max(cfg.k + 1, round(RECIPES[name].values["iterations"] * plan.share))
-        set_cfg = cfg.model_copy(update={**base, "recipe": name, "iterations": iterations,
-                                         "stage_iterations": None})
-        row = measure(name, DistillConfig.model_validate(set_cfg.model_dump()))
-        rows.append(row.model_copy(update={"vs_random": paired_gain(row.top1_per_seed, random_real.top1_per_seed)}))
+    try:
+        random_real = measure("random-real", make_config("random-real", overrides=base))
+        rows = []
+        for name in recipes:
+            iterations = max(cfg.k + 1, round(RECIPES[name].values["iterations"] * plan.share))
+            set_cfg = cfg.model_copy(update={**base, "recipe": name, "iterations": iterations,
+                                             "stage_iterations": None})
+            row = measure(name, DistillConfig.model_validate(set_cfg.model_dump()))
+            rows.append(row.model_copy(update={"vs_random": paired_gain(row.top1_per_seed,
+                                                                        random_real.top1_per_seed)}))
+    finally:
+        bar.close()
     chosen = choose(rows)
     record = PilotRecord(**common, classes=plan.classes, pilot_ipc=plan.ipc, scale=round(plan.scale, 3), rows=rows,
                          random_real=random_real, chosen=chosen, seconds=round(time.perf_counter() - started, 1))
     keep_pilot(store, record)
-    on_line(record.summary())
+    on_line(record.summary() + f" (estimated {plan.estimate:.0f} s)")
     if record.below_random is not None:
         on_line(f"warning: {record.below_random}")
+    if record.cannot_tell is not None:
+        on_line(record.cannot_tell)
     return record

@@ -116,17 +116,21 @@ def auto_recipe(image_size: int, channels: int) -> str:
     return "tiny-imagenet" if image_size < LARGE_IMAGE else "imagenet"
 
 
-def recipe_reason(name: str, image_size: int | None = None, channels: int = 1, piloted: bool = False) -> str:
+def recipe_reason(name: str, image_size: int | None = None, channels: int = 1, piloted: bool = False,
+                  given: bool = False) -> str:
     """One line on a recipe: its name, whether it is auto's choice for images of `image_size` px
     with `channels` channels (when the size is given; `piloted`: chosen by the pilot on this
-    data), and where its values come from."""
+    data) or the user's (`given`: `--set recipe=NAME`), and where its values come from."""
     if name not in RECIPES:
         return "not recorded (the run was distilled before recipes were)"
     text = name
-    if piloted:
+    images = f"{channels}-channel {image_size}-px images" if image_size is not None else None
+    auto = auto_recipe(image_size, channels) if image_size is not None else None
+    if given:
+        text += ", as set" + (f" (auto takes {auto} for {images})" if images else "")
+    elif piloted:
         text += ", auto's choice for this data by its pilot (fadrm_ray/pilot.py)"
-    elif image_size is not None:
-        auto, images = auto_recipe(image_size, channels), f"{channels}-channel {image_size}-px images"
+    elif images is not None:
         text += f", auto's choice for {images}" if auto == name else f", set (auto takes {auto} for {images})"
     return f"{text}: {RECIPES[name].source}"
 

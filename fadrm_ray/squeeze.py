@@ -197,7 +197,7 @@ def teacher_matches(info: TeacherInfo, dataset: ImageDataset, cfg: SqueezeConfig
     records one (a teacher saved before it was recorded is judged on the rest)."""
     kwargs = dict(cfg.model_kwargs)
     in_chans = kwargs.pop("in_chans", None)  # squeeze records it as TeacherInfo.in_chans, not as a keyword
-    if (info.dataset_fingerprint != dataset.fingerprint() or info.model_name != cfg.model
+    if (not dataset.matches(info.dataset_fingerprint) or info.model_name != cfg.model
             or info.model_kwargs != kwargs or (in_chans is not None and info.in_chans != in_chans)):
         return False
     if info.squeeze_config is None:

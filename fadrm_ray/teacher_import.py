@@ -27,7 +27,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,6 +56,9 @@ class ImportSettings(BaseModel):
     std: tuple[float, ...] | None = None
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     accept_chance: bool = False               # write a teacher at chance level all the same
+    # The dataset class of each of the weights' outputs, in output order (class names or indices):
+    # weights trained with another class order are reordered to the dataset's.
+    class_order: tuple[str, ...] | None = None
     device: str | None = None
     data_root: str | None = None
 
@@ -267,6 +270,101 @@ def build_model(model_name: str, weights: _Weights, dataset: ImageDataset,
     return model.eval().requires_grad_(False), in_chans
 
 
+# --------------------------------------------------------------------------- class order
+# A class is taken for another where at least this share of its test images (and MIN_SWAPPED of
+# them) is predicted as that one other class.
+SWAPPED_SHARE = 0.5
+MIN_SWAPPED = 3
+
+
+def reorder_outputs(model: torch.nn.Module, dataset: ImageDataset, class_order: Sequence[str] | None,
+                    categories: list[str] | None) -> str | None:
+    """Reorder the classifier's outputs to the dataset's class order, where `class_order` names the
+    dataset class of each output (names or indices), or where the weights' own categories are the
+    dataset's class names in another order; one line saying so, or None where nothing moved."""
+    names = [str(n) for n in dataset.class_names]
+    if class_order is not None:
+        if len(class_order) != len(names):
+            raise ModelError(f"--class-order names {len(class_order)} classes, dataset {dataset.name} has {len(names)}")
+        order = [_class_index(entry, names) for entry in class_order]
+        if sorted(order) != list(range(len(names))):
+            raise ModelError("--class-order must name every class of the dataset once")
+        said = "--class-order"
+    elif categories is not None and sorted(categories) == sorted(names) and list(categories) != names:
+        order, said = [names.index(c) for c in categories], "the weights' own category names"
+    else:
+        return None
+    if order == list(range(len(names))):
+        return None
+    head = _classifier(model)
+    if head is None:
+        raise ModelError("the model has no Linear classifier whose outputs could be reordered")
+    layer = model.get_submodule(head)
+    output_of = [order.index(c) for c in range(len(names))]  # the weights' output of each dataset class
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight[output_of].clone())
+        if layer.bias is not None:
+            layer.bias.copy_(layer.bias[output_of].clone())
+    moved = sum(1 for c, o in enumerate(output_of) if c != o)
+    return f"the weights' outputs were reordered to the dataset's class order by {said} ({moved} classes moved)"
+
+
+def _class_index(entry: str, names: list[str]) -> int:
+    if entry in names:
+        return names.index(entry)
+    if entry.strip().isdigit() and int(entry) < len(names):
+        return int(entry)
+    raise ModelError(f"--class-order: {entry!r} is neither a class name of the dataset nor a class index")
+
+
+@torch.no_grad()
+def class_confusion(model: torch.nn.Module, split: Split, view: ImageDataset) -> torch.Tensor:
+    """(K, K) counts: row = the image's class, column = the predicted class."""
+    from fadrm_ray.data.parallel import prefetch
+    from fadrm_ray.models import match_channels, model_in_chans
+
+    k = view.num_classes
+    counts = torch.zeros(k, k, dtype=torch.long)
+    device = next(model.parameters()).device
+    in_chans = model_in_chans(model, view.channels)
+    for idx, images in prefetch(split.load, torch.arange(len(split)).split(256)):
+        pred = model(match_channels(view.normalize(images), in_chans).to(device)).argmax(dim=1).cpu()
+        counts.index_put_((split.labels[idx], pred), torch.ones_like(pred), accumulate=True)
+    return counts
+
+
+def check_class_order(model: torch.nn.Module, test: Split, view: ImageDataset, dataset: ImageDataset) -> None:
+    """Refuse weights that take whole classes for one another (the weights' class order is not the
+    dataset's): naming each pair, and how to give the order."""
+    counts = class_confusion(model, test, view)
+    names = [str(n) for n in dataset.class_names]
+    taken = {}
+    for c in range(len(names)):
+        total = int(counts[c].sum())
+        other = counts[c].clone()
+        other[c] = -1
+        d = int(other.argmax())
+        if total and int(counts[c, d]) >= max(MIN_SWAPPED, SWAPPED_SHARE * total) and counts[c, d] > counts[c, c]:
+            taken[c] = (d, int(counts[c, d]), total)
+    # Classes in a cycle of such takings: a permutation of the class order, not a weak teacher.
+    swapped = []
+    for c in taken:
+        seen, d = [c], taken[c][0]
+        while d in taken and d not in seen:
+            seen.append(d)
+            d = taken[d][0]
+        if d == c and min(seen) == c:
+            swapped.append(seen)
+    if not swapped:
+        return
+    pairs = "; ".join(", ".join(f"'{names[c]}' predicted as '{names[taken[c][0]]}' for {taken[c][1]} of its "
+                                f"{taken[c][2]} test images" for c in cycle) for cycle in swapped)
+    raise ModelError(f"the weights take whole classes for one another: {pairs}. Their class order is not the "
+                     f"dataset's ({dataset.name} sorts its classes: {', '.join(names[:6])}"
+                     f"{', ...' if len(names) > 6 else ''}); give the class of each of the weights' outputs in "
+                     f"order with --class-order NAME,NAME,... (or indices); nothing written")
+
+
 # --------------------------------------------------------------------------- measure
 def spread_sample(split: Split, num_classes: int, count: int | None) -> Split:
     """`count` images of `split` spread evenly over its classes (evenly spaced within each), or all of it."""
@@ -348,6 +446,7 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
             raise ModelError(f"the normalization ({name}) has {len(mean)} channels, dataset {dataset.name} has "
                              f"{dataset.channels}; pass --mean and --std with {dataset.channels} value(s)")
     categories = weights.categories if weights.categories and len(weights.categories) == dataset.num_classes else None
+    order_note = reorder_outputs(model, dataset, settings.class_order, categories)
     device = resolve_device(settings.device)
     model.to(device)
     test = spread_sample(dataset.test, dataset.num_classes, settings.eval_images)
@@ -392,6 +491,10 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
                          f"{chance:.2f}%, a teacher must exceed {bar:.2f}%): the weights' class order or "
                          f"normalization does not fit the dataset; nothing written (--accept-chance writes it "
                          f"anyway)")
+    if not settings.accept_chance:
+        check_class_order(model, test, teacher_view(dataset, [info]), dataset)
+    if order_note:
+        warnings.insert(0, order_note)
     info.test_accuracy = round(float(top1), 4)
     digest = save_teacher(out, model.cpu(), info, replace=False)
     return ImportResult(path=str(Path(out).resolve()), sha256=digest, model=settings.model, dataset=dataset.name,

@@ -41,11 +41,15 @@ def test_distill_and_info_name_the_recipe(digits_teacher, tmp_path, capsys):
     assert code == 0 and "every value it sets was given explicitly" in out, out
 
 
-def test_the_recipe_line_reads_the_run_s_own_record():
+def test_the_recipe_line_reads_the_run_s_own_record(tmp_path):
+    from fadrm_ray.layout import RunLayout
+
+    layout = RunLayout(tmp_path)  # a run without job.json: from its saved config and provenance
     colour_data = RunProvenance(dataset=RecordedDataset(image_size=32, channels=3))
-    colour = SimpleNamespace(config=make_config(overrides={"recipe": "cifar"}), provenance=colour_data)
+    colour = SimpleNamespace(config=make_config(overrides={"recipe": "cifar"}), provenance=colour_data, layout=layout)
     assert run_recipe(colour).startswith("cifar, auto's choice for 3-channel 32-px images: the released")
-    pinned = SimpleNamespace(config=make_config(overrides={"recipe": "small-grey"}), provenance=colour_data)
+    pinned = SimpleNamespace(config=make_config(overrides={"recipe": "small-grey"}), provenance=colour_data,
+                             layout=layout)
     assert run_recipe(pinned).startswith("small-grey, set (auto takes cifar for 3-channel 32-px images)")
-    older = SimpleNamespace(config=None, provenance=RunProvenance())  # a run distilled before recipes were recorded
+    older = SimpleNamespace(config=None, provenance=RunProvenance(), layout=layout)  # before recipes were recorded
     assert run_recipe(older).startswith("not recorded")

@@ -20,6 +20,7 @@ script finds through the `fadrm.commands` entry points and passes to `main`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None, *, ray_distill: "Door | None" = None, co
             raise
         print(f"fadrm {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader of our output left (`fadrm info | head`): as a Unix tool does
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout without a descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush goes nowhere
+        return 0
     except OSError as exc:  # the storage failed during the work: full, read-only, gone
         if os.environ.get("FADRM_DEBUG"):
             raise

@@ -28,6 +28,8 @@ DATASET_HELP = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar10
 STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
                        "torch sees a GPU); on CUDA in mixed precision, channels-last")
 IPC_HELP = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
+SKIP_BAD_IMAGES_HELP = ("leave out the image files of an image folder that cannot be read (each named once, "
+                        "the count recorded in the run) instead of refusing the folder")
 
 
 class CLIError(Exception):
@@ -43,12 +45,14 @@ USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, FileNotFoundError, Inp
 
 class DefaultsFormatter(argparse.HelpFormatter):
     """Help that ends each option with its default, where it has one worth saying (not None, not
-    a flag's False) and the help does not say it already."""
+    a flag's False, not the True of a --no-X flag) and the help does not say it already."""
 
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
         if default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        if isinstance(action, argparse._StoreFalseAction):  # --no-X: X is done unless the flag is given
             return text
         return f"{text} (default: {default})" if text else f"(default: {default})"
 
@@ -109,13 +113,20 @@ def door_of(spec: "ExecutionSpec", ray_distill: "Door | None") -> "Door":
     return ray_distill
 
 
-def parse_classes(text: str | None) -> list[int] | None:
+def parse_classes(text: str | None, names: Sequence[str] | None = None) -> list[int] | None:
+    """`--classes`: comma-separated class indices, or the dataset's class names (`names`), as the
+    REST service takes them."""
     if text is None:
         return None
     items = [c.strip() for c in text.split(",")]
-    if not all(c.isdigit() for c in items):
-        raise CLIError(f"--classes must be comma-separated class indices like 0,3,7, got {text!r}")
-    classes = [int(c) for c in items]
+    known = {str(n): i for i, n in enumerate(names or ())}
+    if not all(c.isdigit() or c in known for c in items):
+        unknown = [c for c in items if not c.isdigit() and c not in known]
+        hint = f"; the dataset's classes are {', '.join(list(known)[:8])}{', ...' if len(known) > 8 else ''}" \
+            if known else ""
+        raise CLIError(f"--classes takes comma-separated class indices like 0,3,7, or the dataset's class names: "
+                       f"{unknown[0]!r} is neither{hint}")
+    classes = [int(c) if c.isdigit() and c not in known else known[c] for c in items]
     repeated = sorted({c for c in classes if classes.count(c) > 1})
     if repeated:
         raise CLIError(f"--classes names class {repeated[0]} more than once: {text!r}")
@@ -143,7 +154,7 @@ def note(line: str) -> None:
 
 def emit(args, payload: dict, human: str) -> None:
     if args.json:
-        print(json.dumps(payload, default=str))
+        print(json.dumps(payload, default=str, ensure_ascii=False))
     else:
         print(human)
 

@@ -29,7 +29,13 @@ def add_parser(sub):
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
                    help="a keyword of the model's builder, e.g. width=32 for convnet-bn (repeatable)")
     p.add_argument("--accept-chance", action="store_true",
-                   help="write the teacher even when its top-1 is no better than chance")
+                   help="write the teacher even when its top-1 is no better than chance (and without the "
+                        "check that it does not take whole classes for one another)")
+    p.add_argument("--class-order", default=None, metavar="NAME,NAME,...",
+                   help="the dataset class of each of the weights' outputs, in output order (class names or "
+                        "indices), where the weights were trained with another class order than the dataset's "
+                        "sorted folders: their outputs are reordered to the dataset's (weights whose metadata "
+                        "names their categories are reordered by those names without it)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--data-root", default=None, help="where downloadable datasets live")
@@ -68,7 +74,9 @@ def run(args) -> None:
     settings = ImportSettings(model=args.model, weights=args.weights, dataset=args.dataset, out=args.out,
                               eval_images=args.eval_images, mean=_floats(args.mean, "--mean"),
                               std=_floats(args.std, "--std"), model_kwargs=_model_args(args.model_arg or []),
-                              accept_chance=args.accept_chance, device=args.device, data_root=args.data_root)
+                              accept_chance=args.accept_chance, device=args.device, data_root=args.data_root,
+                              class_order=tuple(v.strip() for v in args.class_order.split(","))
+                              if args.class_order else None)
     result = import_teacher(settings)
     if result.split_note is not None:
         note(result.split_note)

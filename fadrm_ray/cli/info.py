@@ -29,7 +29,11 @@ def run_recipe(reader: RunReader) -> str:
     """The recipe a run's "auto" values came from, with why (`recipes.recipe_reason`), from its
     saved config and the image size and channels its provenance records."""
     from fadrm_ray.recipes import recipe_reason
+    from fadrm_ray.run.reopen import recorded_job
 
+    job = recorded_job(reader.layout)
+    if job is not None and reader.config is not None and job.config.recipe == reader.config.recipe:
+        return job.recipe
     data = reader.provenance.dataset
     size, channels = (data.image_size, data.channels) if data is not None else (None, None)
     known = size is not None and channels is not None
@@ -72,11 +76,11 @@ def run(args) -> None:
     info["report"] = report_files(args.run)
     info["report_stale"] = stale_reports(args.run)
     if args.json:
-        print(json.dumps(info, default=str))
+        print(json.dumps(info, default=str, ensure_ascii=False))
         return
     width = max(len(k) for k in info)
     for key, value in info.items():
         if isinstance(value, (dict, list)):
-            value = json.dumps(value, default=str)
+            value = json.dumps(value, default=str, ensure_ascii=False)
             value = value if len(value) < 200 else value[:197] + "..."
         print(f"{key:<{width}}  {value}")

@@ -2,15 +2,40 @@
 from __future__ import annotations
 
 from .base import DatasetError, ImageDataset, Split, channel_stats
+from .common import SKIP_BAD_IMAGES
 
 DATASET_NAMES = ["digits", "mnist-sample", "fashion-mnist", "clipart10", "cifar10", "cifar100", "imagefolder:PATH",
                  "parquet:PATH"]
+_FOLDER_KINDS = ("imagefolder", "folder")
 
-__all__ = ["DATASET_NAMES", "DatasetError", "ImageDataset", "Split", "channel_stats", "get_dataset"]
+__all__ = ["DATASET_NAMES", "SKIP_BAD_IMAGES", "DatasetError", "ImageDataset", "Split", "channel_stats",
+           "dataset_notes", "get_dataset", "skipping_bad_images"]
+
+
+def _kind_and_options(kind: str) -> tuple[str, list[str]]:
+    """`imagefolder+skip-bad-images` -> ("imagefolder", ["skip-bad-images"])."""
+    base, *options = kind.split("+")
+    return base.lower(), [o.strip().lower() for o in options]
+
+
+def skipping_bad_images(spec: str) -> str:
+    """`spec` with files that cannot be read left out (`imagefolder:PATH` ->
+    `imagefolder+skip-bad-images:PATH`); refused for a dataset that is not an image folder."""
+    kind, sep, arg = spec.strip().partition(":")
+    base, options = _kind_and_options(kind)
+    if not sep or base not in _FOLDER_KINDS:
+        raise DatasetError(f"--{SKIP_BAD_IMAGES} is for image folders (imagefolder:PATH), not {spec!r}")
+    return spec if SKIP_BAD_IMAGES in options else f"{kind}+{SKIP_BAD_IMAGES}:{arg}"
+
+
+def dataset_notes(dataset: ImageDataset) -> list[str]:
+    """What a command that opened `dataset` says once, as notes: the images converted to its
+    channels and the files ignored, the unreadable files it left out (image folders)."""
+    return list(dataset.info.get("notes") or ())
 
 
 def get_dataset(spec: str, root: str | None = None, image_size: int | None = None,
-                download: bool | None = None) -> ImageDataset:
+                download: bool | None = None, skip_bad_images: bool = False) -> ImageDataset:
     """Open a dataset by spec.
 
     ``root`` is where CIFAR and Fashion-MNIST live (default: env FADRM_DATA or ~/.cache/fadrm/data;
@@ -18,16 +43,24 @@ def get_dataset(spec: str, root: str | None = None, image_size: int | None = Non
     openclipart-png put them).
     ``image_size`` resizes (shorter side + center crop) to that size; None keeps the native size.
     ``download`` (CIFAR only): None tries a download unless env FADRM_OFFLINE is set.
+    ``skip_bad_images`` (image folders only; the spec `imagefolder+skip-bad-images:PATH` says the
+    same): files that cannot be read are left out instead of refused.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise DatasetError(f"unknown dataset {spec!r}; choose one of: {', '.join(DATASET_NAMES)}")
     spec = spec.strip()
     kind, sep, arg = spec.partition(":")
-    key = kind.lower()
-    if sep and key in ("imagefolder", "folder"):
+    key, options = _kind_and_options(kind)
+    if options and not (sep and key in _FOLDER_KINDS and set(options) <= {SKIP_BAD_IMAGES}):
+        raise DatasetError(f"unknown dataset '{spec}': only image folders take an option, "
+                           f"imagefolder+{SKIP_BAD_IMAGES}:PATH")
+    if skip_bad_images and not (sep and key in _FOLDER_KINDS):
+        raise DatasetError(f"--{SKIP_BAD_IMAGES} is for image folders (imagefolder:PATH), not {spec!r}")
+    if sep and key in _FOLDER_KINDS:
         from .folder import load_image_folder
 
-        return load_image_folder(arg, image_size=image_size)
+        return load_image_folder(arg, image_size=image_size,
+                                 skip_bad_images=skip_bad_images or SKIP_BAD_IMAGES in options)
     if sep and key == "parquet":
         from .parquet import load_parquet
 

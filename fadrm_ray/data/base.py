@@ -37,6 +37,7 @@ class Split:
     labels: torch.Tensor  # int64, shape (N,)
     load: Callable[[Sequence[int] | torch.Tensor], torch.Tensor]
     fingerprint_source: str = ""  # what identifies the content (hash of bytes or file list)
+    resident: bool = False        # held in memory: `load` only indexes (nothing to decode)
 
     def __len__(self) -> int:
         return int(self.labels.numel())
@@ -60,7 +61,8 @@ class Split:
         def load(indices):
             return parent(keep[torch.as_tensor(indices, dtype=torch.long)])
 
-        return Split(labels=self.labels[keep], load=load, fingerprint_source=f"{self.fingerprint_source}:{what}")
+        return Split(labels=self.labels[keep], load=load, fingerprint_source=f"{self.fingerprint_source}:{what}",
+                     resident=self.resident)
 
     @staticmethod
     def in_memory(images: torch.Tensor, labels: torch.Tensor) -> "Split":
@@ -76,7 +78,7 @@ class Split:
         def load(indices):
             return images[torch.as_tensor(indices, dtype=torch.long)]
 
-        return Split(labels=labels, load=load, fingerprint_source=digest.hexdigest())
+        return Split(labels=labels, load=load, fingerprint_source=digest.hexdigest(), resident=True)
 
 
 @dataclass
@@ -97,9 +99,22 @@ class ImageDataset:
         return len(self.class_names)
 
     def fingerprint(self) -> str:
-        """A short content hash: same data and class order give the same fingerprint."""
+        """A short content hash: the kind of source (a built-in dataset's name; `imagefolder`,
+        `parquet`), the class names in their order, the image size and channels, and the content
+        of both splits (their files' paths relative to the folder, sizes and labels, or the bytes).
+        Not where the data lives nor what its folder is called: a renamed or moved copy of the same
+        files is the same data."""
+        return self._hash(self.name.partition(":")[0])
+
+    def matches(self, fingerprint: str) -> bool:
+        """Whether `fingerprint` is this data's: today's, or the one recorded before the folder's
+        name was left out of it (`imagefolder:NAME` hashed NAME too), which older runs and teachers
+        carry."""
+        return fingerprint in (self.fingerprint(), self._hash(self.name))
+
+    def _hash(self, source: str) -> str:
         h = hashlib.sha256()
-        for part in (self.name, "|".join(self.class_names), str(self.image_size), str(self.channels),
+        for part in (source, "|".join(self.class_names), str(self.image_size), str(self.channels),
                      self.train.fingerprint_source, self.test.fingerprint_source):
             h.update(part.encode())
             h.update(b"\0")

@@ -40,10 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, cache_root
 from .base import DatasetError, ImageDataset, Split, channel_stats
 from .common import package_path
-from .listing import CACHE_ENV
 from .parallel import parallel_map
 
 NAME = "clipart10"
@@ -279,7 +278,7 @@ def _cache_key(root: Path, files: list[tuple[str, int, str]]) -> str:
 
 
 def cache_path(key: str) -> Path:
-    base = Path(os.environ.get(CACHE_ENV) or "~/.cache/fadrm").expanduser()
+    base = cache_root()
     return base / "datasets" / f"{NAME}-{key}.npz"
 
 

@@ -19,6 +19,9 @@ TEST_FRACTION = 0.2
 # (`ImageDataset.info["test_split"]`, through `made_split`).
 SPLIT_LAYOUT = "80/20 split"
 MADE_SPLIT = f"held out per class by a fixed stratified split ({TEST_FRACTION:.0%} of each class)"
+# The option of a folder's spec (`imagefolder+skip-bad-images:PATH`) and the flag of the commands
+# that read one (`--skip-bad-images`): files that cannot be read are left out, not refused.
+SKIP_BAD_IMAGES = "skip-bad-images"
 
 
 def made_split(layout: str) -> str | None:

@@ -9,26 +9,52 @@ split. Class index = position of the folder name in sorted order, the torchvisio
 The listing (files, labels, fingerprints) is made once per folder and reused from a cache file
 while the folders are unchanged (listing.py); images are read and decoded on several threads
 (parallel.py).
+
+Listing checks every image file (its header and its end, `codec.check_file`). A folder with files
+that cannot be read is refused, naming them, unless they are skipped (`skip_bad_images`, the
+spec `imagefolder+skip-bad-images:PATH`): then they are left out of both splits and the
+fingerprint, which covers the files kept, and the dataset says which (`info["skipped"]`, and
+`describe()` for the run's record). Grey, RGBA and paletted images converted to the dataset's
+channels, and files in class folders that are not images, are counted in one note
+(`info["notes"]`).
 """
 from __future__ import annotations
 
 import os
 import stat
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import SPLIT_LAYOUT, all_grey, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, stratified_split
+from .common import SKIP_BAD_IMAGES, SPLIT_LAYOUT, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, \
+    stratified_split
 from .imagenet_val import SOLUTION_CSV, find_solution, label_flat_files
-from .listing import FolderListing, SplitListing, load_listing, save_listing, settled, stat_key
+from .listing import (FolderListing, SplitListing, check_files, conversion_note, load_listing, refusal, save_listing,
+                      settled, skipped_note, stat_key)
 from .parallel import parallel_map
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".avif")
 DEFAULT_SIZE = 224
-_HEAD_BYTES = 65536
+SKIP_FLAG = f"--{SKIP_BAD_IMAGES}"
+# The skipped files a run's record names (it counts all of them).
+RECORDED_SKIPPED = 100
+
+
+class FolderDataset(ImageDataset):
+    """An image folder's dataset: its description (what a run records) counts and names the files
+    it left out as unreadable, where it skipped any."""
+
+    def describe(self) -> dict:
+        described = super().describe()
+        skipped = self.info.get("skipped") or []
+        if skipped:
+            described["skipped_images"] = len(skipped)
+            described["skipped_files"] = skipped[:RECORDED_SKIPPED]
+        return described
 
 
 def _class_dirs(root: Path) -> list[str]:
@@ -57,6 +83,7 @@ class _Tree:
         self.root = root
         self.watched: dict[str, tuple[int, int]] = {}
         self.newest = 0
+        self.strays = 0  # files in class folders that are not images
 
     def watch(self, rel: str) -> None:
         try:
@@ -70,15 +97,16 @@ class _Tree:
         self.newest = max(self.newest, key[0])
 
 
-def _walk_class(root: Path, rel_dir: str) -> tuple[list[tuple[str, int]], dict[str, tuple[int, int]], int]:
+def _walk_class(root: Path, rel_dir: str) -> tuple[list[tuple[str, int]], dict[str, tuple[int, int]], int, int]:
     """The image files under one class folder, subfolders included, in path order (by
     components), each (path relative to `root`, size); the (mtime, size) of every folder walked;
-    the newest mtime seen. Linked subfolders are followed, as torchvision's ImageFolder does; a
-    link back up the tree lists the same files again, until the system's link limit stops it."""
+    the newest mtime seen; how many other files (not hidden) it holds. Linked subfolders are
+    followed, as torchvision's ImageFolder does; a link back up the tree lists the same files
+    again, until the system's link limit stops it."""
     top = os.path.join(root, rel_dir)
     files: list[tuple[str, int]] = []
     folders: dict[str, tuple[int, int]] = {}
-    newest = 0
+    newest = strays = 0
     for dirpath, _, names in os.walk(top, followlinks=True):
         rel = rel_dir + dirpath[len(top):].replace(os.sep, "/")
         try:
@@ -88,6 +116,7 @@ def _walk_class(root: Path, rel_dir: str) -> tuple[list[tuple[str, int]], dict[s
         newest = max(newest, key[0])
         for name in names:
             if not _image_name(name):
+                strays += not name.startswith(".")
                 continue
             try:
                 st = os.stat(os.path.join(dirpath, name))
@@ -97,7 +126,7 @@ def _walk_class(root: Path, rel_dir: str) -> tuple[list[tuple[str, int]], dict[s
                 files.append((f"{rel}/{name}", st.st_size))
                 newest = max(newest, st.st_mtime_ns)
     files.sort(key=lambda f: f[0].split("/"))
-    return files, folders, newest
+    return files, folders, newest, strays
 
 
 def _walk_split(tree: _Tree, split_rel: str, classes: list[str],
@@ -109,12 +138,13 @@ def _walk_split(tree: _Tree, split_rel: str, classes: list[str],
                if os.path.isdir(os.path.join(tree.root, split_rel or ".", name))]
     walks = parallel_map(lambda item: _walk_class(tree.root, _join(split_rel, item[1])), present)
     files, sizes, labels = [], [], []
-    for (label, name), (found, folders, newest) in zip(present, walks):
+    for (label, name), (found, folders, newest, strays) in zip(present, walks):
         if strict and not found:
             raise DatasetError(f"class folder {tree.root / split_rel / name} has no images ({', '.join(IMAGE_EXTENSIONS)})")
         for rel, key in folders.items():
             tree.add(rel, key)
         tree.newest = max(tree.newest, newest)
+        tree.strays += strays
         files.extend(rel for rel, _ in found)
         sizes.extend(size for _, size in found)
         labels.extend([label] * len(found))
@@ -197,21 +227,6 @@ def _read(path: str) -> bytes:
         raise DatasetError(f"cannot read image file {path}: {exc}") from None
 
 
-def _read_head(path: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(_HEAD_BYTES)
-    except OSError as exc:
-        raise DatasetError(f"cannot read image file {path}: {exc}") from None
-
-
-def _decoded_channels(path: str) -> int:
-    try:
-        return codec.stored_channels(_read(path))
-    except codec.CodecError as exc:
-        raise DatasetError(f"cannot decode image {path}: {exc}") from None
-
-
 def _layout(tree: _Tree) -> tuple[str, list[str], tuple, tuple | None]:
     """(layout, classes, train, test): `train` and `test` as (files, sizes, labels); `test` None
     when the held-out images are to be split off `train` (80/20)."""
@@ -239,24 +254,55 @@ def _layout(tree: _Tree) -> tuple[str, list[str], tuple, tuple | None]:
             _flat_val(tree, test_dir, classes, train_dir))
 
 
+def _readable(walked: tuple, checks: list) -> tuple[tuple, list]:
+    """(files, sizes, labels) of `walked` and their checks, less the files that cannot be read."""
+    keep = [i for i, c in enumerate(checks) if c.problem is None]
+    if len(keep) == len(checks):
+        return walked, checks
+    return tuple([v[i] for i in keep] for v in walked), [checks[i] for i in keep]
+
+
+def _check_every_class_readable(root: Path, classes: list[str], walked: tuple, kept: tuple,
+                                checks: list) -> None:
+    """A class whose training files all cannot be read is no class: refused, whatever is skipped."""
+    empty = sorted(set(walked[2]) - set(kept[2]))
+    if not empty:
+        return
+    label = empty[0]
+    bad = [(rel, c.problem) for rel, y, c in zip(walked[0], walked[2], checks) if y == label]
+    shown = ", ".join(f"{rel} ({why})" for rel, why in bad[:3])
+    raise DatasetError(f"class {classes[label]!r} of {root} has no readable training image: its {len(bad)} image "
+                       f"files cannot be read ({shown}{', ...' if len(bad) > 3 else ''})")
+
+
 def list_folder(root: Path) -> tuple[FolderListing, bool]:
-    """Walk the folder: its listing, and whether the tree has been still long enough to keep it."""
+    """Walk the folder and check every image file once: its listing (the files that cannot be
+    read left out of both splits), and whether the tree has been still long enough to keep it."""
     listed_at = time.time_ns()
     tree = _Tree(root)
     tree.watch("")
     layout, classes, train, test = _layout(tree)
+    walked = train[0] + (test[0] if test is not None else [])
+    checks = check_files(_paths(root, walked))
+    bad = [(rel, c.problem) for rel, c in zip(walked, checks) if c.problem is not None]
+    kept_train, train_checks = _readable(train, checks[:len(train[0])])
+    _check_every_class_readable(root, classes, train, kept_train, checks[:len(train[0])])
+    kept_checks = list(train_checks)
     if test is None:
-        tr, te = stratified_split(torch.as_tensor(train[2], dtype=torch.int64))
-        train_listing, test_listing = _split_listing(*train, keep=tr.tolist()), _split_listing(*train, keep=te.tolist())
+        tr, te = stratified_split(torch.as_tensor(kept_train[2], dtype=torch.int64))
+        train_listing = _split_listing(*kept_train, keep=tr.tolist())
+        test_listing = _split_listing(*kept_train, keep=te.tolist())
+        first = train_checks[int(tr[0])]
     else:
-        train_listing, test_listing = _split_listing(*train), _split_listing(*test)
-
-    everything = _paths(root, train_listing.files + test_listing.files)
-    grey = all_grey(lambda i: _read_head(everything[i]), len(everything), lambda i: _decoded_channels(everything[i]))
-    channels = 1 if grey else 3
-    first = decode_bytes(_read(everything[0]), channels, what=everything[0])
+        kept_test, test_checks = _readable(test, checks[len(train[0]):])
+        kept_checks += test_checks
+        train_listing, test_listing = _split_listing(*kept_train), _split_listing(*kept_test)
+        first = train_checks[0]
+    modes = Counter(c.mode for c in kept_checks)
+    channels = 1 if modes and all(codec.is_grey_mode(m) for m in modes) else 3
     listing = FolderListing(layout=layout, classes=classes, train=train_listing, test=test_listing, channels=channels,
-                            first_shape=(int(first.shape[-2]), int(first.shape[-1])), watched=tree.watched)
+                            first_shape=(first.height, first.width), watched=tree.watched, bad=bad,
+                            modes=dict(sorted(modes.items())), strays=tree.strays)
     return listing, settled(tree.newest, listed_at)
 
 
@@ -278,7 +324,9 @@ def file_split(root: Path, split: SplitListing, channels: int, size: int) -> Spl
                  fingerprint_source=split.fingerprint)
 
 
-def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
+def load_image_folder(path: str, image_size: int | None = None, skip_bad_images: bool = False) -> ImageDataset:
+    """The image folder at `path`; refused where files in it cannot be read, unless
+    `skip_bad_images` leaves them out."""
     if not path:
         raise DatasetError("imagefolder needs a path: imagefolder:PATH")
     root = Path(path).expanduser()
@@ -292,6 +340,11 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
     keep = listing is not None
     if listing is None:
         listing, keep = list_folder(root)
+    name = f"imagefolder:{root.resolve().name}"
+    if listing.bad and not skip_bad_images:
+        if keep and listing.source == "walked":
+            save_listing(root, listing)  # a second try, with the flag, is not checked again
+        raise DatasetError(refusal(name, root, listing, SKIP_FLAG))
     if image_size is None:
         h, w = listing.first_shape
         image_size = h if h == w else DEFAULT_SIZE
@@ -308,11 +361,15 @@ def load_image_folder(path: str, image_size: int | None = None) -> ImageDataset:
         mean, std, used = tuple(float(v) for v in stats[0]), tuple(float(v) for v in stats[1]), int(stats[2])
     if keep and (stats is None or listing.source == "walked"):
         save_listing(root, listing)
-    return ImageDataset(name=f"imagefolder:{root.resolve().name}", class_names=listing.classes, image_size=image_size,
-                        channels=listing.channels, mean=mean, std=std, train=train, test=test, hflip=True,
-                        info={"source": "imagefolder", "path": str(root.resolve()), "layout": listing.layout,
-                              "stats_images": used, "listing": listing.source,
-                              "test_split": made_split(listing.layout)})
+    notes = [line for line in [conversion_note(name, listing)] if line is not None]
+    if listing.bad:
+        notes += skipped_note(name, root, listing, SKIP_FLAG)
+    return FolderDataset(name=name, class_names=listing.classes, image_size=image_size,
+                         channels=listing.channels, mean=mean, std=std, train=train, test=test, hflip=True,
+                         info={"source": "imagefolder", "path": str(root.resolve()), "layout": listing.layout,
+                               "stats_images": used, "listing": listing.source,
+                               "test_split": made_split(listing.layout), "notes": notes,
+                               "skipped": [f"{rel} ({why})" for rel, why in listing.bad]})
 
 
 def _refuse_a_split_folder(root: Path) -> None:

@@ -7,6 +7,10 @@ A distillation is worth its compute only if its images train a better student th
 - **its own starting patches** (its config at zero recover iterations, preset `patches` with the
   run's patch settings, stored as `patches-<hash>`): what the recover loop added, or took away.
 
+Where the run's patches are random whole images (the `gentle` recipe), its starting patches are
+random real images, byte for byte: they are reported once, as the same set (`same_as`), and
+their students are trained once.
+
 Both are ordinary store runs, distilled beside the run they judge (content-addressed, so every
 run of the same classes, IPC, seed and teachers shares them) and evaluated with the very same
 settings and soft labels. `evaluate_run` caches each evaluation inside its run, so a baseline is
@@ -14,6 +18,7 @@ trained once however many runs ask for it.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from dataclasses import replace
@@ -28,10 +33,11 @@ from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRu
 from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
-from fadrm_ray.evaluation.ranking import rank_evaluation
+from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation, PairedGain
 from fadrm_ray.settings import EvaluationError
+from fadrm_ray.store import open_run
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
 _PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group")
@@ -63,6 +69,15 @@ def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[
                             torch.device(device).type)
     with torch_threads(spec.threads):
         return execute.run(distill_job, ExecutionSpec(local=True, device=device, progress=False), parts)
+
+
+def _pixels(run_dir: Path, ipc: int | None) -> str:
+    """A digest of a run's images and labels in their order (not of its files, which record the
+    config that made them)."""
+    images, labels, _ = open_run(run_dir, ipc=ipc).read()
+    h = hashlib.sha256(images.contiguous().numpy().tobytes())
+    h.update(labels.contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> PairedGain:
@@ -123,8 +138,13 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | 
         run = open_for_evaluation(run_dir, job, spec, parts, own_teachers=True)
     reader, dataset = run.reader, run.dataset
     parts = replace(parts, dataset=dataset, labeler=run.labeler, run=run, on_open=None)  # opened: the hook has seen it
-    result = evaluate_run(run_dir, job, spec, parts)
-    baselines, gains, paired, evaluations = {}, {}, {}, {}
+    result = evaluate_run(run_dir, job, spec, replace(parts, progress_label="the run"))
+    baselines, gains, paired, evaluations, seen = {}, {}, {}, {}, {}
+    if parts.on_note is not None and reader.config is not None:
+        sets = list(baseline_configs(reader.config, job.ipc))
+        took = "" if result.cached else f", about {result.seconds:.0f} s each as the run's own took"
+        parts.on_note(f"baselines: {len(sets)} more sets ({', '.join(BASELINES[n] for n in sets)}), each distilled "
+                      f"once and its {len(result.seeds)} students trained unless kept{took}; --no-baselines skips them")
     if reader.config is None:  # a bare copy of the part files: nothing to derive the baselines from
         baselines["random_real"] = BaselineScore(error=f"{reader.run_dir} has no {reader.layout.config.name}")
     for name, bcfg in (baseline_configs(reader.config, job.ipc) if reader.config is not None else {}).items():
@@ -133,8 +153,15 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | 
             continue
         try:
             made = distill_baseline(run, bcfg, list(run.own_teachers), job, spec)
+            images = _pixels(made.run_dir, made.ipc)
+            if images in seen:  # the same images as a baseline before it (whole random images both)
+                baselines[name] = BaselineScore(run_id=made.run_id, run_dir=str(made.run_dir), preset=bcfg.preset,
+                                                same_as=seen[images])
+                continue
+            seen[images] = name
             ev = result if made.run_id == reader.run_id else evaluate_run(
-                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), spec, parts)
+                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), spec,
+                replace(parts, progress_label=BASELINES[name]))
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = BaselineScore(error=str(exc))
             continue
@@ -145,6 +172,26 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | 
     if ranking:
         scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, parts, ars=ars)
     recipe = reader.config.recipe if reader.config is not None else ""
-    warning = below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels)
+    warnings = [below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels),
+                weak_teacher(scores, [t.test_accuracy for t in reader.provenance.teachers])]
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
-                                     "ranking": scores, "warnings": [warning] if warning else []})
+                                     "ranking": scores, "warnings": [w for w in warnings if w]})
+
+
+# A teacher this many points below a full-data hard-label student is the weak part of a set.
+WEAK_TEACHER_POINTS = 5.0
+
+
+def weak_teacher(scores, teacher_top1: Sequence[float | None]) -> str | None:
+    """One line where DD-Ranking's full-data reference student (hard labels, the whole training
+    split) beats the best teacher's recorded test top-1 by more than WEAK_TEACHER_POINTS: the
+    soft labels teach less than the data itself, whatever the images; None otherwise."""
+    known = [t for t in teacher_top1 if t is not None and t == t]
+    if scores is None or scores.full_hard_top1 is None or not known or scores.full_source == TEACHERS_RECORD:
+        return None
+    gap = scores.full_hard_top1 - max(known)
+    if gap <= WEAK_TEACHER_POINTS:
+        return None
+    return (f"the teacher is the weak part: its test top-1 ({max(known):.2f}%) is {gap:.1f} points below a student "
+            f"trained on the full data with hard labels ({scores.full_hard_top1:.2f}%), and students of its soft labels "
+            f"learn what it knows; train a longer one (fadrm squeeze --epochs 60) or a larger one")

@@ -130,6 +130,6 @@ class EvalParts:
     on_eval: Callable[[int, int, int, float], None] | None = None  # (seed, epoch, epochs, top1) per test
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
-    progress_label: str | None = None          # what a student's progress bar calls it (default: its model, seed)
+    progress_label: str | None = None          # the set a student's progress bar names before its model and seed
     run: OpenedRun | None = None               # the run evaluated, opened and read once
     on_open: "Callable[[RunReader], None] | None" = None  # the evaluated run just opened, before it is read (not a baseline's)

@@ -92,10 +92,10 @@ class PackedSoftLabels:
         self.path, self.temperature = Path(path), float(temperature)
         self.teacher_ids: list[str] = []
 
-    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int):
+    def source(self, images_uint8: torch.Tensor, batch_size: int, seed: int, device: torch.device | str = "cpu"):
         from fadrm_ray.evaluation.soft_labels import SoftLabelError, StoredSoftLabels
 
-        stored = StoredSoftLabels(self.path, images_uint8, seed=seed)
+        stored = StoredSoftLabels(self.path, images_uint8, seed=seed, device=device)
         if stored.batch_size != batch_size:
             raise SoftLabelError(f"{self.path} was made for batch size {stored.batch_size}, the recipe trains with "
                                  f"{batch_size}: use the recipe exported with it")
@@ -105,7 +105,7 @@ class PackedSoftLabels:
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor:
         from fadrm_ray.evaluation.students import kd_loss
 
-        return kd_loss(logits, step.logits.to(logits.device), self.temperature)
+        return kd_loss(logits, step.logits, self.temperature)
 
 
 def _check_classes(file: DistilledFile, info: TeacherInfo, teacher: str) -> None:

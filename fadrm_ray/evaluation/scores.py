@@ -64,6 +64,7 @@ class BaselineScore(_Score):
     top1_per_seed: list[float] = []
     best_top1_mean: float | None = None
     error: str | None = None
+    same_as: str | None = None   # the very images of that baseline (one set of students, one row)
 
 
 class Ranking(_Score):

@@ -44,6 +44,7 @@ class DistillResult(BaseModel):
     seconds: float = 0.0
     ipc: int | None = None       # the IPC asked for; read the run at it with open_run(run_dir, ipc=ipc)
     recipe: str | None = None    # where the config's "auto" values came from, and why (DistillJob.recipe)
+    waited_seconds: float = 0.0  # for another process writing the run (its lock), before this one planned
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -100,6 +101,7 @@ def run_job(job: DistillJob, executor: RunExecutor, parts: JobParts | None = Non
     cfg = job.config
     store = RunStore(job.store, job.run_id)
     with store.session(run_config(cfg, store.layout), job=job):
+        waited = time.perf_counter() - started
         # Planned after the lock: a writer we waited for may have added units, or done them all.
         done = store.finished_units()
         units = plan_units(cfg, job.num_classes, image_size=job.image_size, workers=executor.parallelism,
@@ -108,7 +110,7 @@ def run_job(job: DistillJob, executor: RunExecutor, parts: JobParts | None = Non
         todo = [u for u in units if u.unit_id not in done]
         result = DistillResult(run_id=job.run_id, run_dir=store.run_dir, images=request_images(cfg, job.num_classes),
                                units_skipped=[u.unit_id for u in units if u.unit_id in done], ipc=cfg.ipc,
-                               recipe=job.recipe)
+                               recipe=job.recipe, waited_seconds=round(waited, 1) if waited >= 1 else 0.0)
         stats = executor.execute(job, store, units, todo, result, parts)
         result.seconds = time.perf_counter() - started
         if result.units_run or not store.is_complete():

@@ -67,6 +67,7 @@ class DistillJob(BaseModel):
     run_id: str
     device_type: str                 # the device type the config was resolved for
     pilot: PilotRecord | None = None  # the pilot whose choice `auto` took (pilot_record.py)
+    recipe_given: bool = False       # the recipe was named (`--set recipe=NAME`), not left to auto
 
     @property
     def recipe(self) -> str:
@@ -74,8 +75,9 @@ class DistillJob(BaseModel):
         from fadrm_ray.recipes import recipe_reason
 
         if self.channels is None:
-            return recipe_reason(self.config.recipe)
-        return recipe_reason(self.config.recipe, self.image_size, self.channels, piloted=self.pilot is not None)
+            return recipe_reason(self.config.recipe, given=self.recipe_given)
+        return recipe_reason(self.config.recipe, self.image_size, self.channels, piloted=self.pilot is not None,
+                             given=self.recipe_given)
 
     @property
     def run_dir(self) -> Path:
@@ -106,12 +108,18 @@ _PATH_KINDS = {"imagefolder": "imagefolder", "folder": "imagefolder", "parquet":
 
 def reopenable_spec(dataset_spec: str, dataset: "ImageDataset") -> str:
     """`dataset_spec` as it reopens `dataset` from any directory: a folder or Parquet dataset by
-    the absolute path it was read from (`imagefolder:/abs/path`), anything else as it is."""
+    the absolute path it was read from (`imagefolder:/abs/path`), a folder that left unreadable
+    files out as `imagefolder+skip-bad-images:/abs/path` (so it leaves the same ones out again and
+    its fingerprint matches), anything else as it is."""
+    from fadrm_ray.data import SKIP_BAD_IMAGES
+
     kind, sep, _ = dataset_spec.strip().partition(":")
-    source = _PATH_KINDS.get(kind.lower()) if sep else None
+    source = _PATH_KINDS.get(kind.partition("+")[0].lower()) if sep else None
     path = dataset.info.get("path")
     if source is None or source != dataset.info.get("source") or not path:
         return dataset_spec
+    if dataset.info.get("skipped"):
+        source = f"{source}+{SKIP_BAD_IMAGES}"
     return f"{source}:{path}"
 
 
@@ -141,6 +149,7 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
     for info in teachers:
         check_teacher_fits(info, dataset)
     fingerprint = dataset.fingerprint()
+    given = cfg.recipe != "auto"
     pilot = None
     if pilot_reason(cfg, dataset) is None:
         pilot = cached_pilot(store, fingerprint, [i.sha256 for i in teachers], cfg.ipc)
@@ -154,7 +163,7 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
                       dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
                       image_size=dataset.image_size, channels=dataset.channels, teachers=refs, store=str(store),
                       run_id=make_run_id(resolved, fingerprint, [t.sha256 for t in refs]), device_type=device_type,
-                      pilot=pilot)
+                      pilot=pilot, recipe_given=given)
 
 
 @dataclass
@@ -199,7 +208,7 @@ def load_dataset(job: DistillJob) -> "ImageDataset":
     from fadrm_ray.data import get_dataset
 
     dataset = get_dataset(job.dataset_spec, root=job.data_root)
-    if dataset.fingerprint() != job.dataset_fingerprint:
+    if not dataset.matches(job.dataset_fingerprint):
         raise InputError(f"dataset {job.dataset_spec!r} changed since the job was built "
                          f"(its content hash is not the job's)")
     return dataset

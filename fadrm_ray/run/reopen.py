@@ -72,7 +72,7 @@ def run_dataset(run_dir: Path, recorded: RunProvenance, dataset: ImageDataset | 
                                   f"{exc}; say where its data is now: {GIVE_DATASET}") from None
     elif isinstance(dataset, str):
         dataset = get_dataset(dataset)
-    if want and dataset.fingerprint() != want:
+    if want and not dataset.matches(want):
         raise EvaluationError(f"dataset {dataset.name} (fingerprint {dataset.fingerprint()}) is not the data the run "
                               f"was distilled from ({data.name}, fingerprint {want}); give the run's own "
                               f"data: {GIVE_DATASET}")

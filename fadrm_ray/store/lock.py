@@ -62,6 +62,18 @@ def read_owner(layout: RunLayout) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def live_owner(layout: RunLayout) -> dict | None:
+    """Who holds the run's writer lock, when it is held by a process that runs: one of this host
+    that is alive (pid reuse included), or one of another host (whose liveness only its
+    heartbeat tells); None when no one holds it or its owner here has died."""
+    owner = read_owner(layout)
+    if owner is None:
+        return None
+    if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
+        return owner if _alive(owner["pid"], owner.get("started")) else None
+    return owner
+
+
 def describe(owner: dict) -> str:
     return f"pid {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
 

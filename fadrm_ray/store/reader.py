@@ -38,6 +38,7 @@ from fadrm_ray.store.run_files import RunManifest, RunProvenance, RunSummary, Un
 from fadrm_ray.store.records import (
     COLUMNS,
     IntegrityError,
+    RunIncomplete,
     StoreError,
     decode_image,
     first_image_shape,
@@ -142,9 +143,9 @@ def open_run(run_dir: str | os.PathLike, *, incomplete: bool = False, ipc: int |
     manifest = manifests.run_manifest(layout)
     if manifest is None and not incomplete:
         units = len(layout.unit_ids())
-        raise StoreError(f"{layout.run_dir} is incomplete (no {layout.manifest.name}; {units} unit(s) written): "
+        raise RunIncomplete(f"{layout.run_dir} is incomplete (no {layout.manifest.name}; {units} unit(s) written): "
                          f"rerun its distill command to finish it, or read what is there with incomplete=True "
-                         f"(`fadrm export --incomplete`, `fadrm evaluate --incomplete`)")
+                         f"(`fadrm export --incomplete`, `fadrm evaluate --incomplete`)", lock.live_owner(layout))
     return RunReader(layout, manifests.read_config(layout), manifest, ipc)
 
 

@@ -40,6 +40,16 @@ class IntegrityError(StoreError):
     """Stored data that is not what the run recorded: a changed, damaged or missing file."""
 
 
+class RunIncomplete(StoreError):
+    """A run without its manifest (`open_run` without `incomplete=True`). `writer` names the live
+    process holding the run's writer lock ({pid, host, since}): a distill or a repair under way,
+    whose run is not absent, only not finished yet; None when no one writes it."""
+
+    def __init__(self, message: str, writer: dict | None = None):
+        super().__init__(message)
+        self.writer = writer
+
+
 @dataclass
 class ImageRecord:
     label: int  # global class index

@@ -162,6 +162,8 @@ class RecordedDataset(_RunFile):
     test_size: int | None = None
     hflip: bool = False
     test_split: str | None = None
+    skipped_images: int = 0               # files left out as unreadable (--skip-bad-images)
+    skipped_files: list[str] = []         # the first 100 of them, "path (reason)", relative to the folder
 
 
 class RecordedTeacher(_RunFile):
