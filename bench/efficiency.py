@@ -42,11 +42,11 @@ WIDTHS = (32, 48, 24, 40)  # teacher widths, so the teachers of a multi-teacher 
 def _measure(method: str, args: dict, queue) -> None:
     import torch
 
-    from fadrm_ray.committee import equip_teachers
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
     from fadrm_ray.models import create_model
-    from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
+    from fadrm_ray.frozen_teacher import equip_teachers
+    from fadrm_ray.recover import init_state, run_stage
 
     torch.set_num_threads(args["threads"])
     torch.manual_seed(0)
@@ -54,20 +54,20 @@ def _measure(method: str, args: dict, queue) -> None:
     data = get_dataset(args["dataset"])
     classes = args["classes"] or list(range(data.num_classes))
     real = data.normalize(data.train.load(list(range(min(512, len(data.train.labels))))))
-    teachers, infos = [], []
+    models, infos = [], []
     for i in range(args["teachers"] if method in MULTI_TEACHER else 1):
         model = create_model("convnet-bn", num_classes=data.num_classes, in_chans=data.channels,
                              image_size=data.image_size, width=WIDTHS[i % len(WIDTHS)]).train()
         with torch.no_grad():
             model(real)  # running statistics of real images
-        teachers.append(FrozenTeacher(model.eval().to(device)))
-        infos.append(type("Info", (), {"test_accuracy": 60.0 + 5 * i})())
+        models.append(model.eval().to(device))
+        infos.append(type("Info", (), {"test_accuracy": 60.0 + 5 * i, "in_chans": None})())
     budget = PUBLISHED_BUDGET[method]
     probe = make_config(method, overrides={"ipc": args["ipc"], "classes": classes, "iterations": budget})
     run = max(2 * (probe.k + 1), round(budget * args["scale"]))
     cfg = make_config(method, overrides={"ipc": args["ipc"], "classes": classes, "iterations": run}).resolve(
         data.image_size, data.num_classes, data.hflip, device.type, channels=data.channels)
-    equip_teachers(teachers, infos, data, cfg, device)
+    teachers = equip_teachers(models, infos, data, cfg, device)
     by_class = {c: torch.nonzero(data.train.labels == c).flatten() for c in classes}
     patches = torch.stack([torch.stack([data.train.load([int(by_class[c][g])])[0] for c in classes])
                            for g in range(args["ipc"])]) if cfg.init == "real" else None

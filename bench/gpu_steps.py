@@ -71,7 +71,8 @@ def checks(args) -> dict:
     from bench.speed_imagenet import ImagenetTiming, imagenet_timing
     from fadrm_ray.config import make_config
     from fadrm_ray.packing import fast_path
-    from fadrm_ray.recover import FrozenTeacher, held_dtype, mixed_precision, step_loss, teacher_loss
+    from fadrm_ray.frozen_teacher import FrozenTeacher
+    from fadrm_ray.recover import held_dtype, mixed_precision, step_loss, teacher_loss
 
     device, tiny = args.device, args.device != "cuda"
     paths = ["fp16", "bf16", "fp32"] if device == "cuda" else ["bf16", "fp32"]

@@ -110,7 +110,7 @@ def prepare(name: str, out: Path, mode: str, device: str, log, teacher_path: str
     from fadrm_ray.data import get_dataset
     from fadrm_ray.models import check_teacher_fits, load_teacher
     from fadrm_ray.patches import select_patches
-    from fadrm_ray.recover import FrozenTeacher
+    from fadrm_ray.frozen_teacher import FrozenTeacher
 
     spec, size, teacher_kind, T = SETTINGS[name]
     dataset = get_dataset(spec, image_size=size)

@@ -163,7 +163,7 @@ class OurLoop:
         import torchvision
 
         from fadrm_ray.packing import pack_limit
-        from fadrm_ray.recover import FrozenTeacher
+        from fadrm_ray.frozen_teacher import FrozenTeacher
         from fadrm_ray.runtime import tune_allocator
 
         tune_allocator()

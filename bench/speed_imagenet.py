@@ -45,7 +45,8 @@ def imagenet_timing(setup: ImagenetTiming, log=print) -> dict:
     channels_last, compile, tiny, teacher = setup.channels_last, setup.compile, setup.tiny, setup.teacher
 
     from fadrm_ray.config import make_config
-    from fadrm_ray.recover import FrozenTeacher, init_state, recover
+    from fadrm_ray.frozen_teacher import FrozenTeacher
+    from fadrm_ray.recover import init_state, recover
 
     size, low, classes, num_classes, T = (32, 28, 10, 10, 2000) if tiny else (224, 200, 100, 1000, 2000)
     described = "torchvision resnet18 (random init)"

@@ -70,7 +70,7 @@ class _Worker:
     def __init__(self, setup: dict, device: str, threads: int):
         from fadrm_ray.config import DistillConfig
         from fadrm_ray.models import load_teacher
-        from fadrm_ray.recover import FrozenTeacher
+        from fadrm_ray.frozen_teacher import FrozenTeacher
 
         torch.set_num_threads(threads)
         self.device = device

@@ -12,7 +12,6 @@ from typing import Sequence
 
 import torch
 
-from fadrm_ray.statistics import attach_class_targets, attach_conv_targets
 from fadrm_ray.errors import InputError
 
 
@@ -29,16 +28,3 @@ def committee_weights(priors: Sequence[float | None], temperature: float) -> tor
     scores = torch.tensor([float(p) for p in priors], dtype=torch.float64) / temperature
     return torch.softmax(scores, dim=0).float()
 
-
-def equip_teachers(teachers: Sequence, infos: Sequence, dataset, cfg, device: str = "cpu") -> list:
-    """What a run's teachers bring to the loop beyond their weights: each one's prior (the test
-    accuracy its checkpoint records, for `committee: prior`), with `r_conv > 0` its convolution
-    targets and with `bn_category > 0` its class-wise BN targets, both measured on the dataset's
-    real images. Returns `teachers`."""
-    for teacher, info in zip(teachers, infos):
-        teacher.prior = None if info.test_accuracy is None else float(info.test_accuracy)
-    if cfg.r_conv > 0:
-        attach_conv_targets(teachers, dataset, device)
-    if cfg.bn_category > 0:
-        attach_class_targets(teachers, dataset, cfg.bn_category, device)
-    return list(teachers)

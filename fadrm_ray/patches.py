@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.data.parallel import prefetch
-from fadrm_ray.recover import FrozenTeacher
+from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.errors import InputError
 

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fadrm_ray.evaluation.baselines import paired_gain
+from fadrm_ray.paired import paired_gain
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
 from fadrm_ray.data.base import ImageDataset
@@ -79,7 +79,7 @@ def probe_rates(parts: JobParts, student: str, batch: int, cfg: DistillConfig | 
     views cut, the teachers' soft labels, the student's KD loss and update, on `batch` views),
     timed here on the parts' device."""
     from fadrm_ray.packing import probe_step
-    from fadrm_ray.recover import FrozenTeacher
+    from fadrm_ray.frozen_teacher import FrozenTeacher
 
     dataset, device, teacher = parts.dataset, parts.device, parts.models[0]
     shape = (batch, dataset.channels, dataset.image_size, dataset.image_size)

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.recipes import RECIPE_FIELDS
 from fadrm_ray.fileio import atomic_write_text, cache_root, read_model
-from fadrm_ray.evaluation.scores import PairedGain
+from fadrm_ray.paired import PairedGain
 from fadrm_ray.config import PilotConfig
 
 if TYPE_CHECKING:

@@ -1,6 +1,7 @@
 """Recover: optimize synthetic images against frozen teachers (docs/method.md sections 3-5).
 
-The whole method is in this file, but for the random-resized-crop box of its views, which the
+The whole method is in this file, but for the teachers and their statistics losses
+(frozen_teacher.py, statistics.py) and the random-resized-crop box of its views, which the
 student's views share (augment.py). A unit of work is a set of classes and a few IPC indices;
 each IPC index is one *group*, a batch of one image per class. Groups are independent: each has
 its own random stream (so its result does not depend on which process ran it or on which other
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -29,148 +30,15 @@ import torch.nn.functional as F
 
 from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, mro_resolutions, tv_downsample_size
-from fadrm_ray.models import match_channels
 from fadrm_ray.seeding import derive_seed
-from fadrm_ray.statistics import ClassStatistics, ConvStatistics, StatisticsLoss, bn_layers
 from fadrm_ray.committee import committee_weights
+from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.errors import InputError
 from fadrm_ray.runtime import autotune_convolutions, to_device
 
 # With bound = "sigmoid", pixels are kept this far from 0 and 1: a quarter of an 8-bit level, so
 # a pixel that starts saturated is written back as 0 or 255.
 EDGE = 1.0 / 1024
-# Layers autocast runs in its low precision, casting their weights (FrozenTeacher.weights_in).
-AUTOCAST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-
-
-# --------------------------------------------------------------------------- teachers
-class FrozenTeacher:
-    """A teacher in eval mode with hooks that measure the BatchNorm-statistics loss.
-
-    The BN loss (docs/method.md section 3) compares the batch statistics of each BN layer's input
-    with the layer's running statistics: ||mu - running_mean||_2 + ||var - running_var||_2,
-    biased variance over (N, H, W), plain (not squared) L2 norms, the first BN layer weighted
-    `first_bn_weight`. Here the statistics are taken per group, so a packed batch of G groups
-    yields G separate losses. With class-wise targets attached (EDC, statistics.ClassStatistics)
-    each layer's loss is blended with the loss against the statistics of the batch's classes.
-    """
-
-    def __init__(self, model: nn.Module, in_chans: int | None = None, first_bn_weight: float = 10.0,
-                 prior: float | None = None):
-        self.model = model.eval().requires_grad_(False)  # only input gradients are needed
-        self.in_chans = in_chans
-        self.first_bn_weight = first_bn_weight
-        self.prior = prior           # test accuracy in percent: a committee's vote (committee.py)
-        self.conv: ConvStatistics | None = None  # the convolution-statistics loss, once attached
-        self.bn_layers = bn_layers(model)
-        if not self.bn_layers:
-            raise InputError("the teacher has no BatchNorm layer; FADRM's statistics matching needs one")
-        # The BN loss, taken in one pass over the statistics the hooks measure.
-        self.matching = StatisticsLoss([(bn.running_mean, bn.running_var) for bn in self.bn_layers], first_bn_weight)
-        self._groups = 0             # > 0 only inside __call__: other callers of the model pay nothing
-        self._memory_format = torch.contiguous_format
-        self._compiled: dict = {}    # compiled loss functions (recover's `compile`), by memory format
-        self._hooks = [bn.register_forward_hook(self._make_hook(i)) for i, bn in enumerate(self.bn_layers)]
-        # The layers whose weights autocast casts on every call, and their cast copies (weights_in).
-        self._cast_layers = [m for m in model.modules() if type(m) in AUTOCAST_LAYERS]
-        self._casts: dict[torch.dtype, dict[int, torch.Tensor]] = {}
-
-    def _make_hook(self, index: int):
-        def hook(module, inputs, output):
-            if self._groups:  # else a forward of the same model from elsewhere (another FrozenTeacher)
-                self.matching.observe(index, inputs[0], self._groups)
-        return hook
-
-    @property
-    def category(self) -> ClassStatistics | None:
-        """EDC's class-wise BN targets, once attached (statistics.attach_class_targets)."""
-        return self.matching.category
-
-    @category.setter
-    def category(self, value: ClassStatistics | None) -> None:
-        self.matching.category = value
-
-    def __call__(self, x: torch.Tensor, groups: int = 1,
-                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and the per-group BN loss, shape (groups,); `labels` (the images' classes)
-        select the class-wise targets where they are attached."""
-        if self.in_chans is not None:
-            x = match_channels(x, self.in_chans)  # grey images into a 3-channel teacher
-        self._groups = groups
-        self.matching.clear()
-        try:
-            logits = self.model(x)
-        finally:
-            self._groups = 0
-        return logits, self.matching.loss(labels)
-
-    def measure(self, x: torch.Tensor, groups: int = 1,
-                labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Logits, the per-group BN loss and, when attached, the per-group convolution loss
-        (None otherwise). Only recover's steps pay for the convolution hooks."""
-        if self.conv is None:
-            return (*self(x, groups, labels), None)
-        self.conv.groups = groups
-        self.conv.matching.clear()
-        try:
-            logits, bn_loss = self(x, groups, labels)
-        finally:
-            self.conv.groups = 0
-        return logits, bn_loss, self.conv.finish()
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Plain logits, with the BN-statistics hooks idle (patch scoring needs no BN loss)."""
-        if self.in_chans is not None:
-            x = match_channels(x, self.in_chans)
-        return self.model(x)
-
-    def set_memory_format(self, memory_format: torch.memory_format) -> None:
-        """Lay the weights out in `memory_format`. Channels-last convolutions need channels-last
-        weights as well as inputs: a 1-channel input cannot carry the layout."""
-        if memory_format != self._memory_format:
-            self.model.to(memory_format=memory_format)
-            self._memory_format = memory_format
-            self._casts.clear()  # made in the other layout
-
-    @contextmanager
-    def weights_in(self, dtype: torch.dtype | None):
-        """Inside the block, the weights and biases of the convolutions and linear layers are
-        held in `dtype` (None or fp32: nothing changes).
-
-        Under autocast these layers run in the low precision, and autocast casts their fp32
-        weights on every call: frozen weights need no gradient, so its cast cache does not keep
-        them, and on a CPU the casts of a ResNet-18 cost a tenth of a step. Holding the cast
-        weights for a stage gives the same values (autocast's cast is the same rounding), so the
-        step's results are bit-identical. Only exactly these layer types are cast: a subclass
-        (timm's weight-standardized convolutions) may compute on its weight before the call.
-        """
-        if dtype is None or dtype == torch.float32:
-            yield
-            return
-        # The cast copies are made once and kept (the weights are frozen), so every stage holds
-        # the same storage: a captured CUDA graph finds its weights where it left them.
-        casts = self._casts.setdefault(dtype, {})
-        saved = []
-        for layer in self._cast_layers:
-            for param in (layer.weight, layer.bias):
-                if param is not None and param.dtype == torch.float32:
-                    cast = casts.get(id(param))
-                    if cast is None or cast.device != param.device:  # a model moved since is cast again
-                        casts[id(param)] = param.data.to(dtype)
-                    saved.append((param, param.data))
-                    param.data = casts[id(param)]
-        try:
-            yield
-        finally:
-            for param, data in saved:
-                param.data = data
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        if self.conv is not None:
-            self.conv.remove_hooks()
 
 
 # --------------------------------------------------------------------------- state
@@ -282,10 +150,10 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
     losses = [teacher_loss(t, cfg) for t in teachers]
     if cfg.r_conv > 0 and any(t.conv is None for t in teachers):
         raise ValueError("r_conv > 0 needs each teacher's convolution targets from real images: "
-                         "call statistics.attach_conv_targets(teachers, dataset) first")
+                         "build them with frozen_teacher.equip_teachers (or FrozenTeacher(conv_targets=...))")
     if cfg.bn_category > 0 and any(t.category is None for t in teachers):
         raise ValueError("bn_category > 0 needs each teacher's class-wise BN targets from real images: "
-                         "call statistics.attach_class_targets(teachers, dataset, weight) first")
+                         "build them with frozen_teacher.equip_teachers (or FrozenTeacher(category=...))")
     votes = committee_weights([t.prior for t in teachers], cfg.committee_temperature).tolist() \
         if cfg.committee == "prior" else None
     converge = cfg.arc_timing == "converged" and s < last

@@ -21,7 +21,7 @@ w = `bn_category`. EDC's released code weights the two halves equally (w = 0.5).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -29,9 +29,6 @@ import torch.nn as nn
 from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.models import match_channels
 from fadrm_ray.errors import InputError
-
-if TYPE_CHECKING:
-    from fadrm_ray.recover import FrozenTeacher
 
 # Real images per class the targets are measured on: enough for stable channel statistics of a
 # small teacher, and a bounded cost on large datasets (the statistics are a mean over pixels).
@@ -140,11 +137,12 @@ class StatisticsLoss:
     A layer seen twice in one forward counts twice, as each of its inputs does.
     """
 
-    def __init__(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], first_weight: float = 10.0):
+    def __init__(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], first_weight: float = 10.0,
+                 category: "ClassStatistics | None" = None):
         self.sizes = [int(m.numel()) for m, _ in targets]
         self.first_weight = float(first_weight)
         self.targets = [(m.detach().float().reshape(-1), v.detach().float().reshape(-1)) for m, v in targets]
-        self.category: "ClassStatistics | None" = None
+        self.category = category  # EDC's class-wise targets, blended in per layer where given
         # (layer, its activation or its measured (mean, var)) of the forward under way
         self._seen: list[tuple[int, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]] = []
         self._groups = 1
@@ -174,7 +172,7 @@ class StatisticsLoss:
 
     def loss(self, labels: torch.Tensor | None = None) -> torch.Tensor | None:
         """The per-group loss (G,) of the statistics seen since the last call (None if none);
-        `labels` (G * B,) select the class-wise targets where they are attached."""
+        `labels` (G * B,) select the class-wise targets where it has them."""
         seen, self._seen = self._seen, []
         if not seen:
             return None
@@ -343,25 +341,14 @@ def _real_batches(dataset, keep: list[int]) -> Iterator[torch.Tensor]:
         yield dataset.normalize(images)
 
 
-def _pending(teachers: Sequence["FrozenTeacher"], attribute: str) -> list["FrozenTeacher"]:
-    """The teachers (each once) whose `attribute` is not measured yet."""
-    out: list = []
-    for teacher in teachers:
-        if getattr(teacher, attribute) is None and not any(t is teacher for t in out):
-            out.append(teacher)
-    return out
-
-
-def attach_conv_targets(teachers: Sequence["FrozenTeacher"], dataset, device: str | torch.device = "cpu") -> None:
-    """Measure each teacher's convolution targets on the dataset's real images, once, and hook
-    the loss onto it (recover's `r_conv` term). The images are read once for all teachers."""
-    todo = _pending(teachers, "conv")
-    if not todo:
-        return
+@torch.no_grad()
+def dataset_conv_targets(models: Sequence[tuple[nn.Module, int | None]], dataset,
+                         device: str | torch.device = "cpu") -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The convolution targets (`real_conv_targets`) of each (model, in_chans), eval mode, on the
+    dataset's real training images (`CONV_STAT_IMAGES_PER_CLASS` per class), read once for all
+    models: what a teacher's `r_conv` term matches (frozen_teacher.equip_teachers)."""
     keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
-    measured = _conv_targets([(t.model, t.in_chans) for t in todo], _real_batches(dataset, keep), device)
-    for teacher, targets in zip(todo, measured):
-        teacher.conv = ConvStatistics(teacher.model, targets, teacher.first_bn_weight)
+    return _conv_targets(models, _real_batches(dataset, keep), device)
 
 
 class ClassStatistics:
@@ -429,16 +416,13 @@ def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: I
             for sums in all_sums]
 
 
-def attach_class_targets(teachers: Sequence["FrozenTeacher"], dataset, weight: float,
-                         device: str | torch.device = "cpu") -> None:
-    """Measure each teacher's class-wise BN targets on the dataset's real images, once (recover's
-    `bn_category` term, EDC). The images are read once for all teachers."""
-    todo = _pending(teachers, "category")
-    if not todo:
-        return
+@torch.no_grad()
+def dataset_class_targets(models: Sequence[tuple[nn.Module, int | None]], dataset, weight: float,
+                          device: str | torch.device = "cpu") -> list[ClassStatistics]:
+    """The class-wise BN targets (`real_class_bn_targets`) of each (model, in_chans), eval mode,
+    on the dataset's real training images, read once for all models, each blended at `weight`:
+    what a teacher's `bn_category` term matches (EDC, frozen_teacher.equip_teachers)."""
     keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
     labels = dataset.train.labels[keep].long()
-    measured = _class_bn_targets([(t.model, t.in_chans) for t in todo], _real_batches(dataset, keep), labels,
-                                 dataset.num_classes, device)
-    for teacher, targets in zip(todo, measured):
-        teacher.category = ClassStatistics(targets, weight)
+    measured = _class_bn_targets(models, _real_batches(dataset, keep), labels, dataset.num_classes, device)
+    return [ClassStatistics(targets, weight) for targets in measured]

@@ -3,9 +3,10 @@
 The weights come from torchvision (`torchvision:NAME` with a weights enum member such as
 `IMAGENET1K_V1`, taken from torch hub's cache or downloaded where a network exists, or a file),
 timm (`timm:NAME` with a `.pth`/`.bin`/`.safetensors` file, or `pretrained` for the Hugging Face
-cache) or a plain state dict for a model this project builds (`resnet18-cifar`, `convnet-bn`).
-Files are read weights-only (timm's loader: safetensors, or `torch.load(weights_only=True)`;
-a wrapping `state_dict`/`model` key and a `module.` prefix are taken off).
+cache) or a plain state dict for a model this project builds (`resnet18-cifar`, `convnet-bn`),
+found by teacher_weights.py. Files are read weights-only (timm's loader: safetensors, or
+`torch.load(weights_only=True)`; a wrapping `state_dict`/`model` key and a `module.` prefix are
+taken off).
 
 The teacher takes the dataset's class order (ImageNet's sorted WordNet ids are torchvision's and
 timm's index order) and its image size; the weights must have one output per class. Its
@@ -24,7 +25,6 @@ is written.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,8 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.fileio import check_new_output, sha256_file
+from fadrm_ray.fileio import check_new_output
 from fadrm_ray.runtime import resolve_device
+from fadrm_ray.teacher_weights import FoundWeights, find_weights, timm_meta
 from fadrm_ray.models import (ImportRecord, ModelError, NormalizationCandidate, TeacherInfo, create_model,
                               evaluate_top1, save_teacher, teacher_view)
 
@@ -84,144 +85,6 @@ class ImportResult(BaseModel):
     split_note: str | None = None  # where the test split was made here (ImageDataset.split_note)
 
 
-class _Weights(BaseModel):
-    """The weights found for a source, and what their metadata says."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    state_dict: dict[str, Any]
-    described: str                      # e.g. "torchvision ResNet18_Weights.IMAGENET1K_V1 (torch hub cache)"
-    weights_sha256: str | None = None   # of the file read
-    meta_from: str | None = None        # what the metadata below comes from
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    trained_size: int | None = None
-    categories: list[str] | None = None
-
-
-# --------------------------------------------------------------------------- weights
-def _read_file(path: Path) -> dict[str, Any]:
-    from timm.models import load_state_dict
-
-    if not path.is_file():
-        raise ModelError(f"weights file not found: {path}")
-    try:
-        state = load_state_dict(str(path), use_ema=False, weights_only=True)
-    except Exception as exc:  # a pickle that a weights-only load refuses, a truncated file, not a checkpoint
-        # torch's own text suggests loading again with weights_only=False, which runs whatever code
-        # the file holds: never pass that on.
-        why = ("it holds objects other than tensors and plain values" if "weights_only" in str(exc)
-               else f"not a weights file ({type(exc).__name__})")
-        raise ModelError(f"cannot read weights {path}: {why}; only tensors and plain values are loaded, and "
-                         f"nothing in the file is run") from None
-    if not isinstance(state, dict) or not state:
-        raise ModelError(f"{path} holds no state dict")
-    if state.get("format") == "fadrm-teacher":
-        raise ModelError(f"{path} is already a fadrm teacher checkpoint: pass it as --teacher")
-    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    if not tensors:
-        raise ModelError(f"{path} holds no tensors: not a state dict")
-    return tensors
-
-
-def _torchvision_enum_member(arch: str, name: str):
-    from torchvision.models import get_model_weights
-
-    try:
-        enum = get_model_weights(arch)
-    except (ValueError, KeyError):
-        raise ModelError(f"torchvision publishes no weights for {arch}") from None
-    members = [m for m in enum.__members__]
-    if name not in members:
-        raise ModelError(f"torchvision has no weights {name!r} for {arch}; choose one of: {', '.join(members)} "
-                         f"or a weights file")
-    return enum[name]
-
-
-def _torchvision_member_of_file(arch: str, path: Path):
-    """The weights enum member whose published file name is `path`'s (torch hub's cache keeps it)."""
-    from torchvision.models import get_model_weights
-
-    try:
-        enum = get_model_weights(arch)
-    except (ValueError, KeyError):
-        return None
-    return next((m for m in enum if Path(m.url).name == path.name), None)
-
-
-def _torchvision_meta(member) -> dict:
-    transform = member.transforms()
-    size = transform.crop_size[0] if isinstance(transform.crop_size, (list, tuple)) else transform.crop_size
-    return {"mean": tuple(float(v) for v in transform.mean), "std": tuple(float(v) for v in transform.std),
-            "trained_size": int(size), "categories": list(member.meta.get("categories") or []) or None,
-            "meta_from": f"torchvision's {member}"}
-
-
-def _torchvision_weights(arch: str, source: str) -> _Weights:
-    path = Path(source).expanduser()
-    if path.suffix or os.sep in source or path.exists():
-        member = _torchvision_member_of_file(arch, path)
-        state = _read_file(path)
-        described = f"file {path.resolve()}" + (f" (torchvision's {member} file)" if member else "")
-        meta = _torchvision_meta(member) if member else {}
-        return _Weights(state_dict=state, described=described, weights_sha256=sha256_file(path), **meta)
-    member = _torchvision_enum_member(arch, source)
-    cached = Path(os.path.join(torch.hub.get_dir(), "checkpoints", Path(member.url).name))  # torch hub's cache
-    if not cached.is_file() and os.environ.get("FADRM_OFFLINE", "").strip().lower() not in ("", "0", "false", "no"):
-        raise ModelError(f"torchvision weights {member} are not in torch hub's cache ({cached}) and FADRM_OFFLINE is "
-                         f"set; copy {cached.name} there or pass the file as --weights")
-    if not cached.is_file():
-        try:
-            member.get_state_dict(progress=False, check_hash=True)  # downloads into the cache
-        except Exception as exc:
-            raise ModelError(f"torchvision weights {member} are not in torch hub's cache ({cached}) and the download "
-                             f"failed ({type(exc).__name__}); copy {cached.name} there or pass the file as "
-                             f"--weights") from None
-    state = _read_file(cached)
-    return _Weights(state_dict=state, described=f"torchvision {member} ({cached})", weights_sha256=sha256_file(cached),
-                    **_torchvision_meta(member))
-
-
-def _timm_meta(arch: str) -> dict:
-    import timm
-
-    cfg = timm.models.get_pretrained_cfg(arch)
-    if cfg is None:
-        return {}
-    names = list(cfg.label_names) if cfg.label_names else None
-    return {"mean": tuple(float(v) for v in cfg.mean), "std": tuple(float(v) for v in cfg.std),
-            "trained_size": int(cfg.input_size[-1]), "categories": names,
-            "meta_from": f"timm's pretrained config of {cfg.architecture}" + (f".{cfg.tag}" if cfg.tag else "")}
-
-
-def _timm_weights(arch: str, source: str) -> _Weights:
-    import timm
-
-    if not timm.is_model(arch):
-        raise ModelError(f"unknown timm model '{arch}'")
-    if source == "pretrained":  # the Hugging Face cache (downloads only where a network exists)
-        try:
-            model = timm.create_model(arch, pretrained=True)
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise ModelError(f"timm weights for {arch} are not in the Hugging Face cache and cannot be fetched "
-                             f"({first}); pass a weights file as --weights") from None
-        state = {k: v for k, v in model.state_dict().items()}
-        return _Weights(state_dict=state, described=f"timm {arch} pretrained (Hugging Face cache)", **_timm_meta(arch))
-    path = Path(source).expanduser()  # a file of the user's: timm's config says how timm trains, not how it was
-    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
-
-
-def find_weights(model: str, source: str) -> _Weights:
-    """The state dict and metadata `source` gives for `model`."""
-    prefix, sep, arch = model.partition(":")
-    if sep and prefix == "torchvision":
-        return _torchvision_weights(arch, source)
-    if sep and prefix == "timm":
-        return _timm_weights(arch, source)
-    path = Path(source).expanduser()
-    return _Weights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
-
-
 # --------------------------------------------------------------------------- model
 def _first_conv_in_chans(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int | None:
     for name, module in model.named_modules():
@@ -240,7 +103,7 @@ def _classifier(model: torch.nn.Module) -> str | None:
     return name
 
 
-def build_model(model_name: str, weights: _Weights, dataset: ImageDataset,
+def build_model(model_name: str, weights: FoundWeights, dataset: ImageDataset,
                 model_kwargs: dict[str, Any]) -> tuple[torch.nn.Module, int]:
     """The model `model_name` with `weights` loaded (strict), for `dataset`'s classes: (model, in_chans)."""
     state = weights.state_dict
@@ -391,7 +254,7 @@ def normalization_candidates(model: str, dataset: ImageDataset) -> list[tuple[st
     out = []
     if sep and prefix in ("torchvision", "timm"):
         out.append(("ImageNet's mean/std", IMAGENET_MEAN, IMAGENET_STD))
-        timm_default = _timm_meta(arch) if prefix == "timm" else {}  # what timm's training scripts use
+        timm_default = timm_meta(arch) if prefix == "timm" else {}  # what timm's training scripts use
         if timm_default and (timm_default["mean"], timm_default["std"]) != (IMAGENET_MEAN, IMAGENET_STD):
             out.append((f"timm's default config for {arch}", timm_default["mean"], timm_default["std"]))
     out.append((f"the dataset's own statistics ({dataset.name})", tuple(dataset.mean), tuple(dataset.std)))

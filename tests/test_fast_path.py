@@ -19,7 +19,8 @@ import torchvision
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.packing import fast_path
-from fadrm_ray.recover import FrozenTeacher, init_state, low_precision_dtype, recover, run_stage
+from fadrm_ray.frozen_teacher import FrozenTeacher
+from fadrm_ray.recover import init_state, low_precision_dtype, recover, run_stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,7 +143,8 @@ def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(t
         import torch
         from fadrm_ray.config import DistillConfig
         from fadrm_ray.models import create_model
-        from fadrm_ray.recover import FrozenTeacher, RecoverState, run_stage
+        from fadrm_ray.frozen_teacher import FrozenTeacher
+        from fadrm_ray.recover import RecoverState, run_stage
         torch.set_num_threads(1)
         model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
         model.load_state_dict(torch.load({str(tmp_path / "teacher.pt")!r}))

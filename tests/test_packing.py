@@ -73,7 +73,7 @@ def test_the_cuda_memory_probe_runs_the_recover_steps_own_loss():
 
     from fadrm_ray.models import create_model
     from fadrm_ray.packing import probe_step
-    from fadrm_ray.recover import FrozenTeacher
+    from fadrm_ray.frozen_teacher import FrozenTeacher
 
     torch.manual_seed(0)
     model = create_model("convnet-bn", num_classes=10, in_chans=3, image_size=16, width=8).eval()

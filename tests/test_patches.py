@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import ClassSelection, _candidates, cut, grouped_order, rank_position, score_class, select_patches
-from fadrm_ray.recover import FrozenTeacher
+from fadrm_ray.frozen_teacher import FrozenTeacher
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,13 @@ preset's distinguishing mechanism is part of the objective."""
 import pytest
 import torch
 
-from fadrm_ray.committee import committee_weights, equip_teachers
+from fadrm_ray.committee import committee_weights
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.models import create_model
-from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
-from fadrm_ray.statistics import ConvStatistics, attach_conv_targets, conv_layers, real_conv_targets
+from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
+from fadrm_ray.recover import init_state, run_stage
+from fadrm_ray.statistics import (ClassStatistics, bn_layers, conv_layers, dataset_conv_targets, real_class_bn_targets,
+                                  real_conv_targets)
 
 MEAN, STD = [0.3], [0.37]
 
@@ -22,11 +24,14 @@ def model(seed):
     return m.eval()
 
 
-def with_conv(teacher, seed=1):
-    """Targets from a fixed batch of stand-in 'real' images."""
-    images = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
-    teacher.conv = ConvStatistics(teacher.model, real_conv_targets(teacher.model, images), teacher.first_bn_weight)
-    return teacher
+def stand_in_conv_targets(m, seed=1):
+    """Convolution targets from a fixed batch of stand-in 'real' images."""
+    return real_conv_targets(m, torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(seed)))
+
+
+def with_conv(m, **kw):
+    """A teacher of `m` built with stand-in convolution targets."""
+    return FrozenTeacher(m, conv_targets=stand_in_conv_targets(m), **kw)
 
 
 def cfg_for(preset, **kw):
@@ -58,7 +63,7 @@ def test_conv_targets_are_the_real_images_statistics(monkeypatch):
 
 
 def test_conv_loss_is_part_of_the_objective():
-    teacher = with_conv(FrozenTeacher(model(0)))
+    teacher = with_conv(model(0))
     base = stage_images(cfg_for("g-vbsm", r_conv=0.01), [teacher])
     assert not torch.equal(base, stage_images(cfg_for("g-vbsm", r_conv=1.0), [teacher]))
     # r_conv = 0 is the BN-only objective, bit for bit, whether or not the hooks are attached.
@@ -68,7 +73,7 @@ def test_conv_loss_is_part_of_the_objective():
 
 
 def test_conv_loss_falls_as_the_images_match_the_targets():
-    teacher = with_conv(FrozenTeacher(model(0)))
+    teacher = with_conv(model(0))
     x = torch.randn(10, 1, 8, 8, requires_grad=True)
     _, _, first = teacher.measure(x, 1)
     first.sum().backward()
@@ -81,15 +86,13 @@ def test_conv_loss_falls_as_the_images_match_the_targets():
 
 
 def test_r_conv_without_targets_is_refused():
-    with pytest.raises(ValueError, match="attach_conv_targets"):
+    with pytest.raises(ValueError, match="convolution targets from real images"):
         stage_images(cfg_for("g-vbsm"), [FrozenTeacher(model(0))])
 
 
-def test_attach_conv_targets_uses_the_dataset(digits):
+def test_dataset_conv_targets_use_the_dataset(digits):
     m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
-    teacher = FrozenTeacher(m)
-    attach_conv_targets([teacher], digits)
-    mean, _ = teacher.conv.targets[0]
+    mean, _ = dataset_conv_targets([(m, None)], digits)[0][0]
     labels = digits.train.labels
     keep = sorted(int(i) for c in range(10) for i in torch.nonzero(labels == c).flatten()[:100])
     real = digits.normalize(digits.train.load(keep))
@@ -155,15 +158,30 @@ def test_new_fields_are_validated():
 def test_equip_teachers_brings_priors_and_targets(digits):
     from types import SimpleNamespace
     m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
-    infos = [SimpleNamespace(test_accuracy=61.5)]
-    plain = equip_teachers([FrozenTeacher(m)], infos, digits, make_config("fadrm"))
+    infos = [SimpleNamespace(test_accuracy=61.5, in_chans=None)]
+    plain = equip_teachers([m], infos, digits, make_config("fadrm"))
     assert plain[0].conv is None and plain[0].prior == 61.5
-    assert equip_teachers([FrozenTeacher(m)], infos, digits, make_config("edc"))[0].conv is not None
+    edc = equip_teachers([m], infos, digits, make_config("edc"))[0]
+    keep = sorted(int(i) for c in range(10) for i in torch.nonzero(digits.train.labels == c).flatten()[:100])
+    torch.testing.assert_close(edc.conv.targets[0][0], digits.normalize(digits.train.load(keep)).mean(dim=(0, 2, 3)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_teacher_takes_its_targets_when_built_and_only_those_that_fit():
+    m = model(0)
+    teacher = with_conv(m)
+    with pytest.raises(AttributeError):
+        teacher.conv = None  # nothing is attached to a teacher after it is built
+    with pytest.raises(AttributeError):
+        teacher.category = None
+    with pytest.raises(ValueError, match="convolution targets for"):
+        FrozenTeacher(model(0), conv_targets=stand_in_conv_targets(m)[:-1])
+    with pytest.raises(ValueError, match="class-wise targets"):
+        FrozenTeacher(model(0), category=ClassStatistics(class_targets(m, 0.5).targets[:-1], 0.5))
 
 
 # ------------------------------------------------------------------ class-wise BN targets (EDC)
 def test_class_bn_targets_are_each_class_mean_of_per_image_statistics(monkeypatch):
-    from fadrm_ray.statistics import real_class_bn_targets
     m = model(3)
     images = torch.randn(30, 1, 8, 8, generator=torch.Generator().manual_seed(4))
     labels = torch.arange(30) % 3
@@ -184,24 +202,24 @@ def test_class_bn_targets_are_each_class_mean_of_per_image_statistics(monkeypatc
             assert torch.allclose(var[c].double(), mine.var(dim=(2, 3), unbiased=False).mean(0), atol=1e-5)
 
 
-def with_class_targets(teacher, weight, running=False):
-    """Class-wise targets from stand-in 'real' images, or (`running`) equal to the running statistics."""
-    from fadrm_ray.statistics import ClassStatistics, real_class_bn_targets
+def class_targets(m, weight, running=False):
+    """Class-wise targets of `m` from stand-in 'real' images, or (`running`) equal to the running statistics."""
     if running:
-        targets = [(b.running_mean.repeat(10, 1), b.running_var.repeat(10, 1)) for b in teacher.bn_layers]
+        targets = [(b.running_mean.repeat(10, 1), b.running_var.repeat(10, 1)) for b in bn_layers(m)]
     else:
         images = torch.randn(50, 1, 8, 8, generator=torch.Generator().manual_seed(5)) * 0.5
-        targets = real_class_bn_targets(teacher.model, images, torch.arange(50) % 10, 10)
-    teacher.category = ClassStatistics(targets, weight)
-    return teacher
+        targets = real_class_bn_targets(m, images, torch.arange(50) % 10, 10)
+    return ClassStatistics(targets, weight)
 
 
 def test_category_matching_is_part_of_the_objective():
     cfg = cfg_for("edc")
     assert cfg.bn_category == 0.5
-    plain = stage_images(cfg_for("edc", bn_category=0.0), [with_conv(FrozenTeacher(model(0)))])
-    same = stage_images(cfg, [with_class_targets(with_conv(FrozenTeacher(model(0))), 0.5, running=True)])
-    blended = stage_images(cfg, [with_class_targets(with_conv(FrozenTeacher(model(0))), 0.5)])
+    plain = stage_images(cfg_for("edc", bn_category=0.0), [with_conv(model(0))])
+    m = model(0)
+    same = stage_images(cfg, [with_conv(m, category=class_targets(m, 0.5, running=True))])
+    m = model(0)
+    blended = stage_images(cfg, [with_conv(m, category=class_targets(m, 0.5))])
     # Class targets equal to the running statistics leave the loss (and the images) as they were;
     # the real class statistics change them.
     assert torch.allclose(plain, same, atol=1e-6)
@@ -209,13 +227,13 @@ def test_category_matching_is_part_of_the_objective():
 
 
 def test_category_blend_weights_the_two_losses():
-    from fadrm_ray.statistics import ClassStatistics, StatisticsLoss
+    from fadrm_ray.statistics import StatisticsLoss
     # Layer 0 (weight 2) has running statistics mean (1, 4), var (1, 1); layer 1 (weight 1) has
     # three channels whose running statistics the batch matches exactly.
+    category = ClassStatistics([(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]])),
+                                (torch.zeros(2, 3), torch.ones(2, 3))], 0.25)
     matching = StatisticsLoss([(torch.tensor([1.0, 4.0]), torch.tensor([1.0, 1.0])),
-                               (torch.zeros(3), torch.ones(3))], first_weight=2.0)
-    matching.category = ClassStatistics([(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]])),
-                                         (torch.zeros(2, 3), torch.ones(2, 3))], 0.25)
+                               (torch.zeros(3), torch.ones(3))], first_weight=2.0, category=category)
     matching.add(0, torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]]))
     matching.add(1, torch.zeros(1, 3), torch.ones(1, 3))
     # The batch holds classes 0 and 1: layer 0's class target is mean (1, 0), var (1, 2): class
@@ -227,15 +245,15 @@ def test_category_blend_weights_the_two_losses():
 
 def test_bn_category_without_targets_is_refused():
     with pytest.raises(ValueError, match="class-wise BN targets"):
-        stage_images(cfg_for("edc"), [with_conv(FrozenTeacher(model(0)))])
+        stage_images(cfg_for("edc"), [with_conv(model(0))])
 
 
 def test_equip_teachers_brings_class_targets_for_edc_only(digits):
     from types import SimpleNamespace
     m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
-    infos = [SimpleNamespace(test_accuracy=61.5)]
-    assert equip_teachers([FrozenTeacher(m)], infos, digits, make_config("g-vbsm"))[0].category is None
-    edc = equip_teachers([FrozenTeacher(m)], infos, digits, make_config("edc"))[0]
+    infos = [SimpleNamespace(test_accuracy=61.5, in_chans=None)]
+    assert equip_teachers([m], infos, digits, make_config("g-vbsm"))[0].category is None
+    edc = equip_teachers([m], infos, digits, make_config("edc"))[0]
     assert edc.category is not None and edc.category.weight == 0.5
     assert edc.category.targets[0][0].shape == (10, edc.bn_layers[0].num_features)
 

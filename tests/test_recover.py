@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from fadrm_ray.augment import crop_box
 from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.models import create_model
-from fadrm_ray.recover import (FrozenTeacher, RecoverState, augment, cda_scale_min, cosine, final_images,
+from fadrm_ray.frozen_teacher import FrozenTeacher
+from fadrm_ray.recover import (RecoverState, augment, cda_scale_min, cosine, final_images,
                                init_state, recover, run_stage)
 
 MEAN, STD = [0.3], [0.37]

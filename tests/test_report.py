@@ -13,7 +13,8 @@ from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.models import create_model
-from fadrm_ray.recover import FrozenTeacher, init_state, run_stage
+from fadrm_ray.frozen_teacher import FrozenTeacher
+from fadrm_ray.recover import init_state, run_stage
 from fadrm_ray.evaluation.report import loss_curves, report_files, write_report
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.config import EvalConfig

@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from fadrm_ray.config import ConfigError, DistillConfig
 from fadrm_ray.models import create_model
-from fadrm_ray.recover import FrozenTeacher, final_images, init_state, recover
+from fadrm_ray.frozen_teacher import FrozenTeacher
+from fadrm_ray.recover import final_images, init_state, recover
 
 MEAN, STD = [0.3], [0.37]
 CLASSES = list(range(10))

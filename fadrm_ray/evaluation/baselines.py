@@ -19,8 +19,6 @@ trained once however many runs ask for it.
 from __future__ import annotations
 
 import hashlib
-import math
-import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -35,7 +33,8 @@ from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
-from fadrm_ray.evaluation.scores import BaselineScore, Evaluation, PairedGain
+from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
+from fadrm_ray.paired import PairedGain, gain_text, paired_gain
 from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store import open_run
 
@@ -78,30 +77,6 @@ def _pixels(run_dir: Path, ipc: int | None) -> str:
     h = hashlib.sha256(images.contiguous().numpy().tobytes())
     h.update(labels.contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def paired_gain(run_top1: Sequence[float], base_top1: Sequence[float]) -> PairedGain:
-    """The run's final top-1 minus a baseline's, seed by seed. The two students of one seed start
-    from the same weights and see the same augmentation stream, so the difference cancels most of
-    the spread between seeds: `mean` (equal to the gain of the means), `stderr` (its standard
-    error; None with one seed) and `higher` (seeds on which the run came out above)."""
-    if len(run_top1) != len(base_top1) or not run_top1:
-        raise ValueError(f"paired seeds must match: {len(run_top1)} against {len(base_top1)}")
-    diffs = [a - b for a, b in zip(run_top1, base_top1)]
-    stderr = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-    return PairedGain(mean=round(statistics.fmean(diffs), 3), stderr=None if stderr is None else round(stderr, 3),
-                      higher=sum(d > 0 for d in diffs), seeds=len(diffs))
-
-
-def gain_text(paired: PairedGain, seeds: bool = True) -> str:
-    """'+0.54 ± 0.29 s.e., higher on 4 of 5 seeds' for a `paired_gain` (without the count when
-    `seeds` is False; without the error with one seed)."""
-    text = f"{paired.mean:+.2f}"
-    if paired.stderr is not None:
-        text += f" ± {paired.stderr:.2f}" + (" s.e." if seeds else "")
-    if seeds:
-        text += f", higher on {paired.higher} of {paired.seeds} seed{'s' if paired.seeds != 1 else ''}"
-    return text
 
 
 def below_random(paired: PairedGain | None, recipe: str, image_size: int, channels: int) -> str | None:

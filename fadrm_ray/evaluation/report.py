@@ -274,7 +274,8 @@ def write_evaluation_plot(evaluation: Evaluation, path: str | Path) -> Path | No
 
 def _baseline_bars(ax, evaluation: Evaluation, baselines: dict[str, BaselineScore]) -> None:
     """Final top-1 of the run and of each baseline: bars at the mean, dots per seed, gains above."""
-    from fadrm_ray.evaluation.baselines import BASELINES, gain_text
+    from fadrm_ray.evaluation.baselines import BASELINES
+    from fadrm_ray.paired import gain_text
 
     # (gain, its label) per baseline; an evaluation.json written before paired gains were
     # recorded has the plain gain only.

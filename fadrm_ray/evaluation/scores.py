@@ -14,6 +14,7 @@ import statistics
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.config import EvalConfig
+from fadrm_ray.paired import PairedGain  # defined below the evaluation: the pilot reports it too
 
 Curve = list[tuple[int, float]]  # (epoch, test top-1 in percent) at each test evaluation
 
@@ -32,25 +33,6 @@ class StudentScore(_Score):
     epochs: int
     steps: int
     seconds: float
-
-
-class PairedGain(_Score):
-    """A run's final top-1 minus a baseline's, seed by seed (`baselines.paired_gain`)."""
-
-    mean: float
-    stderr: float | None        # None with one seed
-    higher: int                 # seeds on which the run came out above
-    seeds: int
-
-    @property
-    def clearly_above(self) -> bool:
-        """Above zero by more than two standard errors (never with one seed)."""
-        return self.stderr is not None and self.mean > 2 * self.stderr
-
-    @property
-    def clearly_below(self) -> bool:
-        """Below zero by more than two standard errors (never with one seed)."""
-        return self.stderr is not None and self.mean < -2 * self.stderr
 
 
 class BaselineScore(_Score):

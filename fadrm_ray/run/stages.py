@@ -20,7 +20,8 @@ from fadrm_ray.layout import RunLayout
 from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
 from fadrm_ray.packing import pack_limit
 from fadrm_ray.patches import ClassSelection, score_class, scored, select_patches
-from fadrm_ray.recover import FrozenTeacher, RecoverState, final_images, init_state, run_stage
+from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
+from fadrm_ray.recover import RecoverState, final_images, init_state, run_stage
 from fadrm_ray.run.job import JobParts
 from fadrm_ray.run.units import Unit, chunks
 from fadrm_ray.store.run_files import PackRecord, StageRecord, UnitStats
@@ -30,12 +31,10 @@ from fadrm_ray.errors import InputError
 
 def frozen_teachers(parts: JobParts, cfg: DistillConfig) -> list[FrozenTeacher]:
     """The job's teacher models, frozen for recover on the parts' device, with what the config's
-    objective needs of them (`committee.equip_teachers`: priors, convolution targets)."""
-    from fadrm_ray.committee import equip_teachers
-
-    teachers = [FrozenTeacher(model.to(parts.device), in_chans=info.in_chans, first_bn_weight=cfg.first_bn_weight)
-                for model, info in zip(parts.models, parts.infos)]
-    return equip_teachers(teachers, parts.infos, parts.dataset, cfg, parts.device)
+    objective needs of them (`frozen_teacher.equip_teachers`: priors, convolution and class-wise
+    targets)."""
+    return equip_teachers([model.to(parts.device) for model in parts.models], parts.infos, parts.dataset, cfg,
+                          parts.device)
 
 
 def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: DistillConfig,
