@@ -246,7 +246,7 @@ def write_preview(run_dir: Path, plan: "JobPlan", out: Path) -> Path:
 
     partial = out.with_name(f".{out.name}.{os.getpid()}.png")
     try:
-        write_grid(run_dir, partial, max_classes=20, max_ipc=min(plan.ipc, 20))
+        write_grid(open_run(run_dir), partial, max_classes=20, max_ipc=min(plan.ipc, 20))
         os.replace(make_private(partial), out)
     except BaseException:
         remove_partial(partial)
@@ -259,7 +259,7 @@ def report(run_dir: Path, plan: "JobPlan", evaluation_file: Path) -> dict:
     evaluation when the job made one."""
     from fadrm_ray.evaluation.report import loss_curves
 
-    curves = loss_curves(run_dir)
+    curves = loss_curves(open_run(run_dir))
     step = max(1, math.ceil(len(curves.ce) / LOSS_POINTS))
     losses = {
         "iterations": len(curves.ce),

@@ -4,9 +4,9 @@
 
 For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 10}, every method
 of docs/method.md sections 7 and 7c (random-real, rded, sre2l, sre2l++, fadrm, fadrm+, fadrm-paper,
-g-vbsm, edc, cv-dd) produces its
-images through the library's door (`fadrm_ray.run.execute.run`) into one store, and every run is evaluated by `evaluate_run` with
-the same student, protocol and seeds (docs/method.md section 6). Teachers are trained once with
+g-vbsm, edc, cv-dd) produces its images through the library's door (`fadrm_ray.run.execute.run`)
+into one store, and every run is evaluated by `evaluate_store_run` with the same student, protocol
+and seeds (docs/method.md section 6). Teachers are trained once with
 `squeeze` (`ensure_teacher`) and cached in the output folder, retrained when their squeeze
 settings change:
 
@@ -69,7 +69,8 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import epochs_for_steps
 from fadrm_ray.evaluation.report import pyplot, save_figure
 from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
@@ -197,7 +198,7 @@ def _cell_job(cell: dict) -> list[dict]:
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         evaluation = cell["evaluation"].model_copy(update=METHOD_EVALUATION.get(cfg.preset, {}))
         job = EvalJob(config=evaluation, teacher_paths=eval_teachers, ipc=run.ipc)
-        ev = evaluate_run(run.run_dir, job, EvalSpec(progress=False), EvalParts(dataset=dataset))
+        ev = evaluate_store_run(run.run_dir, job, EvalSpec(progress=False), parts=EvalParts(dataset=dataset)).evaluation
         rows.append({"dataset": cell["dataset"], "dataset_name": dataset.name, "ipc": ipc, "method": method,
                      "iterations": cfg.iterations, "run_id": run.run_id, "distill_seconds": round(distill_s, 1),
                      "distill_skipped": bool(run.units_skipped and not run.units_run),

@@ -4,7 +4,7 @@
         [--seeds 3] [--protocol published] [--threads N] [--out results.json]
     python -m bench.soft_label_size --classes 1000 [--topk all,100,10,5,1]
 
-Each row trains the run's students (`evaluate_run`, cached in the run, so a rerun resumes) with
+Each row trains the run's students (`evaluate_store_run`, cached in the run, so a rerun resumes) with
 one way of giving them soft labels: `online` (the teachers relabel every step), `all` (stored,
 every logit), `K` (stored, the K largest logits of each view and one value for the rest:
 soft_label_store.py), and `...@E` (only E epochs stored, read in turn). It prints, per row, the
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from fadrm_ray.evaluation.baselines import gain_text, paired_gain
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels
 from fadrm_ray.config import EvalConfig, LabelStorage
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     base = EvalConfig(protocol=args.protocol, seeds=args.seeds)
     results: list[Result] = []
     for row in parse_rows(args.rows):
-        evaluation = evaluate_run(args.run, EvalJob(config=row_config(base, row)),
-                                  EvalSpec(threads=args.threads, progress=False))
+        evaluation = evaluate_store_run(args.run, EvalJob(config=row_config(base, row)),
+                                        EvalSpec(threads=args.threads, progress=False)).evaluation
         size = stored_bytes(args.run, evaluation) if row.stored else None
         results.append(Result(row=row, evaluation=evaluation, bytes_per_image=size))
         print(f"{row.name}: top-1 {evaluation.top1_mean:.2f} ± {evaluation.top1_std:.2f}"

@@ -27,7 +27,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
     import torchvision
 
     from fadrm_ray.data.base import ImageDataset, Split
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
+    from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec
     from fadrm_ray.evaluation.students import train_student
     from fadrm_ray.evaluation.relabel import SoftLabeler
     from fadrm_ray.config import EvalConfig
@@ -53,7 +53,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
         marks.append(time.perf_counter())
 
     started = time.perf_counter()
-    score = train_student(train, 0, job, spec, EvalParts(dataset=dataset, labeler=labeler, on_eval=on_epoch))
+    score = train_student(train, 0, job, spec, EvalParts(dataset=dataset, labeler=labeler), EvalHooks(on_eval=on_epoch))
     total = time.perf_counter() - started
     laps = [b - a for a, b in zip(marks, marks[1:])]  # epochs 2..E; the first warmed up
     out = {"device": device, "student": student, "size": size, "images": images, "epochs": score.epochs,

@@ -33,7 +33,7 @@ from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.run.stages import load_teachers, unit_states
 from fadrm_ray.run.units import plan_units
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage
 from fadrm_ray.evaluation.report import pyplot, save_figure
@@ -78,8 +78,8 @@ def information_vanishing(dataset: ImageDataset | str, teacher_path: str | Path,
                 distill_job, parts = prepare_job(cfg, dataset, dataset.name, [teacher_path], store_root,
                                                  device_type=execute.device_type(execution))
                 run = execute.run(distill_job, execution, parts)
-                ev = evaluate_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), run_spec,
-                                  EvalParts(dataset=dataset))
+                ev = evaluate_store_run(run.run_dir, run_job.model_copy(update={"ipc": run.ipc}), run_spec,
+                                        parts=EvalParts(dataset=dataset)).evaluation
                 rows[key].append({"budget": int(budget), "top1_mean": ev.top1_mean, "top1_std": ev.top1_std,
                                   "top1_per_seed": ev.top1_per_seed, "run_id": run.run_id,
                                   "distill_seconds": round(run.seconds, 2)})

@@ -13,7 +13,7 @@ Beside each top-1, the teacher's mean probability of the true class on student v
 resized crops of the student's crop scale, no CutMix; 20 views of every image) says how much more
 recognizable recover made the images for that teacher.
 
-Evaluations are cached in the runs (`evaluate_run`), so the cells a `bench.accuracy` run already
+Evaluations are cached in the runs (`evaluate_store_run`), so the cells a `bench.accuracy` run already
 computed with the same protocol and seeds are read, not trained again.
 Writes DIR/cross_labels.json and prints a Markdown table.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.evaluation.relabel import AugmentSpec, SoftLabeler, apply_plan, draw_plan, to_unit
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.config import EvalConfig
@@ -84,8 +84,8 @@ def main(argv=None) -> dict:
         for method, run in runs.items():
             for labels_by, teacher in teachers.items():
                 print(f"  {source} {method} with {labels_by}'s labels", file=sys.stderr, flush=True)
-                result = evaluate_run(run, EvalJob(config=cfg, teacher_paths=[teacher], ipc=args.ipc),
-                                      EvalSpec(threads=1, progress=False))
+                result = evaluate_store_run(run, EvalJob(config=cfg, teacher_paths=[teacher], ipc=args.ipc),
+                                            EvalSpec(threads=1, progress=False)).evaluation
                 rows.append({"images_from": source, "method": method, "labels_by": labels_by, "run": str(run),
                              "top1_mean": result.top1_mean, "top1_std": result.top1_std,
                              "top1_per_seed": result.top1_per_seed,

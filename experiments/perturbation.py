@@ -28,7 +28,8 @@ import torch
 
 from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_images, evaluate_run, open_for_evaluation
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import evaluate_images, open_for_evaluation
 from fadrm_ray.run.reopen import load_run_teachers, run_teachers
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import ConfigError
@@ -93,7 +94,7 @@ def main(argv=None) -> dict:
         print(f"scoring {name} ...", file=sys.stderr, flush=True)
         if name in stored:
             run_dir, ipc = stored[name]
-            ev = evaluate_run(run_dir, job.model_copy(update={"ipc": ipc}), spec, parts)
+            ev = evaluate_store_run(run_dir, job.model_copy(update={"ipc": ipc}), spec, parts=parts).evaluation
         else:
             ev = evaluate_images(images, labels, job, spec, parts)
         results[name] = ev.top1_per_seed

@@ -14,12 +14,19 @@ from fadrm_ray.config import make_config
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import default_epochs, evaluate_run, images_per_class, resolve_protocol
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import (default_epochs, images_per_class, open_for_evaluation,
+                                           resolve_protocol)
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def with_baselines(run_dir, job: EvalJob, spec: EvalSpec, **kwargs):
+    """`evaluate_with_baselines` of the run in `run_dir`, opened with its own teachers."""
+    return evaluate_with_baselines(open_for_evaluation(run_dir, job, spec, own_teachers=True), job, spec, **kwargs)
 
 
 def test_the_published_protocol_is_300_epochs_1000_at_ipc_1_with_the_stretched_cosine():
@@ -53,19 +60,19 @@ def store(digits, digits_teacher, tmp_path_factory):
 def test_an_evaluation_is_cached_in_its_run_and_read_back_without_training(store, monkeypatch):
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=1)
-    first = evaluate_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
+    first = evaluate_store_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False)).evaluation
     assert not first.cached and list(open_run(run_dir).layout.evaluations_dir.glob("*.json"))
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached evaluation trained a student again")
 
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
-    again = evaluate_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
+    again = evaluate_store_run(run_dir, EvalJob(config=cfg), EvalSpec(progress=False)).evaluation
     assert again.cached and again.top1_per_seed == first.top1_per_seed
     with pytest.raises(AssertionError, match="trained a student again"):  # other settings: a new evaluation
-        evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=1)), EvalSpec(progress=False))
+        evaluate_store_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=1)), EvalSpec(progress=False)).evaluation
     with pytest.raises(AssertionError, match="trained a student again"):  # cache=False: never read
-        evaluate_run(run_dir, EvalJob(config=cfg, cache=False), EvalSpec(progress=False))
+        evaluate_store_run(run_dir, EvalJob(config=cfg, cache=False), EvalSpec(progress=False)).evaluation
 
 
 def test_the_baselines_are_random_real_images_and_the_starting_patches():
@@ -85,7 +92,7 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
 def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=2)
-    result = evaluate_with_baselines(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
+    result = with_baselines(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
     assert set(result.baselines) == {"random_real", "starting_patches"}
     for name, base in result.baselines.items():
         assert base.run_id != result.run_id
@@ -102,14 +109,14 @@ def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digi
     distilled, dlabels, dipc = open_run(run_dir).read()
     assert torch.equal(plabels, dlabels) and torch.equal(pipc, dipc) and not torch.equal(patches, distilled)
     # Written into the report: evaluation.json carries them and the plot shows them.
-    files = write_report(run_dir, evaluation=result)
+    files = write_report(open_run(run_dir), evaluation=result)
     saved = json.loads(open_run(run_dir).layout.report_files()["evaluation"].read_text())
     assert saved["gains"] == result.gains and set(saved["baselines"]) == set(result.baselines)
     assert saved["paired_gains"] == {k: v.model_dump() for k, v in result.paired_gains.items()}
     assert files["evaluation_plot"].endswith(".png")
     # An evaluation saved before paired gains were recorded still plots, with the plain gains.
     older = result.model_copy(update={"paired_gains": {}})
-    assert write_report(run_dir, evaluation=older)["evaluation_plot"].endswith(".png")
+    assert write_report(open_run(run_dir), evaluation=older)["evaluation_plot"].endswith(".png")
 
 
 def test_a_paired_gain_is_the_mean_seed_by_seed_difference_with_its_standard_error():
@@ -130,7 +137,7 @@ def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path
     shutil.copy(teacher, backup)
     teacher.unlink()
     try:
-        result = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=2, seeds=1), teacher_paths=[backup]),
+        result = with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=2, seeds=1), teacher_paths=[backup]),
                                          EvalSpec(progress=False))
     finally:
         shutil.copy(backup, teacher)
@@ -189,13 +196,13 @@ def test_a_set_clearly_below_random_real_images_is_warned_about(store, digits, c
     job, parts = prepare_job(noise, digits, "digits", [teacher], Path(run_dir).parent,
                              device_type=execute.device_type(spec))
     run = execute.run(job, spec, parts)
-    result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=40, seeds=3)),
+    result = with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=40, seeds=3)),
                                      EvalSpec(progress=False), ranking=False)
     gain = result.paired_gains["random_real"]
     assert gain.mean < -2 * gain.stderr, gain
     [line] = result.warnings
     assert line.startswith("this set is clearly below random real images") and "try recipe" in line
-    assert write_report(run.run_dir, evaluation=result)["evaluation_plot"].endswith(".png")
+    assert write_report(open_run(run.run_dir), evaluation=result)["evaluation_plot"].endswith(".png")
     assert json.loads(open_run(run.run_dir).layout.report_files()["evaluation"].read_text())["warnings"] == [line]
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run.run_dir), "--no-ranking", "--epochs", "40", "--seeds", "3",

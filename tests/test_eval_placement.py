@@ -1,6 +1,6 @@
 """The service's evaluation runs where the job's workers ran: a Ray task with a GPU share on a
 cluster with GPUs (students on cuda); without GPUs one worker's CPUs, the same result as
-`evaluate_run` gives."""
+`evaluate_store_run` gives."""
 from __future__ import annotations
 
 import shutil
@@ -10,7 +10,7 @@ import torch
 
 from actors.evaluation import evaluate_on_ray, placement
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.config import EvalConfig
@@ -44,12 +44,12 @@ def test_a_job_on_a_gpu_cluster_is_evaluated_on_a_gpu(ray_with_a_gpu, run_copy):
             evaluate_on_ray(run_copy, JOB, ExecutionSpec(), baselines=False)
 
 
-def test_a_cpu_job_is_evaluated_with_one_workers_cpus_as_evaluate_run_does(ray_with_a_gpu, run_copy, tmp_path):
+def test_a_cpu_job_is_evaluated_with_one_workers_cpus_as_evaluate_store_run_does(ray_with_a_gpu, run_copy, tmp_path):
     where = placement(ExecutionSpec(gpus_per_worker=0))
     assert (where.num_gpus, where.device, where.threads) == (0.0, "cpu", 1)
     other = shutil.copytree(run_copy, tmp_path / "other" / run_copy.name)
     on_ray = evaluate_on_ray(run_copy, JOB, ExecutionSpec(gpus_per_worker=0), baselines=False)
     with torch_threads(1):
-        here = evaluate_run(other, JOB, EvalSpec(device="cpu", threads=1, progress=False))
+        here = evaluate_store_run(other, JOB, EvalSpec(device="cpu", threads=1, progress=False)).evaluation
     assert on_ray.top1_per_seed == here.top1_per_seed
     assert on_ray.ranking is not None and len(on_ray.ranking.hard_top1_per_seed) == 1

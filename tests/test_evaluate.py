@@ -14,9 +14,10 @@ from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, default_epochs, evaluate_images, evaluate_run,
-                                kd_loss, param_groups, train_student)
+from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, default_epochs, evaluate_images, kd_loss,
+                                           param_groups, train_student)
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
 from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, precompute_soft_labels
 from fadrm_ray.config import EvalConfig
@@ -34,6 +35,11 @@ def labeler(digits, digits_teacher):
 
 
 QUIET = EvalSpec(progress=False)  # students without progress bars
+
+
+def evaluated(run_dir, job: EvalJob, hooks: EvalHooks | None = None):
+    """The store run in `run_dir` evaluated under `job` with `QUIET` (the run opened once)."""
+    return evaluate_store_run(run_dir, job, QUIET, hooks=hooks).evaluation
 
 
 def quiet(cfg: EvalConfig, **settings) -> EvalJob:
@@ -191,7 +197,7 @@ def tiny_run(digits, digits_teacher, tmp_path_factory):
 
 def test_evaluate_run_returns_the_documented_keys(tiny_run):
     run_dir, _ = tiny_run
-    result = evaluate_run(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), QUIET)
+    result = evaluated(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)))
     assert DOCUMENTED_KEYS <= set(result.model_dump())
     assert result.student == "convnet-bn" and result.epochs == 3 and result.images == 20
     assert len(result.top1_per_seed) == 2 and len(result.best_top1_per_seed) == 2
@@ -205,18 +211,18 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     run_dir, _ = tiny_run
     trained = []
     seen = lambda seed, epoch, epochs, top1: trained.append(seed) if epoch == epochs else None  # noqa: E731
-    two = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=2)), QUIET, EvalParts(on_eval=seen))
+    two = evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=2)), EvalHooks(on_eval=seen))
     assert trained == [0, 1] and two.seeds_reused == []
-    three = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET, EvalParts(on_eval=seen))
+    three = evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalHooks(on_eval=seen))
     assert trained == [0, 1, 2] and three.seeds_reused == [0, 1] and not three.cached
     assert three.top1_per_seed[:2] == two.top1_per_seed
     # The reused students are the ones a fresh evaluation trains.
-    fresh = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3), cache=False), QUIET)
+    fresh = evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=3), cache=False))
     assert fresh.top1_per_seed == three.top1_per_seed
     assert fresh.curves == [[tuple(point) for point in curve] for curve in three.curves]  # JSON gave lists
     # A seed list alone, and a whole evaluation read back from its cache, train nothing.
-    evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[2, 0])), QUIET, EvalParts(on_eval=seen))
-    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET, EvalParts(on_eval=seen)).cached
+    evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=[2, 0])), EvalHooks(on_eval=seen))
+    assert evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), EvalHooks(on_eval=seen)).cached
     assert trained == [0, 1, 2]
     # A whole evaluation cached before students were kept apart gives them up when it is read.
     cached = {f: json.loads(f.read_text()) for f in open_run(run_dir).layout.evaluations_dir.glob("*.json")}
@@ -224,8 +230,8 @@ def test_more_seeds_later_train_only_the_new_students(tiny_run):
     assert len(students) == 3
     for f in students:
         f.unlink()
-    assert evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=3)), QUIET).cached
-    one = evaluate_run(run_dir, quiet(EvalConfig(epochs=2, seeds=[1])), QUIET, EvalParts(on_eval=seen))
+    assert evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=3))).cached
+    one = evaluated(run_dir, quiet(EvalConfig(epochs=2, seeds=[1])), EvalHooks(on_eval=seen))
     assert trained == [0, 1, 2] and one.top1_per_seed == three.top1_per_seed[1:2]
 
 
@@ -237,8 +243,8 @@ def test_evaluate_run_refuses_a_changed_teacher(tiny_run, tmp_path):
         with open(teacher, "ab") as fh:
             fh.write(b"x")
         with pytest.raises(EvaluationError, match="changed since the run was distilled"):
-            evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1)), QUIET)
-        result = evaluate_run(run_dir, quiet(EvalConfig(epochs=1, seeds=1), teacher_paths=[backup]), QUIET)
+            evaluated(run_dir, quiet(EvalConfig(epochs=1, seeds=1)))
+        result = evaluated(run_dir, quiet(EvalConfig(epochs=1, seeds=1), teacher_paths=[backup]))
         assert len(result.top1_per_seed) == 1
     finally:
         shutil.copy(backup, teacher)
@@ -267,7 +273,7 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
     job, parts = prepare_job(cfg, digits, "digits", [digits_teacher[0]], tmp_path / "store",
                              device_type=execute.device_type(spec))
     run = execute.run(job, spec, parts)
-    result = evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)), QUIET)
+    result = evaluated(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)))
     tested = int(sum(int((digits.test.labels == c).sum()) for c in (3, 7)))
     assert result.classes == [3, 7] and result.test_size == tested < len(digits.test)
     assert result.top1_mean >= 65.0, result.top1_per_seed
@@ -279,7 +285,7 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
     assert everything.classes is None and everything.test_size == len(digits.test)
     assert everything.top1_mean < 40.0 < result.top1_mean
     # The subset is part of what names the cached evaluation: the score read back is the subset's.
-    assert evaluate_run(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2)), QUIET).top1_per_seed == \
+    assert evaluated(run.run_dir, quiet(EvalConfig(epochs=20, seeds=2))).top1_per_seed == \
         result.top1_per_seed
 
 
@@ -304,11 +310,11 @@ def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digi
     # In a run, such an evaluation is kept apart from the augmented one of the same settings.
     run_dir, _ = tiny_run
     cfg = EvalConfig(epochs=2, seeds=1)
-    augmented = evaluate_run(run_dir, quiet(cfg), QUIET)
-    plain = evaluate_run(run_dir, quiet(cfg, augment=False), QUIET)
+    augmented = evaluated(run_dir, quiet(cfg))
+    plain = evaluated(run_dir, quiet(cfg, augment=False))
     assert (augmented.augment, plain.augment, plain.cached) == (True, False, False)
-    assert evaluate_run(run_dir, quiet(cfg, augment=False), QUIET).cached
-    assert evaluate_run(run_dir, quiet(cfg), QUIET).top1_per_seed == augmented.top1_per_seed
+    assert evaluated(run_dir, quiet(cfg, augment=False)).cached
+    assert evaluated(run_dir, quiet(cfg)).top1_per_seed == augmented.top1_per_seed
 
 
 def test_an_eval_job_is_plain_data_that_crosses_json(tmp_path):

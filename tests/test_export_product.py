@@ -10,7 +10,8 @@ import torchvision
 
 from fadrm_ray.cli import main
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run, resolve_protocol
+from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.students import resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.config import EvalConfig
 
@@ -39,8 +40,8 @@ def test_an_imagefolder_export_holds_the_teacher_and_the_default_recipe(small_ru
 
 def test_a_tensor_export_gets_them_beside_it_with_the_recipe_the_report_used(run_copy, digits_teacher, tmp_path,
                                                                           capsys, one_thread):
-    evaluation = evaluate_run(run_copy, EvalJob(config=EvalConfig(epochs=1, seeds=1, eval_every=1)),
-                              EvalSpec(progress=False))
+    evaluation = evaluate_store_run(run_copy, EvalJob(config=EvalConfig(epochs=1, seeds=1, eval_every=1)),
+                                    EvalSpec(progress=False)).evaluation
     out = tmp_path / "x.pt"
     code, result = export(capsys, "--run", run_copy, "--format", "pt", "--classes", "0,1", "--out", out)
     assert code == 0, result
@@ -97,7 +98,8 @@ def test_stored_soft_labels_travel_instead_of_the_teacher_and_give_the_same_stud
 
     from tests.api_helpers import REPO
 
-    evaluate_run(run_copy, EvalJob(config=EvalConfig(epochs=4, seeds=[0, 1], eval_every=2)), EvalSpec(progress=False))
+    evaluate_store_run(run_copy, EvalJob(config=EvalConfig(epochs=4, seeds=[0, 1], eval_every=2)),
+                       EvalSpec(progress=False))
     out = tmp_path / "set.parquet"
     assert main(["export", "--run", str(run_copy), "--format", "parquet", "--out", str(out), "--soft-labels",
                  "--topk", "3", "--label-epochs", "2", "--json", "--quiet"]) == 0
@@ -108,7 +110,7 @@ def test_stored_soft_labels_travel_instead_of_the_teacher_and_give_the_same_stud
     assert 0 < result["soft_label_bytes_per_image"]
     recipe = EvalConfig.model_validate_json((tmp_path / "set.recipe.json").read_text())
     assert (recipe.soft_labels, recipe.soft_label_topk, recipe.soft_label_epochs, recipe.seeds) == ("stored", 3, 2, [0, 1])
-    reference = evaluate_run(run_copy, EvalJob(config=recipe), EvalSpec(progress=False))
+    reference = evaluate_store_run(run_copy, EvalJob(config=recipe), EvalSpec(progress=False)).evaluation
     argv = ["train-student", "--data", str(out), "--soft-labels", str(tmp_path / "set.soft-labels.parquet"),
             "--recipe", str(tmp_path / "set.recipe.json"), "--test", "digits", "--threads", "1", "--json", "--quiet"]
     # One student unless more are asked for; --seeds 2 trains the recipe's two.

@@ -20,7 +20,7 @@ from fadrm_ray.config import make_config, without_later_fields
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import evaluate_run
+from fadrm_ray.evaluation.measure import evaluate_store_run
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -126,9 +126,9 @@ def test_images_are_bit_identical(golden_runs, name):
 
 
 def test_student_result_is_identical(golden_runs, digits, digits_teacher):
-    result = evaluate_run(golden_runs["sre2l"], EvalJob(config=EvalConfig(epochs=12, seeds=[0]),
-                                                        teacher_paths=[digits_teacher[0]]), EvalSpec(progress=False),
-                          EvalParts(dataset=digits))
+    result = evaluate_store_run(golden_runs["sre2l"], EvalJob(config=EvalConfig(epochs=12, seeds=[0]),
+                                                              teacher_paths=[digits_teacher[0]]),
+                                EvalSpec(progress=False), parts=EvalParts(dataset=digits)).evaluation
     # The same CPU as the teacher's: the pair recorded together.
     expected = STUDENTS[TEACHER_SHAS.index(weights_sha(digits_teacher[0]))]
     assert {k: getattr(result, k) for k in expected} == expected

@@ -21,6 +21,7 @@ from fadrm_ray.evaluation.ranking import HardLabels, augmentation_robust_score, 
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.config import EvalConfig
+from fadrm_ray.store import open_run
 
 E = math.e
 
@@ -80,6 +81,11 @@ def test_hard_labels_are_cross_entropy_on_the_images_unaugmented():
         HardLabels(labels[:4]).source(images, 2, 0)
 
 
+def with_baselines(run_dir, job: EvalJob, spec: EvalSpec, **kwargs):
+    """`evaluate_with_baselines` of the run in `run_dir`, opened with its own teachers."""
+    return evaluate_with_baselines(open_for_evaluation(run_dir, job, spec, own_teachers=True), job, spec, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def ranked(digits, digits_teacher, tmp_path_factory):
     """An IPC 2 run of four digit classes evaluated with its baselines and DD-Ranking's scores."""
@@ -97,7 +103,7 @@ def ranked(digits, digits_teacher, tmp_path_factory):
             job, parts = prepare_job(cfg, digits, "digits", [teacher], root / "store",
                                      device_type=execute.device_type(spec))
             run = execute.run(job, spec, parts)
-            result = evaluate_with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)),
+            result = with_baselines(run.run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)),
                                              EvalSpec(progress=False), ars=True)
     finally:
         ranking.FULL_DATA_STEPS = steps
@@ -120,7 +126,7 @@ def test_an_evaluation_with_baselines_carries_its_scores(ranked):
     # The scores travel with the evaluation's JSON and into the report's figure.
     again = Evaluation.model_validate_json(result.model_dump_json())
     assert again.ranking == r
-    report = write_report(run_dir, evaluation=result)
+    report = write_report(open_run(run_dir), evaluation=result)
     assert Evaluation.model_validate_json(open(report["evaluation"]).read()).ranking == r
 
 
@@ -133,14 +139,14 @@ def test_the_students_behind_the_scores_are_not_trained_again(ranked, monkeypatc
     monkeypatch.setattr(ranking, "train_student", no_training)
     monkeypatch.setattr(evaluate_module, "train_student", no_training)
     monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)  # the key of the student kept by the fixture
-    again = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
+    again = with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
                                     ars=True)
     assert again.ranking == result.ranking
 
 
 def test_without_the_ranking_nothing_is_scored(ranked):
     run_dir, result = ranked
-    plain = evaluate_with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
+    plain = with_baselines(run_dir, EvalJob(config=EvalConfig(epochs=3, seeds=2)), EvalSpec(progress=False),
                                     ranking=False)
     assert plain.ranking is None and plain.top1_per_seed == result.top1_per_seed
 

@@ -18,6 +18,7 @@ from fadrm_ray.recover import init_state, run_stage
 from fadrm_ray.evaluation.report import loss_curves, report_files, write_report
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.config import EvalConfig
+from fadrm_ray.store import open_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -53,7 +54,7 @@ def test_report_files_exist_and_are_readable_pngs(runs):
                             curves=[[(1, 30.0), (2, 49.0)], [(1, 35.0), (2, 51.0)]], epochs=2, steps_per_seed=8,
                             seconds=1.0, images=30, dataset="digits", test_size=359, teachers=["t"],
                             config=EvalConfig(epochs=2, seeds=2))
-    paths = write_report(run.run_dir, evaluation)
+    paths = write_report(open_run(run.run_dir), evaluation)
     assert set(paths) == {"grid", "losses", "evaluation", "evaluation_plot"}
     for key in ("grid", "losses", "evaluation_plot"):
         width, height = png_size(paths[key])
@@ -64,12 +65,12 @@ def test_report_files_exist_and_are_readable_pngs(runs):
     saved = json.loads(open(paths["evaluation"]).read())
     assert saved["top1_per_seed"] == [49.0, 51.0] and saved["curves"][0] == [[1, 30.0], [2, 49.0]]
     # Rewriting without an evaluation keeps the one written before.
-    again = write_report(run.run_dir)
+    again = write_report(open_run(run.run_dir))
     assert again["evaluation"] == paths["evaluation"] and report_files(run.run_dir) == again
 
 
 def test_loss_curves_concatenate_stages_and_mark_every_merge(runs):
-    curves = loss_curves(runs["fadrm"].run_dir)
+    curves = loss_curves(open_run(runs["fadrm"].run_dir))
     assert len(curves.ce) == len(curves.bn) == 12
     assert curves.merges == [3, 6, 9]  # k = 3 merges after stages of 3 iterations, none after the last
     assert curves.units == 3  # ipc 3, one pack per IPC index
@@ -77,8 +78,8 @@ def test_loss_curves_concatenate_stages_and_mark_every_merge(runs):
 
 
 def test_a_selection_only_run_gets_a_placeholder_loss_plot(runs):
-    assert loss_curves(runs["rded"].run_dir).units == 0
-    paths = write_report(runs["rded"].run_dir)
+    assert loss_curves(open_run(runs["rded"].run_dir)).units == 0
+    paths = write_report(open_run(runs["rded"].run_dir))
     assert png_size(paths["losses"])[0] > 100 and "evaluation" not in paths
 
 

@@ -38,7 +38,7 @@ def evaluate_again(task: Reevaluation, dataset, teacher_blobs: list[bytes]) -> R
     and IPC on the same seeds where asked."""
     import torch
 
-    from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline
+    from fadrm_ray.evaluation.baselines import baseline_configs, baseline_eval_job, open_baseline
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
     from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
     from fadrm_ray.settings import EvaluationError
@@ -51,22 +51,21 @@ def evaluate_again(task: Reevaluation, dataset, teacher_blobs: list[bytes]) -> R
                   teacher_copies=paths, ipc=task.ipc)
     spec = EvalSpec(device=sweep.device, threads=sweep.threads, progress=False)
     run = open_for_evaluation(task.run_dir, job, spec, EvalParts(dataset=dataset), own_teachers=task.random_real)
-    parts = EvalParts(dataset=run.dataset, labeler=run.labeler, run=run)
     out = Reevaluated(trial=task.trial, run_id=run.reader.run_id, seeds=list(task.seeds), top1_per_seed=[])
     if task.students:
-        result = evaluate_run(task.run_dir, job, spec, parts)
+        result = evaluate_run(run, job, spec)
         out = out.model_copy(update={"seeds": list(result.seeds), "top1_per_seed": list(result.top1_per_seed)})
     if not task.random_real:
         return out
     try:
         if run.own_missing is not None or run.reader.config is None:
             raise EvaluationError(run.own_missing or f"{run.run_dir} has no config.yaml")
-        made = distill_baseline(run, baseline_configs(run.reader.config, task.ipc)["random_real"],
-                                list(run.own_teachers), job, spec)
-        random = evaluate_run(made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), spec, parts)
+        made = open_baseline(run, baseline_configs(run.reader.config, task.ipc)["random_real"], job, spec)
+        random = evaluate_run(made, baseline_eval_job(job, made.reader), spec)
     except (EvaluationError, OSError, ValueError) as exc:
         return out.model_copy(update={"random_error": " ".join(str(exc).split())})
-    return out.model_copy(update={"random_real_per_seed": list(random.top1_per_seed), "random_run_id": made.run_id})
+    return out.model_copy(update={"random_real_per_seed": list(random.top1_per_seed),
+                                  "random_run_id": made.reader.run_id})
 
 
 class ConfirmedTrial(BaseModel):

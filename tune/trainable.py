@@ -148,12 +148,12 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
 
     evaluated = time.perf_counter()
     device = sweep.device
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
+    from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec
 
     job = EvalJob(config=eval_cfg, teacher_paths=paths if labeler is None else None, ipc=cfg.ipc)
     spec = EvalSpec(device=device, threads=threads, progress=False)
-    result = evaluate_store_run(run_dir, job, spec, parts=EvalParts(dataset=dataset, labeler=labeler,
-                                                                   on_eval=on_eval)).evaluation
+    result = evaluate_store_run(run_dir, job, spec, parts=EvalParts(dataset=dataset, labeler=labeler),
+                                hooks=EvalHooks(on_eval=on_eval)).evaluation
     student_seconds = time.perf_counter() - evaluated
     append_event(events, "evaluated", trial=trial_id, run_dir=run_dir, top1=result.top1_mean,
                  cached=result.cached, seconds=student_seconds, **node)

@@ -54,7 +54,7 @@ def add_parser(sub):
 def run(args) -> None:
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
     from fadrm_ray.config import parse_overrides
-    from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
+    from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.data import skipping_bad_images
     from fadrm_ray.data.base import OWN_SPLIT
@@ -74,9 +74,9 @@ def run(args) -> None:
     spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
     scope = EvalScope(baselines=args.baselines, ranking="full" if args.baselines and args.ranking else "none",
                       ars=args.ars, report=True)
-    parts = EvalParts(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True),
+    hooks = EvalHooks(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True),
                       on_open=lambda reader: opened(args, reader))
-    measured = evaluate_store_run(args.run, job, spec, scope, parts)
+    measured = evaluate_store_run(args.run, job, spec, scope, hooks=hooks)
     result, report = measured.evaluation, measured.report
     recorded = measured.run.reader.provenance.dataset
     made = recorded.test_split if recorded is not None else None

@@ -14,7 +14,9 @@ their students are trained once.
 Both are ordinary store runs, distilled beside the run they judge (content-addressed, so every
 run of the same classes, IPC, seed and teachers shares them) and evaluated with the very same
 settings and soft labels. `evaluate_run` caches each evaluation inside its run, so a baseline is
-trained once however many runs ask for it.
+trained once however many runs ask for it. A baseline already distilled is found read-only
+(`find_baseline`: its run opened and read, no lock taken, nothing written); only one that is not
+there yet, or not finished, goes through the distill door, which holds its run's writer lock.
 """
 from __future__ import annotations
 
@@ -27,16 +29,18 @@ from fadrm_ray.config import DistillConfig, make_config
 from fadrm_ray.recipes import recipe_to_try
 import torch
 
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
-from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
+from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.students import evaluate_run, read_for_evaluation
 from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
+from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts, build_job
+from fadrm_ray.run.units import request_images
 from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
 from fadrm_ray.paired import PairedGain, gain_text, paired_gain
 from fadrm_ray.settings import EvaluationError
-from fadrm_ray.store import open_run
+from fadrm_ray.store import StoreError, open_run
+from fadrm_ray.store.reader import RunReader
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
 _PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group")
@@ -55,27 +59,73 @@ def baseline_configs(run_config: DistillConfig, ipc: int | None = None) -> dict[
     return out
 
 
-def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple], job: EvalJob,
-                     spec: EvalSpec | None = None):
-    """The baseline `bcfg` of the opened run, distilled (or found) beside it in the same store with
-    the run's own teachers (`loaded_teachers`: (model, TeacherInfo) pairs, as `load_run_teachers`
-    gives them), whose scores pick the patches, on `spec`'s device and threads (None:
-    `EvalSpec()`); returns the DistillResult."""
-    spec = spec or EvalSpec()
-    device = spec.on_device()
+def baseline_job(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple],
+                 spec: EvalSpec | None = None) -> tuple[DistillJob, JobParts]:
+    """The distill job of the baseline `bcfg` of the opened run, in the same store, with the run's
+    own teachers (`loaded_teachers`: (model, TeacherInfo) pairs, as `load_run_teachers` gives
+    them), whose scores pick the patches, for `spec`'s device (None: `EvalSpec()`); and its parts.
+    Building it writes nothing."""
+    device = (spec or EvalSpec()).on_device()
     parts = JobParts.of(run.dataset, loaded_teachers, device)
     distill_job = build_job(bcfg, run.dataset, run.dataset.name, parts.infos, run.reader.run_dir.parent,
                             torch.device(device).type)
+    return distill_job, parts
+
+
+def find_baseline(distill_job: DistillJob) -> tuple[RunReader, tuple] | None:
+    """The baseline run of `distill_job` where it is already distilled, finished, with every image
+    of the request: its reader (at the job's IPC) and its images as `reader.read()` gave them,
+    checked against the manifests. None where it is not (then the distill door makes it). Reads
+    only: no lock, no file written."""
+    try:
+        reader = open_run(Path(distill_job.store) / distill_job.run_id, ipc=distill_job.config.ipc)
+        read = reader.read()
+    except StoreError:  # not there, not finished, or damaged: the door makes or repairs it
+        return None
+    if read[1].numel() != request_images(distill_job.config, distill_job.num_classes):
+        return None
+    return reader, read
+
+
+def distill_baseline(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple], job: EvalJob,
+                     spec: EvalSpec | None = None):
+    """The baseline `bcfg` of the opened run, distilled (or found) beside it in the same store
+    (`baseline_job`), on `spec`'s device and threads (None: `EvalSpec()`); returns the
+    DistillResult. The distill door holds the baseline run's writer lock."""
+    return _distill(*baseline_job(run, bcfg, loaded_teachers, spec), spec or EvalSpec())
+
+
+def _distill(distill_job: DistillJob, parts: JobParts, spec: EvalSpec):
     with torch_threads(spec.threads):
-        return execute.run(distill_job, ExecutionSpec(local=True, device=device, progress=False), parts)
+        return execute.run(distill_job, ExecutionSpec(local=True, device=spec.on_device(), progress=False), parts)
 
 
-def _pixels(run_dir: Path, ipc: int | None) -> str:
-    """A digest of a run's images and labels in their order (not of its files, which record the
-    config that made them)."""
-    images, labels, _ = open_run(run_dir, ipc=ipc).read()
-    h = hashlib.sha256(images.contiguous().numpy().tobytes())
-    h.update(labels.contiguous().numpy().tobytes())
+def open_baseline(run: OpenedRun, bcfg: DistillConfig, job: EvalJob, spec: EvalSpec | None = None) -> OpenedRun:
+    """The baseline `bcfg` of the opened run, opened for `job` with the run's data and soft
+    labels: found read-only where it is distilled already (`find_baseline`), else distilled first
+    (`distill_baseline`, under its run's writer lock)."""
+    spec = spec or EvalSpec()
+    distill_job, parts = baseline_job(run, bcfg, list(run.own_teachers), spec)
+    found = find_baseline(distill_job)
+    if found is None:
+        made = _distill(distill_job, parts, spec)
+        reader = open_run(made.run_dir, ipc=made.ipc)
+        found = reader, reader.read()
+    reader, read = found
+    return read_for_evaluation(reader, baseline_eval_job(job, reader), spec,
+                               EvalParts(dataset=run.dataset, labeler=run.labeler), read=read)
+
+
+def baseline_eval_job(job: EvalJob, reader: RunReader) -> EvalJob:
+    """`job` as it reads the baseline run `reader`: at the IPC it was opened at, finished."""
+    return job.model_copy(update={"ipc": reader.ipc, "incomplete": False})
+
+
+def _pixels(run: OpenedRun) -> str:
+    """A digest of an opened run's images and labels in their order (not of its files, which
+    record the config that made them)."""
+    h = hashlib.sha256(run.images.contiguous().numpy().tobytes())
+    h.update(run.labels.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -89,36 +139,36 @@ def below_random(paired: PairedGain | None, recipe: str, image_size: int, channe
             f"{recipe_to_try(recipe, image_size, channels)}")
 
 
-def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
-                            parts: EvalParts | None = None, *, ranking: bool = True, ars: bool = False) -> Evaluation:
-    """`evaluate_run` of the run under `job`, plus `baselines` (each baseline's top-1 under the
+def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None,
+                            hooks: EvalHooks | None = None, *, ranking: bool = True, ars: bool = False) -> Evaluation:
+    """`evaluate_run` of the opened run under `job`, plus `baselines` (each baseline's top-1 under the
     same settings and soft labels), `gains` (the run's top-1 minus each baseline's, in points)
     and `paired_gains` (the same gains seed by seed, with their standard error: `paired_gain`).
 
     The baselines are distilled with the run's own teachers (patch scores depend on them: where
     the run records them, or among `job.teacher_copies` where they moved, checked by sha256); the
     students of all three learn from `job.teacher_paths` (default: the run's own), all of them
-    distilled and trained as `spec` says (None: `EvalSpec()`). The data is
-    `parts.dataset` or `job.dataset`, or the run's, checked by fingerprint (`run_dataset`). A
-    baseline that cannot be built (a teacher file gone) is reported with its error instead of a
-    number. `job.ipc` reads the run, and builds the baselines, at that IPC (as `evaluate_run` does).
+    distilled and trained as `spec` says (None: `EvalSpec()`), with the run's data. The run must be
+    opened with its own teachers (`open_for_evaluation(..., own_teachers=True)`). A baseline
+    already distilled is found read-only (`open_baseline`). A baseline that cannot be built (a
+    teacher file gone) is reported with its error instead of a number. `job.ipc` reads the run,
+    and builds the baselines, at that IPC (as `evaluate_run` does).
 
     `ranking` adds DD-Ranking's scores (`ranking.rank_evaluation`: HLR, IOR and LRS; ARS too with
     `ars`), which train hard-label students on the run and, once per dataset, on its full
     training split.
     """
-    spec, parts = spec or EvalSpec(), parts or EvalParts()
-    run = parts.run
-    if run is None or not run.serves(run_dir, job) or not (run.own_teachers or run.own_missing):
-        run = open_for_evaluation(run_dir, job, spec, parts, own_teachers=True)
+    spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
+    if not (run.own_teachers or run.own_missing):
+        raise ValueError(f"{run.run_dir} was opened without its own teachers, which distill its baselines "
+                         f"(open_for_evaluation(..., own_teachers=True))")
     reader, dataset = run.reader, run.dataset
-    parts = replace(parts, dataset=dataset, labeler=run.labeler, run=run, on_open=None)  # opened: the hook has seen it
-    result = evaluate_run(run_dir, job, spec, replace(parts, progress_label="the run"))
-    baselines, gains, paired, evaluations, seen = {}, {}, {}, {}, {}
-    if parts.on_note is not None and reader.config is not None:
+    result = evaluate_run(run, job, spec, replace(hooks, progress_label="the run"))
+    baselines, gains, paired, evaluations, opened, seen = {}, {}, {}, {}, {}, {}
+    if hooks.on_note is not None and reader.config is not None:
         sets = list(baseline_configs(reader.config, job.ipc))
         took = "" if result.cached else f", about {result.seconds:.0f} s each as the run's own took"
-        parts.on_note(f"baselines: {len(sets)} more sets ({', '.join(BASELINES[n] for n in sets)}), each distilled "
+        hooks.on_note(f"baselines: {len(sets)} more sets ({', '.join(BASELINES[n] for n in sets)}), each distilled "
                       f"once and its {len(result.seeds)} students trained unless kept{took}; --no-baselines skips them")
     if reader.config is None:  # a bare copy of the part files: nothing to derive the baselines from
         baselines["random_real"] = BaselineScore(error=f"{reader.run_dir} has no {reader.layout.config.name}")
@@ -127,16 +177,15 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | 
             baselines[name] = BaselineScore(error=run.own_missing)
             continue
         try:
-            made = distill_baseline(run, bcfg, list(run.own_teachers), job, spec)
-            images = _pixels(made.run_dir, made.ipc)
+            made = open_baseline(run, bcfg, job, spec)
+            images = _pixels(made)
             if images in seen:  # the same images as a baseline before it (whole random images both)
-                baselines[name] = BaselineScore(run_id=made.run_id, run_dir=str(made.run_dir), preset=bcfg.preset,
-                                                same_as=seen[images])
+                baselines[name] = BaselineScore(run_id=made.reader.run_id, run_dir=str(made.run_dir),
+                                                preset=bcfg.preset, same_as=seen[images])
                 continue
-            seen[images] = name
-            ev = result if made.run_id == reader.run_id else evaluate_run(
-                made.run_dir, job.model_copy(update={"ipc": made.ipc, "incomplete": False}), spec,
-                replace(parts, progress_label=BASELINES[name]))
+            seen[images], opened[name] = name, made
+            ev = result if made.reader.run_id == reader.run_id else evaluate_run(
+                made, baseline_eval_job(job, made.reader), spec, replace(hooks, progress_label=BASELINES[name]))
         except (EvaluationError, OSError, ValueError) as exc:
             baselines[name] = BaselineScore(error=str(exc))
             continue
@@ -145,7 +194,8 @@ def evaluate_with_baselines(run_dir: str | Path, job: EvalJob, spec: EvalSpec | 
         paired[name] = paired_gain(result.top1_per_seed, ev.top1_per_seed)
     scores = None
     if ranking:
-        scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, parts, ars=ars)
+        scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, hooks, ars=ars,
+                                 random_run=opened.get("random_real"))
     recipe = reader.config.recipe if reader.config is not None else ""
     warnings = [below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels),
                 weak_teacher(scores, [t.test_accuracy for t in reader.provenance.teachers])]

@@ -9,20 +9,24 @@ and teachers replace the run's own (a dataset spec, checkpoint paths, the run's 
 they moved); and one frozen `EvalSpec`, how its students run: the device, torch threads, a
 progress bar. Both are plain data: they cross processes and files as JSON.
 
-`EvalParts` is what a caller hands over already made in its process, which no JSON carries: a
-loaded dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers'
-soft labels, the classes tested, where stored soft labels go, students already trained, and the
-hooks that watch the students train. The evaluation functions (students.py, baselines.py,
-ranking.py) take the job, the spec and the parts whole, in that order, and hand them down (a
-spec of None is `EvalSpec()`); a step that needs other settings (a baseline's IPC, a plain
-student's recipe) derives its own with `model_copy` or `dataclasses.replace`.
+`EvalParts` is what a caller hands over already loaded in its process, which no JSON carries: a
+dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers' soft
+labels, and where stored soft labels go. A store run is evaluated once it is opened: `OpenedRun`
+holds its reader, its images read once, its data and teachers loaded once;
+`measure.evaluate_store_run` opens it, and every step after it (students.evaluate_run,
+baselines.py, ranking.py, report.py) takes the opened run as its first argument. `EvalHooks` are
+the callbacks that watch an evaluation: each test of a student, each new student, a line for the
+user, the run just opened, the name a progress bar shows. The evaluation functions (students.py, baselines.py, ranking.py) take the job, the spec, the parts and the hooks,
+in that order, and hand them down (a spec of None is `EvalSpec()`); a step that needs other
+settings (a baseline's IPC, a plain student's recipe) derives its own with `model_copy` or
+`dataclasses.replace`.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -58,11 +62,17 @@ class EvalJob(BaseModel):
     dataset: str | None = None            # a dataset spec; None: the run's own (or EvalParts.dataset)
     teacher_paths: tuple[str, ...] | None = None  # checkpoints whose soft labels replace the run's teachers'
     teacher_copies: tuple[str, ...] = ()  # the run's own teachers where they are now (checked by sha256)
+    classes: tuple[int, ...] | None = None  # the classes tested (None: every class; a store run: its own)
 
     @field_validator("teacher_paths", mode="before")
     @classmethod
     def _teacher_paths(cls, value: Any) -> tuple[str, ...] | None:
         return _paths(value)
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _classes(cls, value: Any) -> tuple[int, ...] | None:
+        return None if value is None else tuple(sorted(int(c) for c in value))
 
     @field_validator("teacher_copies", mode="before")
     @classmethod
@@ -112,24 +122,28 @@ class OpenedRun:
     def run_dir(self) -> Path:
         return self.reader.run_dir
 
-    def serves(self, run_dir: str | Path, job: "EvalJob") -> bool:
-        """Whether this is the run `run_dir` read as `job` reads it (its IPC)."""
-        return Path(run_dir).resolve() == self.reader.run_dir.resolve() and job.ipc == self.reader.ipc
+    def check(self, job: "EvalJob") -> None:
+        """ValueError unless `job` reads the run as it was opened (at its IPC)."""
+        if job.ipc != self.reader.ipc:
+            raise ValueError(f"{self.run_dir} was opened at IPC {self.reader.ipc}, but the job reads it at {job.ipc}")
 
 
 @dataclass(frozen=True)
 class EvalParts:
-    """What an evaluation is handed already made in this process (module docstring); all optional."""
+    """What an evaluation is handed already loaded in this process (module docstring); all optional."""
 
     dataset: "ImageDataset | None" = None      # loaded; replaces EvalJob.dataset
     labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teacher_paths
     targets: Any = None                        # students.Targets: batches and loss instead of soft labels
-    classes: Sequence[int] | None = None       # the classes tested (None: every class)
     soft_label_dir: str | Path | None = None   # where stored soft labels are kept
-    known: "Mapping[int, StudentScore] | None" = None  # students already trained, by seed
+
+
+@dataclass(frozen=True)
+class EvalHooks:
+    """What watches an evaluation (module docstring); all optional."""
+
     on_eval: Callable[[int, int, int, float], None] | None = None  # (seed, epoch, epochs, top1) per test
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
+    on_open: "Callable[[RunReader], None] | None" = None           # the evaluated run just opened, before it is read
     progress_label: str | None = None          # the set a student's progress bar names before its model and seed
-    run: OpenedRun | None = None               # the run evaluated, opened and read once
-    on_open: "Callable[[RunReader], None] | None" = None  # the evaluated run just opened, before it is read (not a baseline's)

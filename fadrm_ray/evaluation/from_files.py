@@ -171,6 +171,6 @@ def train_from_files(data: str | Path, job: EvalJob, spec: EvalSpec | None = Non
     labeler = SoftLabeler.from_loaded([m for m, _ in loaded], [i for _, i in loaded], device) if loaded else None
     classes = file.classes if len(file.classes) < len(file.class_names) else None
     with tempfile.TemporaryDirectory(prefix="fadrm-soft-labels-") as folder:
-        given = replace(parts or EvalParts(), dataset=dataset, labeler=labeler, classes=classes, targets=targets,
+        given = replace(parts or EvalParts(), dataset=dataset, labeler=labeler, targets=targets,
                         soft_label_dir=folder if cfg.soft_labels == "stored" else None)
-        return evaluate_images(file.images, file.labels, job, spec, given)
+        return evaluate_images(file.images, file.labels, job.model_copy(update={"classes": classes}), spec, given)

@@ -1,22 +1,23 @@
 """One evaluation of a store run, composed once for every door.
 
 `fadrm evaluate`, the demo, the REST service's evaluation task, a sweep's trial and the pilot all
-call `evaluate_store_run(run_dir, job, spec, scope, parts)`: the run is opened once
+call `evaluate_store_run(run_dir, job, spec, scope, parts, hooks)`: the run is opened here, once
 (`students.open_for_evaluation`: its images read and checked once, its data and teachers loaded
-once), and every step that `scope` asks for takes them from there: the run's students
+once), and every step that `scope` asks for is handed the opened run: the run's students
 (`evaluate_run`), the baselines beside it (`baselines.evaluate_with_baselines`), DD-Ranking's
-scores (`ranking`), the report (`report.write_report`).
+scores (`ranking`), the report (`report.write_report`, which rewrites no file whose content it
+would not change: an evaluation read whole from the caches writes nothing).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from fadrm_ray.evaluation.baselines import evaluate_with_baselines
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.ranking import hard_label_ranking
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation
@@ -46,17 +47,17 @@ class RunEvaluated:
 
 
 def evaluate_store_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None, scope: EvalScope | None = None,
-                       parts: EvalParts | None = None) -> RunEvaluated:
+                       parts: EvalParts | None = None, hooks: EvalHooks | None = None) -> RunEvaluated:
     """Evaluate the run in `run_dir` under `job`, its students running as `spec` says (None:
-    `EvalSpec()`), measuring what `scope` asks for (module docstring)."""
-    spec, scope, parts = spec or EvalSpec(), scope or EvalScope(), parts or EvalParts()
-    run = open_for_evaluation(run_dir, job, spec, parts, own_teachers=scope.baselines)
-    parts = replace(parts, run=run, dataset=run.dataset, labeler=run.labeler, on_open=None)  # the hook has seen it
+    `EvalSpec()`), measuring what `scope` asks for (module docstring); `parts`: the data and
+    teachers already loaded; `hooks`: what watches it (`on_open` sees the run as it is opened)."""
+    spec, scope, hooks = spec or EvalSpec(), scope or EvalScope(), hooks or EvalHooks()
+    run = open_for_evaluation(run_dir, job, spec, parts, hooks, own_teachers=scope.baselines)
     if scope.baselines:
-        result = evaluate_with_baselines(run_dir, job, spec, parts, ranking=scope.ranking == "full", ars=scope.ars)
+        result = evaluate_with_baselines(run, job, spec, hooks, ranking=scope.ranking == "full", ars=scope.ars)
     else:
-        result = evaluate_run(run_dir, job, spec, parts)
+        result = evaluate_run(run, job, spec, hooks)
     if scope.ranking == "hard-labels":
         result = result.model_copy(update={"ranking": hard_label_ranking(run, result, job, spec)})
-    files = write_report(run_dir, evaluation=result, incomplete=job.incomplete, run=run) if scope.report else {}
+    files = write_report(run, evaluation=result) if scope.report else {}
     return RunEvaluated(result, run, files)

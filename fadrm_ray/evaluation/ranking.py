@@ -29,7 +29,6 @@ finds it. A teacher's folder would tie it to a teacher it does not depend on.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import math
 import statistics
 from pathlib import Path
@@ -40,7 +39,7 @@ import torch
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
 from fadrm_ray.fileio import read_model
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
 from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.evaluation.hard_labels import HardLabels, SplitCount, StreamedHardLabels
@@ -170,10 +169,10 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
         return FullReference(max(usable), TEACHERS_RECORD)
     note(f"DD-Ranking's full-data reference: {what} for {full.epochs} epochs ({steps:,} steps of "
          f"{full.batch_size}), once for this data, kept in {path.parent}; --no-ranking skips it")
-    job, spec = EvalJob(config=full), EvalSpec(device=device, progress=progress)
-    parts = EvalParts(dataset=dataset, classes=classes, targets=StreamedHardLabels(split),
-                      progress_label=f"DD-Ranking full-data reference ({len(split):,} images)")
-    student = train_student(SplitCount(len(split)), 0, job, spec, parts)
+    job, spec = EvalJob(config=full, classes=classes), EvalSpec(device=device, progress=progress)
+    parts = EvalParts(dataset=dataset, targets=StreamedHardLabels(split))
+    hooks = EvalHooks(progress_label=f"DD-Ranking full-data reference ({len(split):,} images)")
+    student = train_student(SplitCount(len(split)), 0, job, spec, parts, hooks)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, student.model_dump_json())
     return FullReference(student.final_top1, f"{what} (kept in {path.parent})")
@@ -191,23 +190,25 @@ def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
     cfg = evaluation.config
     key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
                   test_classes=classes, device=torch.device(device).type)
-    job, spec = EvalJob(config=cfg), EvalSpec(device=device, progress=spec.progress)
-    parts = EvalParts(dataset=dataset, classes=classes, targets=HardLabels(run.labels),
-                      progress_label="the run, hard labels")
+    job, spec = EvalJob(config=cfg, classes=classes), EvalSpec(device=device, progress=spec.progress)
+    parts = EvalParts(dataset=dataset, targets=HardLabels(run.labels))
+    hooks = EvalHooks(progress_label="the run, hard labels")
     return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()),
-                            lambda seed=seed: train_student(run.images, seed, job, spec, parts))
+                            lambda seed=seed: train_student(run.images, seed, job, spec, parts, hooks))
             for seed in evaluation.seeds]
 
 
 # --------------------------------------------------------------------------- one evaluation's ranking
 def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation | None, job: EvalJob,
-                    spec: EvalSpec | None, parts: EvalParts, *, ars: bool = False) -> Ranking:
+                    spec: EvalSpec | None, hooks: EvalHooks | None = None, *, ars: bool = False,
+                    random_run: OpenedRun | None = None) -> Ranking:
     """The scores of the opened run's evaluation `result` (the run read at `job.ipc`) beside its
-    `random_real` baseline's (None when that baseline could not be built): HLR, IOR and LRS, and
-    ARS with `ars` (students of the run's labeler, without augmentation), the students running as
-    `spec` says (None: `EvalSpec()`). What cannot be measured is named in `missing`, with why,
-    instead of failing the evaluation."""
-    spec = spec or EvalSpec()
+    `random_real` baseline's (None when that baseline could not be built; `random_run`: that
+    baseline's run, opened, which ARS evaluates again): HLR, IOR and LRS, and ARS with `ars`
+    (students of the run's labeler, without augmentation), the students running as `spec` says
+    (None: `EvalSpec()`); `hooks.on_note` hears of a cost before it is paid. What cannot be
+    measured is named in `missing`, with why, instead of failing the evaluation."""
+    spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
     dataset, device, progress = run.dataset, spec.on_device(), spec.progress
     missing, full_top1, hard, plain, plain_random = [], None, None, None, None
     random_top1 = None if random_real is None else random_real.top1_per_seed
@@ -220,20 +221,21 @@ def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation 
         try:
             full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES,
                                                        classes=result.classes, device=device, progress=progress,
-                                                       teacher_top1=recorded, on_note=parts.on_note)
-            if parts.on_note is not None and not result.cached:
-                parts.on_note(f"DD-Ranking: {len(result.seeds)} hard-label students on the run's images, about "
+                                                       teacher_top1=recorded, on_note=hooks.on_note)
+            if hooks.on_note is not None and not result.cached:
+                hooks.on_note(f"DD-Ranking: {len(result.seeds)} hard-label students on the run's images, about "
                               f"{result.seconds:.0f} s (as its soft-label students) unless kept; --no-ranking skips them")
             hard = [s.final_top1 for s in hard_label_students(run, result, job, spec)]
         except (OSError, ValueError) as exc:
             missing.append(f"HLR and LRS: {exc}")
-        if ars and random_real is not None:
+        if ars and random_real is not None and random_run is None:
+            missing.append("ARS: the random real images' run was not handed over to evaluate again")
+        elif ars and random_real is not None:
             plain_job = job.model_copy(update={"config": result.config, "augment": False})
-            plain_parts = replace(parts, run=run, dataset=dataset, labeler=run.labeler)
             try:
-                plain = evaluate_run(run.run_dir, plain_job, spec, plain_parts).top1_per_seed
-                plain_random = evaluate_run(random_real.run_dir, plain_job.model_copy(
-                    update={"ipc": random_real.ipc, "incomplete": False}), spec, plain_parts).top1_per_seed
+                plain = evaluate_run(run, plain_job, spec, hooks).top1_per_seed
+                plain_random = evaluate_run(random_run, plain_job.model_copy(
+                    update={"ipc": random_run.reader.ipc, "incomplete": False}), spec, hooks).top1_per_seed
             except (OSError, ValueError) as exc:
                 missing.append(f"ARS: {exc}")
         elif not ars:

@@ -13,7 +13,14 @@ The last step of a run's life, after distill and evaluate: `report/` beside the 
 A report describes the images the run held when it was written, so it is tied to them: the
 evaluation records the run's content hash (`manifests.content_hash`), and `source.json` records
 the one the figures were drawn from. When a unit is rewritten later (a rerun that repaired it),
-the hash changes and `stale_reports` names the files that no longer describe the run.
+the hash changes and `stale_reports` names the files that no longer describe the run. A file is
+written only where its content would change: the figures and source.json where the images' hash
+differs from the one source.json records (or a figure is missing), evaluation.json and its plot
+where the result differs from the one kept (whether it was read from the cache aside), so that an
+evaluation read whole from the caches leaves the report as it was.
+
+Every function here takes the run already opened (a `RunReader`, or the `OpenedRun` of an
+evaluation, whose images are then not read again).
 
 Figures use matplotlib's Agg backend: reports are written on headless workers.
 """
@@ -31,7 +38,6 @@ from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.evaluation.eval_job import OpenedRun
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
-from fadrm_ray.store import open_run
 from fadrm_ray.store.reader import RunReader
 from fadrm_ray.store.manifests import content_hash
 from fadrm_ray.store.records import utc_now
@@ -95,15 +101,18 @@ def stale_reports(run_dir: str | Path) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- image grid
-def write_grid(run_dir: str | Path, path: str | Path, max_classes: int = 20, max_ipc: int = 20, *,
-               incomplete: bool = False, run: OpenedRun | None = None) -> Path:
-    """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices.
-    `run`: the run opened for an evaluation, whose images are used where it reads all of them."""
+def _reader(run: OpenedRun | RunReader) -> RunReader:
+    return run.reader if isinstance(run, OpenedRun) else run
+
+
+def write_grid(run: OpenedRun | RunReader, path: str | Path, max_classes: int = 20, max_ipc: int = 20) -> Path:
+    """Rows = classes (at most `max_classes`, in class-index order), columns = IPC indices, of the
+    opened run's images (an `OpenedRun`'s as it read them, a reader's read here)."""
     plt = pyplot()
-    if run is not None and run.reader.ipc is None:
-        reader, images, labels, ipcs = run.reader, run.images, run.labels, run.ipc_index
+    reader = _reader(run)
+    if isinstance(run, OpenedRun):
+        images, labels, ipcs = run.images, run.labels, run.ipc_index
     else:
-        reader = open_run(run_dir, incomplete=incomplete)
         images, labels, ipcs = reader.read()
     path = Path(path)
     if labels.numel() == 0:
@@ -157,10 +166,8 @@ class LossCurves:
     units: int
 
 
-def loss_curves(run_dir: str | Path, *, incomplete: bool = False, reader: RunReader | None = None) -> LossCurves:
-    """The run's `LossCurves`, from the loss history its unit manifests record (`reader`: the run
-    already opened)."""
-    reader = reader if reader is not None else open_run(run_dir, incomplete=incomplete)
+def loss_curves(reader: RunReader) -> LossCurves:
+    """The opened run's `LossCurves`, from the loss history its unit manifests record."""
     ce_runs, bn_runs, merge_sets, stage_sets = [], [], [], []
     for manifest in reader.unit_manifests().values():
         for pack in manifest.stats.packs:
@@ -211,10 +218,10 @@ def trend(y: np.ndarray, stages: list, fraction: float = 0.05) -> np.ndarray:
     return out
 
 
-def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = False,
-                 reader: RunReader | None = None) -> Path:
+def write_losses(reader: RunReader, path: str | Path) -> Path:
+    """The recover losses of the opened run (`loss_curves`), drawn into `path`."""
     plt = pyplot()
-    curves = loss_curves(run_dir, incomplete=incomplete, reader=reader)
+    curves = loss_curves(reader)
     path = Path(path)
     if curves.units == 0:
         return _message_png(path, "no recover iterations in this run\n(selection-only method, or no unit finished)")
@@ -235,7 +242,7 @@ def write_losses(run_dir: str | Path, path: str | Path, *, incomplete: bool = Fa
                          ha="center", va="bottom", fontsize=7)
     axes[0].legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("iteration (stages concatenated)")
-    fig.suptitle(f"recover losses, mean of {curves.units} batch(es): {Path(run_dir).name}", fontsize=9)
+    fig.suptitle(f"recover losses, mean of {curves.units} batch(es): {reader.run_dir.name}", fontsize=9)
     return save_figure(fig, path)
 
 
@@ -321,25 +328,41 @@ def _message_png(path: Path, message: str) -> Path:
     return save_figure(fig, path)
 
 
-def write_report(run_dir: str | Path, evaluation: Evaluation | None = None, max_classes: int = 20,
-                 max_ipc: int = 20, *, incomplete: bool = False, run: OpenedRun | None = None) -> dict[str, str]:
-    """Write `<run_dir>/report/` and return {name: path} of every report file there.
+def write_report(run: OpenedRun | RunReader, evaluation: Evaluation | None = None, max_classes: int = 20,
+                 max_ipc: int = 20) -> dict[str, str]:
+    """Write the opened run's `report/` and return {name: path} of every report file there.
 
-    Without `evaluation`, an evaluation.json written before is kept (and listed; `stale_reports`
-    says whether it still describes the run). `incomplete` allows a run that is not finished.
-    `run`: the run as the evaluation opened it (nothing is read twice).
+    `run`: the run's reader, or the run as an evaluation opened it (nothing is read twice). Only
+    files whose content would change are written (module docstring). Without `evaluation`, an
+    evaluation.json written before is kept (and listed; `stale_reports` says whether it still
+    describes the run).
     """
-    layout = RunLayout(run_dir)
-    layout.report_dir.mkdir(parents=True, exist_ok=True)
+    reader = _reader(run)
+    layout = reader.layout
     files = layout.report_files()
     # Before drawing: a unit rewritten meanwhile makes the report stale. A run read whole for the
     # evaluation has its hash already (the same unit manifests give it).
-    source = run.content_hash if run is not None and run.reader.ipc is None else content_hash(layout)
-    write_grid(run_dir, files["grid"], max_classes, max_ipc, incomplete=incomplete, run=run)
-    write_losses(run_dir, files["losses"], incomplete=incomplete, reader=run.reader if run is not None else None)
-    atomic_write_text(layout.report_source, ReportSource(content_hash=source, written_at=utc_now()).model_dump_json())
-    if evaluation is not None:
+    source = run.content_hash if isinstance(run, OpenedRun) and reader.ipc is None else content_hash(layout)
+    figures = (files["grid"], files["losses"])
+    if _recorded_hash(layout.report_source) != source or not all(f.is_file() for f in figures):
+        layout.report_dir.mkdir(parents=True, exist_ok=True)
+        # The report shows the whole run: a run evaluated at a smaller IPC is shown at every IPC it holds.
+        whole = run if reader.ipc is None else RunReader(reader.layout, reader.config, reader.manifest)
+        write_grid(whole, files["grid"], max_classes, max_ipc)
+        write_losses(reader, files["losses"])
+        written = ReportSource(content_hash=source, written_at=utc_now())
+        atomic_write_text(layout.report_source, written.model_dump_json())
+    if evaluation is not None and not _kept(evaluation, files["evaluation"], files["evaluation_plot"]):
+        layout.report_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(files["evaluation"], evaluation.model_dump_json(indent=2))
         write_evaluation_plot(evaluation, files["evaluation_plot"])
-    return report_files(run_dir)
+    return report_files(layout.run_dir)
 
+
+def _kept(evaluation: Evaluation, path: Path, plot: Path) -> bool:
+    """Whether `path` holds `evaluation` already (whether either was read from the cache aside),
+    with its plot beside it where it has one."""
+    kept = read_model(Evaluation, path)
+    if kept is None or kept.model_copy(update={"cached": evaluation.cached}) != evaluation:
+        return False
+    return plot.is_file() or not any(evaluation.curves)

@@ -41,7 +41,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,7 @@ from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.evaluation.cache import EvalKey, keep
 from fadrm_ray.fileio import read_model
-from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.models import create_model
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, steps_per_epoch
 from fadrm_ray.evaluation.soft_labels import soft_label_source
@@ -62,6 +62,7 @@ from fadrm_ray.evaluation.scores import Evaluation, StudentScore
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store import open_run
+from fadrm_ray.store.reader import RunReader
 from fadrm_ray.run.reopen import load_run_teachers, run_dataset
 
 # The published 300 epochs (1000 for IPC 1) are thousands of steps even on 100 images. The
@@ -150,24 +151,25 @@ class Targets(Protocol):
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor: ...
 
 
-def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: EvalSpec | None, parts: EvalParts, *,
+def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: EvalSpec | None, parts: EvalParts,
+                  hooks: EvalHooks | None = None, *,
                   return_model: bool = False) -> StudentScore | tuple[StudentScore, nn.Module]:
     """Train one student (one seed) on `images_uint8` under `job.config`, with soft labels from
     `parts.labeler` on the loaded `parts.dataset`, on `spec.device` (None: `EvalSpec()`).
 
     Labels of the images are not used: the targets are the teachers' logits. `job.config.seeds`
     is not read here (`seed` is the one to train). The student is tested on the test images of
-    `parts.classes` (None: every class). Returns its StudentScore (and the model, `return_model`).
-    `parts.on_eval(seed, epoch, epochs, top1)` is called at every test evaluation (a sweep reports
+    `job.classes` (None: every class). Returns its StudentScore (and the model, `return_model`).
+    `hooks.on_eval(seed, epoch, epochs, top1)` is called at every test evaluation (a sweep reports
     it as the student's intermediate result). `job.augment=False` shows the images as they are
     (no crop, flip or CutMix). `parts.targets` replaces the soft labels and their views by its own
     batches and loss (`parts.labeler` is then not read). Stored soft labels go to
     `parts.soft_label_dir`.
     """
-    spec = spec or EvalSpec()
+    spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
     cfg, labeler, augment = job.config, parts.labeler, job.augment
     dataset = parts.dataset if parts.dataset is not None else _as_dataset(job.dataset)
-    targets, on_eval, classes = parts.targets, parts.on_eval, parts.classes
+    targets, on_eval, classes = parts.targets, hooks.on_eval, job.classes
     progress = spec.progress
     if images_uint8.shape[0] == 0:
         raise EvaluationError("no images to train a student on")
@@ -211,7 +213,7 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
     steps = 0
     started = time.perf_counter()
     label = f"student {cfg.student} seed {seed}"
-    bar = tqdm(range(epochs), desc=f"{parts.progress_label}: {label}" if parts.progress_label else label, unit="epoch",
+    bar = tqdm(range(epochs), desc=f"{hooks.progress_label}: {label}" if hooks.progress_label else label, unit="epoch",
                disable=not progress, leave=False)
     for epoch in bar:
         model.train()
@@ -267,22 +269,23 @@ def run_classes(config: DistillConfig | None, num_classes: int) -> list[int] | N
 
 
 def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job: EvalJob,
-                    spec: EvalSpec | None = None, parts: EvalParts | None = None) -> Evaluation:
+                    spec: EvalSpec | None = None, parts: EvalParts | None = None, hooks: EvalHooks | None = None, *,
+                    known: Mapping[int, StudentScore] | None = None) -> Evaluation:
     """Train a student per seed of `job.config` on uint8 (N, C, H, W) images; report top-1 on the
-    real test images of `parts.classes` (None: the whole test split; `models.evaluate_top1`).
+    real test images of `job.classes` (None: the whole test split; `models.evaluate_top1`).
 
     The data is `parts.dataset`, else `job.dataset` (a spec). The teachers are `parts.labeler`,
     else the checkpoints `job.teacher_paths`. The students run as `spec` says (None:
     `EvalSpec()`). `labels` are only counted (images per class); the targets come from the
     teachers. The result carries `config`: the recipe with the epochs it ran made explicit.
-    `parts.on_eval` is passed to every student (`train_student`). `parts.known` maps seeds to
+    `hooks.on_eval` is passed to every student (`train_student`). `known` maps seeds to
     students already trained on these images with these settings: they are not trained again.
-    `parts.on_seed` sees each new student as soon as it is trained (`evaluate_run` keeps it, so
+    `hooks.on_seed` sees each new student as soon as it is trained (`evaluate_run` keeps it, so
     an interrupted evaluation resumes). `job.augment=False`: students that see the images as they
     are (`train_student`). `parts.targets` replaces the teachers' soft labels (there may then be
     no teachers).
     """
-    spec, parts = spec or EvalSpec(), parts or EvalParts()
+    spec, parts, hooks = spec or EvalSpec(), parts or EvalParts(), hooks or EvalHooks()
     tune_allocator()
     given = parts.dataset if parts.dataset is not None else job.dataset
     if given is None:
@@ -294,9 +297,9 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
     # Record the epochs and stretch that ran, so the saved config repeats this evaluation.
     n = images_uint8.shape[0]
     cfg = resolve_protocol(job.config, n, images_per_class(labels, n, dataset.num_classes))
-    targets, classes, augment = parts.targets, parts.classes, job.augment
+    targets, classes, augment = parts.targets, job.classes, job.augment
     started = time.perf_counter()
-    known = {s: r for s, r in (parts.known or {}).items() if s in cfg.seed_list}
+    known = {s: r for s, r in (known or {}).items() if s in cfg.seed_list}
     per_seed = dict(known)
     with torch_threads(spec.threads):
         labeler = parts.labeler
@@ -305,9 +308,9 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
         student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
         for s in cfg.seed_list:
             if s not in per_seed:
-                per_seed[s] = train_student(images_uint8, s, student_job, spec, student_parts)
-                if parts.on_seed is not None:
-                    parts.on_seed(per_seed[s])
+                per_seed[s] = train_student(images_uint8, s, student_job, spec, student_parts, hooks)
+                if hooks.on_seed is not None:
+                    hooks.on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
     per_class = None
     if labels is not None:
@@ -321,28 +324,38 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
         steps_per_seed=per_seed[0].steps, seeds=cfg.seed_list, seeds_reused=sorted(known),
         seconds=round(time.perf_counter() - started + sum(r.seconds for r in known.values()), 2),
         images=int(images_uint8.shape[0]), images_per_class=per_class, dataset=dataset.name,
-        classes=None if classes is None else sorted(int(c) for c in classes),
+        classes=None if classes is None else list(classes),
         test_size=len(dataset.test.of_classes(classes)),
         teachers=list(labeler.ids) if labeler is not None else list(targets.teacher_ids), config=cfg, augment=augment)
 
 
 def open_for_evaluation(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
-                        parts: EvalParts | None = None, *, own_teachers: bool = False) -> OpenedRun:
-    """The run opened once for `job` (`OpenedRun`): read at `job.ipc` (a run that is not finished
-    only with `job.incomplete`), every image read once and checked against its manifest; the data
-    `parts.dataset` or `job.dataset` or the run's own (`run_dataset`: checked by fingerprint, a
-    different test split would make the number meaningless); the teachers `parts.labeler`, else
-    the checkpoints `job.teacher_paths`, else the run's own (`load_run_teachers`: at the paths the
-    run records, or among `job.teacher_copies` where they moved; each loaded and checked once), on
-    `spec.device` (None: `EvalSpec()`).
+                        parts: EvalParts | None = None, hooks: EvalHooks | None = None, *,
+                        own_teachers: bool = False) -> OpenedRun:
+    """The run in `run_dir` opened once for `job` (`OpenedRun`): read at `job.ipc` (a run that is
+    not finished only with `job.incomplete`), `hooks.on_open` shown the reader before anything is
+    read, then `read_for_evaluation`."""
+    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
+    if hooks is not None and hooks.on_open is not None:
+        hooks.on_open(reader)
+    return read_for_evaluation(reader, job, spec, parts, own_teachers=own_teachers)
+
+
+def read_for_evaluation(reader: RunReader, job: EvalJob, spec: EvalSpec | None = None,
+                        parts: EvalParts | None = None, *, own_teachers: bool = False,
+                        read: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> OpenedRun:
+    """The opened run `reader` made an `OpenedRun`: every image read once and checked against its
+    manifest (`read`: what `reader.read()` already gave); the data `parts.dataset` or `job.dataset`
+    or the run's own (`run_dataset`: checked by fingerprint, a different test split would make the
+    number meaningless); the teachers `parts.labeler`, else the checkpoints `job.teacher_paths`,
+    else the run's own (`load_run_teachers`: at the paths the run records, or among
+    `job.teacher_copies` where they moved; each loaded and checked once), on `spec.device` (None:
+    `EvalSpec()`).
     `own_teachers`: load the run's own teachers even where others label (a baseline's patches are
     picked by them); where they cannot be, `own_missing` says why."""
     spec, parts = spec or EvalSpec(), parts or EvalParts()
-    reader = open_run(run_dir, incomplete=job.incomplete, ipc=job.ipc)
-    if parts.on_open is not None:
-        parts.on_open(reader)
     # Read (and checked against the manifests) first: a damaged part fails before any data or teacher loads.
-    images, labels, ipc_index = reader.read()
+    images, labels, ipc_index = read if read is not None else reader.read()
     if labels.numel() == 0:
         raise EvaluationError(f"{reader.run_dir}: the run has no images yet")
     dataset = run_dataset(reader.run_dir, reader.provenance, parts.dataset if parts.dataset is not None else job.dataset)
@@ -384,24 +397,22 @@ def evaluation_key(run: OpenedRun, job: EvalJob, spec: EvalSpec | None, cfg: Eva
                    test_classes=run_classes(run.reader.config, run.dataset.num_classes), augment=job.augment)
 
 
-def evaluate_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None,
-                 parts: EvalParts | None = None) -> Evaluation:
-    """Evaluate a store run: students trained on the run's images only, under `job.config`, top-1
-    on the real test images of the run's classes (all of them for a run of every class), the
-    students running as `spec` says (None: `EvalSpec()`).
+def evaluate_run(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None,
+                 hooks: EvalHooks | None = None) -> Evaluation:
+    """Evaluate the opened store run `run` (`open_for_evaluation`, read at `job.ipc`): students
+    trained on its images only, under `job.config`, with its data and teachers, top-1 on the real
+    test images of the run's classes (all of them for a run of every class), the students running
+    as `spec` says (None: `EvalSpec()`).
 
-    The run is `parts.run` where it is this run read at `job.ipc`, else opened here
-    (`open_for_evaluation`: the run at `job.ipc`, its data and teachers, each checked). Stored
-    soft labels go to the run's soft-label folder. The result is cached in the run (module
-    docstring); `job.cache=False` neither reads nor writes it. The images are checked against the
-    run's manifests as they are read, before any cached result is looked up. `parts.on_eval(seed,
+    Stored soft labels go to the run's soft-label folder. The result is cached in the run (module
+    docstring); `job.cache=False` neither reads nor writes it. The images were checked against the
+    run's manifests as they were read, before any cached result is looked up. `hooks.on_eval(seed,
     epoch, epochs, top1)` sees every test evaluation of the students trained (none when the
     result comes from the cache). `job.augment=False`: students that see the images as they are
     (`train_student`).
     """
-    spec, parts = spec or EvalSpec(), parts or EvalParts()
-    run = parts.run if parts.run is not None and parts.run.serves(run_dir, job) else open_for_evaluation(
-        run_dir, job, spec, parts)
+    spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
+    run.check(job)
     reader, images, labels = run.reader, run.images, run.labels
     cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0],
                                                                          run.dataset.num_classes))
@@ -425,11 +436,13 @@ def evaluate_run(run_dir: str | Path, job: EvalJob, spec: EvalSpec | None = None
     def on_seed(student: StudentScore) -> None:
         if job.cache:
             keep(seed_files[student.seed], student)
+        if hooks.on_seed is not None:
+            hooks.on_seed(student)
 
-    result = evaluate_images(images, labels, job.with_config(cfg), spec,
-                             replace(parts, dataset=run.dataset, labeler=run.labeler, run=run,
-                                     soft_label_dir=reader.layout.soft_labels, classes=key.test_classes, known=known,
-                                     on_seed=on_seed))
+    result = evaluate_images(images, labels, job.model_copy(update={"config": cfg, "classes": key.test_classes}), spec,
+                             EvalParts(dataset=run.dataset, labeler=run.labeler,
+                                       soft_label_dir=reader.layout.soft_labels),
+                             replace(hooks, on_seed=on_seed), known=known)
     result = result.model_copy(update=dict(
         run_id=reader.run_id, run_dir=str(reader.run_dir), preset=reader.config.preset if reader.config else None,
         ipc=job.ipc if job.ipc is not None else (reader.config.ipc if reader.config else None),
