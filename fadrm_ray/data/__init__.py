@@ -8,8 +8,7 @@ torch loads); the sources' modules and the names of base.py and common.py load o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from fadrm_ray.lazy import lazy_attributes
 
@@ -19,9 +18,8 @@ if TYPE_CHECKING:
     from .base import ImageDataset
 
 
-@dataclass(frozen=True)
-class DatasetSource:
-    """One kind of dataset: `load(path, root, image_size, download, skip_bad_images)` builds it
+class DatasetSource(NamedTuple):
+    """One kind of dataset (a NamedTuple: lighter to import than a dataclass): `load(path, root, image_size, download, skip_bad_images)` builds it
     (`path`: None for a source that takes none)."""
 
     name: str
