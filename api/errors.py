@@ -1,8 +1,8 @@
 """A failed job's error as the API shows it: the real cause first, one line, nothing internal.
 
 Ray wraps what a task raised in RayTaskError (its text: the coloured `ray::Actor.method()`
-name, the worker's pid, IP and actor id, then the remote traceback), and the coordinator wraps
-that again. A client needs the exception at the bottom of that chain, not the wrappers, and
+name, the worker's pid, IP and actor id, then the remote traceback), and the worker pool
+(`actors.pool`) wraps that again. A client needs the exception at the bottom of that chain, not the wrappers, and
 must not see the cluster's addresses, pids or ids, nor the server's paths (a path is cut to its
 last part); the whole trace stays in the job's driver.log for the operator.
 """

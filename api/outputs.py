@@ -49,8 +49,8 @@ LOSS_POINTS = 200
 
 # --------------------------------------------------------------------------- progress
 def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | None) -> tuple[dict, float | None]:
-    """Stages done / total, overall and per class, from the run's ledger (the coordinator writes
-    one event per stage), and an ETA from the pace since this job's run started."""
+    """Stages done / total, overall and per class, from the run's ledger (the run's schedule on the
+    worker pool writes one event per stage), and an ETA from the pace since this job's run started."""
     classes, names, stages = plan.classes, plan.class_names, plan.stages
     per_batch = plan.classes_per_batch
     shards = [classes[i:i + per_batch] for i in range(0, len(classes), per_batch)]

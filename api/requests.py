@@ -18,11 +18,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from fadrm_ray.config import ConfigError, make_config
+from fadrm_ray.config import ConfigError, EvalConfig, make_config
 from fadrm_ray.pilot_record import pilot_reason
 from fadrm_ray.run.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
-from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import StoreError, open_run
 from fadrm_ray.store.records import RunIncomplete
 

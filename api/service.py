@@ -261,6 +261,4 @@ def _iso(t: float | None) -> str | None:
 
 
 def _span(a: float | None, b: float | None) -> float | None:
-    import time
-
     return None if a is None else round((b or time.time()) - a, 3)

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from bench.accuracy import STUDENT_STEPS, Grid, bench_dataset, method_config, run_grid
 from fadrm_ray.evaluation.baselines import baseline_configs
-from fadrm_ray.config import auto_values
-from fadrm_ray.recipes import SMALL_IMAGE
+from fadrm_ray.recipes import RECIPES, SMALL_IMAGE, auto_recipe
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.config import EvalConfig
@@ -37,10 +36,10 @@ from fadrm_ray.store import open_run
 
 # The published recover settings, explicit (the fadrm preset's defaults depend on the image size).
 # the published recover settings, with the "easy" patches these rows were measured with
-PUBLISHED = {**auto_values(SMALL_IMAGE, 1), "patch_selection": "easy"}
+PUBLISHED = {**RECIPES[auto_recipe(SMALL_IMAGE, 1)].values, "patch_selection": "easy"}
 WHOLE = {"patch_crop_scale": [1.0, 1.0], "patch_crops": 1}   # lowest-CE whole images
 SMALL = {"lr": 0.05, "crop_scale_min": 0.5}                    # gentler steps, larger crops
-DEFAULTS = auto_values(SMALL_IMAGE - 1, 1)                     # the small-image defaults
+DEFAULTS = dict(RECIPES[auto_recipe(SMALL_IMAGE - 1, 1)].values)  # the small-image defaults
 # name -> overrides of PUBLISHED: the published settings first, then one change at a time.
 VARIANTS = {
     "published settings": {},
@@ -104,7 +103,7 @@ def main(argv=None) -> dict:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
-    # Every row takes the setting's budget T, whatever its values (auto_values include one).
+    # Every row takes the setting's budget T, whatever its values (a recipe's values include one).
     variants = {n: ("fadrm", {**PUBLISHED, **setting["fixed"], **VARIANTS[n], "iterations": setting["t"]})
                 for n in names}
     out = Path(args.out or f"bench-results/ablation-{args.setting}")

@@ -30,15 +30,14 @@ from pathlib import Path
 import torch
 
 from bench.accuracy import STUDENT_STEPS, TEACHER_EPOCHS, bench_teacher
-from fadrm_ray.config import auto_values, make_config
-from fadrm_ray.recipes import SMALL_IMAGE
+from fadrm_ray.config import EvalConfig, SqueezeConfig, make_config
+from fadrm_ray.recipes import RECIPES, SMALL_IMAGE, auto_recipe
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_images
-from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import open_run
 
@@ -46,7 +45,7 @@ CIFAR10 = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 GREY_WEIGHTS = (0.299, 0.587, 0.114)
 VARIANTS = {
     # The published recover settings, explicit (the preset's defaults depend on the image size).
-    "paper": {**auto_values(SMALL_IMAGE, 1), "patch_selection": "easy"},
+    "paper": {**RECIPES[auto_recipe(SMALL_IMAGE, 1)].values, "patch_selection": "easy"},
     "defaults": {},
 }
 

@@ -47,11 +47,6 @@ def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
 
-def auto_values(image_size: int, channels: int) -> dict[str, Any]:
-    """What the RECIPE_FIELDS resolve to for such images (`auto_recipe`)."""
-    return dict(RECIPES[auto_recipe(image_size, channels)].values)
-
-
 class DistillConfig(Settings):
     """Every knob of a distillation run; `resolve` fills in what depends on the dataset."""
 

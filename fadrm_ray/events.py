@@ -6,8 +6,8 @@ model with its fields (`RunStarted` ... `RunFinished`, the union `LedgerEntry` d
 `event`); `append_entry` writes one model as a line, `read_ledger` yields the lines as validated
 models. A line is `{"t": <unix time>, "event": <name>, <the model's fields>}`.
 
-A sweep's `events.jsonl` is not typed yet: `append_event` and `read_events` write and read plain
-objects with the same line layout.
+A sweep's `events.jsonl` is not typed yet: `append_event` writes plain objects with the same line
+layout.
 """
 from __future__ import annotations
 
@@ -156,15 +156,3 @@ def read_ledger(path: str | Path, kind: type[E] | None = None) -> Iterator[E]:
 def append_event(path: str | Path, event: str, **fields: Any) -> None:
     """Append one event (with its time `t`) as a line of JSON."""
     _append(path, json.dumps({"t": time.time(), "event": str(event), **fields}, default=str))
-
-
-def read_events(path: str | Path, event: str | None = None) -> Iterator[dict]:
-    """The events of a log in order (only those named `event`, if given); a line still being
-    written, or not an object, is skipped; a missing log has none."""
-    for line in _lines(path):
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and (event is None or item.get("event") == str(event)):
-            yield item

@@ -204,18 +204,6 @@ def read_yaml_mapping(path: str | os.PathLike, what: str, error: type[Exception]
     return loaded
 
 
-def read_json_object(path: str | os.PathLike) -> dict | None:
-    """A JSON object from `path`; None if it is missing, unreadable or not an object."""
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def read_model(model: type[M], path: str | os.PathLike) -> M | None:
     """`model` read from the JSON file `path`, or None when it is missing, unreadable or not one."""
     try:

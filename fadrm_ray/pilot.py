@@ -8,7 +8,7 @@ measures, at a small and bounded size:
 1. a sample of the classes (`PilotConfig.classes`, drawn by the data's content hash), a few
    images per class (`ipc`, the run's where smaller);
 2. random real images, the size family's released recipe and the candidates of
-   `config.PILOT_CANDIDATES` (random crops, whole teacher-picked images with a smaller step, a
+   `recipes.PILOT_CANDIDATES` (random crops, whole teacher-picked images with a smaller step, a
    gentle recovery from random whole images), each distilled with its recover budget cut to
    `recover_share` of its recipe's;
 3. students of the first `student_steps` steps of the published schedule (`student_schedule`)
@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import torch
 
 from fadrm_ray.paired import paired_gain
-from fadrm_ray.config import DistillConfig, make_config
+from fadrm_ray.config import DistillConfig, EvalConfig, PilotConfig, make_config
 from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
@@ -49,7 +49,6 @@ from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabe
 from fadrm_ray.run import execute
 from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
-from fadrm_ray.config import EvalConfig, PilotConfig
 
 _MIN_STEPS = 50
 SAFE_RECIPE = "gentle"

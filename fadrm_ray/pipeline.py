@@ -13,15 +13,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fadrm_ray.config import make_config
+from fadrm_ray.config import EvalConfig, SqueezeConfig, make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluation.baselines import gain_text
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.ranking import ranking_text
 from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.config import EvalConfig, SqueezeConfig
+from fadrm_ray.run.execute import distill
+from fadrm_ray.run.job import ExecutionSpec
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import export_imagefolder, open_run
 
@@ -54,11 +53,10 @@ def reading(evaluation) -> str:
 def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: int = 10,
              iterations: int | None = None, epochs: int | None = None, seeds: int = 2,
              spec: ExecutionSpec | None = None, door: "Door | None" = None) -> dict:
-    """Squeeze, distill and export. The distillation is one job, built here for `door` and run
-    through it with `spec` (`door.run(job, spec, parts)`): the Ray door, or None for this process
-    (`fadrm_ray.run.execute`); `spec.progress` shows the progress bars of every phase."""
+    """Squeeze, distill and export. The distillation is one job, built for `door` and run
+    through it with `spec` (`execute.distill`): the Ray door, or None for this process;
+    `spec.progress` shows the progress bars of every phase."""
     spec = spec or ExecutionSpec(local=True)
-    door = door or execute
     progress = spec.progress
     out = Path(out)
     dataset = get_dataset(dataset_name)
@@ -66,9 +64,7 @@ def run_demo(out: str | Path = "fadrm-demo", dataset_name: str = "digits", ipc: 
     teacher, teacher_info, reused = ensure_teacher(dataset, squeeze_cfg, out / "teacher", progress=progress)
     cfg = make_config("fadrm", overrides={"ipc": ipc, "iterations": iterations or DEMO_ITERATIONS.get(dataset_name, 1000)})
     store_root = out / "store"
-    distill_job, parts = prepare_job(cfg, dataset, dataset_name, [str(teacher)], str(store_root),
-                                     device_type=door.device_type(spec), data_root=spec.data_root)
-    result = door.run(distill_job, spec, parts)
+    result = distill(cfg, dataset, dataset_name, [str(teacher)], str(store_root), spec, door)
     job = EvalJob(config=EvalConfig(seeds=seeds), teacher_paths=[teacher], ipc=result.ipc)
     measured = evaluate_store_run(result.run_dir, job, EvalSpec(progress=progress),
                                   EvalScope(baselines=True, ranking="full", report=True), EvalParts(dataset=dataset))

@@ -108,3 +108,15 @@ def teacher_model():
         for _ in range(10):
             model(torch.randn(32, 1, 8, 8) * 0.7 + 0.2)
     return model.eval()
+
+
+# Fixtures that start Ray (in this process, or in the server process they run): a test that uses
+# one is a Ray test (`-m ray`) wherever it is, whether or not its module says so.
+RAY_FIXTURES = {"local_ray", "api_service"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)

@@ -395,3 +395,22 @@ def test_fashion_sample_builds_a_parquet_dataset_the_reader_splits(tmp_path):
             assert all(20 * label <= v < 20 * label + 8 for v in values[:, 0].tolist())
     drawn = {int(v) for split in (d.train, d.test) for v in split.load(torch.arange(len(split)))[:, 0, 0, 0]}
     assert len(drawn) == 50  # five different images of each class
+
+
+def test_the_registry_makes_the_names_the_help_and_the_specs():
+    from fadrm_ray.cli.common import DATASET_HELP
+    from fadrm_ray.data import DATASETS, path_source, skipping_bad_images
+
+    assert DATASET_NAMES == [s.spec for s in DATASETS.values()]
+    for source in DATASETS.values():
+        assert f"{source.spec}: {source.help}" in DATASET_HELP
+    assert get_dataset(" Digits ").name == "digits"
+    assert path_source("folder+skip-bad-images:/x").name == "imagefolder" and path_source("digits") is None
+    assert path_source("parquet:/x").name == "parquet" and path_source("parquet") is None
+    assert skipping_bad_images("imagefolder:/x") == "imagefolder+skip-bad-images:/x"
+    with pytest.raises(DatasetError, match="only image folders take an option"):
+        get_dataset("parquet+skip-bad-images:/x")
+    with pytest.raises(DatasetError, match="is for image folders"):
+        get_dataset("digits", skip_bad_images=True)
+    with pytest.raises(DatasetError, match="unknown dataset 'imagefolder'"):
+        get_dataset("imagefolder")

@@ -8,8 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from fadrm_ray.config import DistillConfig
-from fadrm_ray.config import EvalConfig
+from fadrm_ray.config import DistillConfig, EvalConfig
 from fadrm_ray.settings import Count, Index, Indices
 
 # Tune's time attribute: percent of the students' whole schedule (a TrialReport field).

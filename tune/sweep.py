@@ -276,6 +276,8 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
     """Run (or resume) the sweep; returns its summary (files, best trial, costs, and whether it
     was interrupted). Every file is written before Ray is left; a SIGINT at any moment after the
     checks ends it with its results written as interrupted."""
+    from tune.session import held_interrupt, sweep_ray
+
     stage = _Stage(check(req), time.perf_counter())
     try:
         import ray.tune  # noqa: F401 - here, so that a Ctrl-C inside the import is an interrupted sweep too
@@ -288,8 +290,6 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
         (p.out / "sweep.json").write_text(json.dumps({"identity": p.request.identity(),
                                                       "request": p.request.model_dump(mode="json")}, indent=1))
         stage.what = "while Ray started"
-        from tune.session import sweep_ray
-
         with _working_folder(p.out), sweep_ray(p.out, p.request.address) as ray_dir:
             stage.ray_dir = ray_dir
             try:
@@ -300,7 +300,6 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
                 raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
     except KeyboardInterrupt:
         from tune.results import saved_rows
-        from tune.session import held_interrupt
 
         with held_interrupt():
             return _finish(stage.p, saved_rows(stage.p), stage, interrupted=True)
@@ -329,7 +328,7 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
 
     from tune.confirm import run_confirmation
     from tune.progress import SweepProgress
-    from tune.results import collect_rows
+    from tune.results import collect_rows, error_line
     from tune.session import held_interrupt, tune_fit_interrupts, wait_interruptibly
     from tune.trainable import run_trial
 
@@ -368,8 +367,6 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
         with held_interrupt():
             return _finish(p, rows, stage, interrupted=True)
     except Exception as exc:  # noqa: BLE001 - the trials' results stand without it
-        from tune.results import error_line
-
         confirmation, again = None, {}
         stage.random_note = f"not compared: the confirmation of the best trials failed ({error_line(exc)})"
     with held_interrupt():

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from fadrm_ray.data import dataset_help
 from fadrm_ray.errors import InputError
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
-# What --dataset takes, for every command that reads one (fadrm tune's too).
-DATASET_HELP = "digits, mnist-sample, fashion-mnist, clipart10, cifar10, cifar100, imagefolder:PATH or parquet:PATH"
+# What --dataset takes, for every command that reads one (fadrm tune's too): the data registry's.
+DATASET_HELP = dataset_help()
 STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
                        "torch sees a GPU); on CUDA in mixed precision, channels-last")
 IPC_HELP = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"

@@ -118,9 +118,8 @@ def run(args) -> None:
 def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
     """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
     left to `auto` on colour data no one measured; None otherwise."""
-    from fadrm_ray.config import parse_overrides
+    from fadrm_ray.config import PilotConfig, parse_overrides
     from fadrm_ray.pilot import ensure_pilot
-    from fadrm_ray.config import PilotConfig
     from fadrm_ray.settings import layered
 
     if args.pilot_budget is not None and args.pilot_budget < 0:

@@ -53,13 +53,12 @@ def add_parser(sub):
 
 def run(args) -> None:
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
-    from fadrm_ray.config import parse_overrides
+    from fadrm_ray.config import EvalConfig, parse_overrides
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
     from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
     from fadrm_ray.data import skipping_bad_images
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
-    from fadrm_ray.config import EvalConfig
     from fadrm_ray.settings import layered
 
     cfg = layered(EvalConfig, parse_overrides(args.set or [], EvalConfig),

@@ -24,10 +24,9 @@ def add_parser(sub):
 
 
 def run(args) -> None:
-    from fadrm_ray.config import parse_overrides
+    from fadrm_ray.config import SqueezeConfig, parse_overrides
     from fadrm_ray.data import dataset_notes, get_dataset
     from fadrm_ray.runtime import process_info
-    from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.settings import layered
     from fadrm_ray.squeeze import check_out_dir, squeeze
 

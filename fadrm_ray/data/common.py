@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from .. import codec
 from .base import DatasetError, Split
 from .parallel import prefetch
+from .spec import SKIP_BAD_IMAGES  # noqa: F401  (the name folder.py takes from here)
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2
@@ -19,9 +20,6 @@ TEST_FRACTION = 0.2
 # (`ImageDataset.info["test_split"]`, through `made_split`).
 SPLIT_LAYOUT = "80/20 split"
 MADE_SPLIT = f"held out per class by a fixed stratified split ({TEST_FRACTION:.0%} of each class)"
-# The option of a folder's spec (`imagefolder+skip-bad-images:PATH`) and the flag of the commands
-# that read one (`--skip-bad-images`): files that cannot be read are left out, not refused.
-SKIP_BAD_IMAGES = "skip-bad-images"
 
 
 def made_split(layout: str) -> str | None:

@@ -38,10 +38,9 @@ import torch
 
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
-from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
-from fadrm_ray.fileio import atomic_write_text
+from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.evaluation.hard_labels import HardLabels, SplitCount, StreamedHardLabels
 from fadrm_ray.evaluation.relabel import steps_per_epoch
 from fadrm_ray.runtime import torch_threads

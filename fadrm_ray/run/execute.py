@@ -5,6 +5,7 @@ runs it (`device_type(spec)`), and handed to the door whole with its `ExecutionS
 is the library's door: `run` runs the job in this process (`fadrm distill --local`, the demo, a
 Tune trial, the benchmarks). `actors.coordinator` is the Ray door, with the same two functions
 (`Door`); the library never imports it, so the `fadrm` command is given it (actors/cli.py).
+`distill` builds the job for a door and runs it through that door, in one call.
 
 Behind both doors, `run_job` holds the run's lock, plans the units around those the run has,
 hands the rest to an executor and finishes the manifest: `LocalExecutor` here, the Ray layer's
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, Field
@@ -24,7 +25,7 @@ from fadrm_ray import __version__
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
+from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts, prepare_job
 from fadrm_ray.run.stages import distill_unit, frozen_teachers, prepare_patches
 from fadrm_ray.run.units import Unit, checkpointed_units, plan_units, request_images, steps_of
 from fadrm_ray.runtime import resolve_device, tune_allocator
@@ -173,3 +174,14 @@ def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> 
     the caller's (the `fadrm` command sets `--threads` once for the whole command)."""
     return run_job(job, LocalExecutor(spec.device or job.device_type, spec.progress), parts)
 
+
+def distill(cfg: DistillConfig, dataset: ImageDataset, dataset_spec: str, teacher_paths: Sequence[str | Path],
+            store: str | Path, spec: ExecutionSpec | None = None, door: Door | None = None) -> DistillResult:
+    """One distillation in one call: the job built for `door` (`prepare_job`, for the door's device
+    type) and run through it with `spec` (default: the door's defaults). `door`: None for this
+    module's `run` (in this process), or another with the same two functions (`actors.coordinator`,
+    on Ray)."""
+    spec = spec or ExecutionSpec(local=door is None)
+    job, parts = prepare_job(cfg, dataset, dataset_spec, teacher_paths, store,
+                             device_type=(door.device_type if door else device_type)(spec), data_root=spec.data_root)
+    return (door.run if door else run)(job, spec, parts)

@@ -103,18 +103,15 @@ class ExecutionSpec(Settings):
     progress: bool = True
 
 
-_PATH_KINDS = {"imagefolder": "imagefolder", "folder": "imagefolder", "parquet": "parquet"}
-
-
 def reopenable_spec(dataset_spec: str, dataset: "ImageDataset") -> str:
     """`dataset_spec` as it reopens `dataset` from any directory: a folder or Parquet dataset by
     the absolute path it was read from (`imagefolder:/abs/path`), a folder that left unreadable
     files out as `imagefolder+skip-bad-images:/abs/path` (so it leaves the same ones out again and
     its fingerprint matches), anything else as it is."""
-    from fadrm_ray.data import SKIP_BAD_IMAGES
+    from fadrm_ray.data import SKIP_BAD_IMAGES, path_source
 
-    kind, sep, _ = dataset_spec.strip().partition(":")
-    source = _PATH_KINDS.get(kind.partition("+")[0].lower()) if sep else None
+    named = path_source(dataset_spec)
+    source = named.name if named else None
     path = dataset.info.get("path")
     if source is None or source != dataset.info.get("source") or not path:
         return dataset_spec
