@@ -19,15 +19,17 @@ from typing import Callable
 
 import ray
 
-from actors.worker import RunContext, latest_checkpoints
+from actors.worker import RunContext
 from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.stages import load_selections, needed_classes
+from fadrm_ray.run.stages import needed_classes
+from fadrm_ray.store.checkpoints import latest_checkpoints
+from fadrm_ray.store.selections import kept_selections
 from fadrm_ray.run.units import Unit
 from fadrm_ray.events import (LedgerEntry, PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone, StageFailed,
                               UnitDone, append_entry)
 from fadrm_ray.run.job import DistillJob, JobParts
 from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten
-from fadrm_ray.patches import ClassSelection
+from fadrm_ray.store.run_files import ClassSelection
 from fadrm_ray.store import RunStore
 
 
@@ -84,7 +86,7 @@ class RunSchedule:
     def _pending(self, units: list[Unit]) -> tuple[list[Task], int]:
         """Tasks to run, rebuilt from the store, and the stages already done."""
         finished = self.store.finished_units()
-        partial = latest_checkpoints(self.store)
+        partial = latest_checkpoints(self.store.layout)
         tasks, done = [], 0
         for unit in units:
             if unit.unit_id in finished:
@@ -123,7 +125,7 @@ class RunSchedule:
         labels = needed_classes([t.unit for t in self.tasks if t.stage == 0], self.cfg)
         if not labels:
             return None
-        self.selections = load_selections(self.store.layout, labels)
+        self.selections = kept_selections(self.store.layout, labels)
         return [Task(None, label=label) for label in labels if label not in self.selections]
 
     def share_selections(self) -> None:

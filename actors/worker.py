@@ -7,7 +7,7 @@ teacher weights, store location, provenance) is one `RunContext` in the object s
 context*; its reference rides along with every call, and the worker unpacks it once, so a
 restarted actor simply unpacks it again on its next call. Then it runs stages of units: stage 0
 selects the unit's patches and builds its recover states, every stage ends with a checkpoint of
-the unit's states on the store (so a lost worker costs at most one stage), and the last stage
+the unit's states in the run (`store.checkpoints`: a lost worker costs at most one stage), and the last stage
 writes the unit's part files itself; only small manifests travel back.
 
 Before any stage, the pool has each class's real patches scored once (`score_class`, one task
@@ -20,17 +20,15 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import ray
 import torch
 
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.run.execute import provenance
-from fadrm_ray.run.stages import (frozen_teachers, run_unit_stage, save_selection, unit_records, unit_states,
-                                  unit_stats)
+from fadrm_ray.run.stages import (checkpoint_of, frozen_teachers, run_unit_stage, states_of, unit_records,
+                                  unit_states, unit_stats)
 from fadrm_ray.run.units import Unit
-from fadrm_ray.fileio import atomic_write_bytes
 from fadrm_ray.run.job import DistillJob, JobParts, teacher_blobs
 from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
 from fadrm_ray.models import load_teacher
@@ -38,34 +36,9 @@ from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState
 from fadrm_ray.runtime import process_info, tune_allocator
 from fadrm_ray.store import RunStore
+from fadrm_ray.store.checkpoints import drop_checkpoints, load_checkpoint, save_checkpoint
+from fadrm_ray.store.selections import keep_selection
 from fadrm_ray.store.run_files import RunProvenance
-
-
-def save_checkpoint(store: RunStore, unit_id: str, states: list[RecoverState]) -> Path:
-    import io
-    buf = io.BytesIO()
-    torch.save({"unit_id": unit_id, "stage": states[0].stage, "states": [s.to_dict() for s in states]}, buf)
-    path = atomic_write_bytes(store.layout.checkpoint(unit_id, states[0].stage), buf.getvalue())
-    for old in store.layout.checkpoints(unit_id):  # keep only the newest
-        if old != path:
-            old.unlink(missing_ok=True)
-    return path
-
-
-def load_checkpoint(path: Path) -> list[RecoverState]:
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    return [RecoverState.from_dict(d) for d in data["states"]]
-
-
-def latest_checkpoints(store: RunStore) -> dict[str, int]:
-    """unit_id -> number of stages its newest checkpoint has completed."""
-    out: dict[str, int] = {}
-    for path in store.layout.checkpoints():
-        parsed = store.layout.checkpoint_stage(path)
-        if parsed is not None:
-            unit_id, stage = parsed
-            out[unit_id] = max(out.get(unit_id, 0), stage)
-    return out
 
 
 @dataclass(frozen=True)
@@ -132,7 +105,7 @@ class DistillWorker:
         self._enter(context)
         started = time.perf_counter()
         selection = score_class(self.dataset, label, self.cfg, self.teachers, self.device)
-        save_selection(self.store.layout, selection)
+        keep_selection(self.store.layout, selection)
         self.patch_cache[label] = selection
         return ClassScored(label=label, selection=selection, pid=os.getpid(), seconds=time.perf_counter() - started)
 
@@ -149,7 +122,7 @@ class DistillWorker:
                 states = unit_states(unit, self.cfg, self.dataset, self.teachers, self.device, self.patch_cache,
                                      self.gpu_share)
             else:
-                states = load_checkpoint(self.store.layout.checkpoint(unit.unit_id, stage))
+                states = states_of(*load_checkpoint(self.store.layout, unit.unit_id, stage))
         run_unit_stage(states, self.teachers, self.cfg, self.device)
         seconds = time.perf_counter() - started
         ran = {"unit_id": unit.unit_id, "stage": stage, "pid": os.getpid(), "seconds": seconds,
@@ -158,9 +131,8 @@ class DistillWorker:
             records, packs = unit_records(unit, states, self.teachers, self.device)
             stats = unit_stats(unit, packs, self.device, seconds, worker_pid=os.getpid())
             manifest = self.store.write_unit(unit.unit_id, records, self.dataset.class_names, self.provenance, stats)
-            for old in self.store.layout.checkpoints(unit.unit_id):
-                old.unlink(missing_ok=True)
+            drop_checkpoints(self.store.layout, unit.unit_id)
             return UnitWritten(**ran, rows=manifest.rows)
-        save_checkpoint(self.store, unit.unit_id, states)
+        save_checkpoint(self.store.layout, *checkpoint_of(unit.unit_id, states))
         self.live[unit.unit_id] = states
         return StageRan(**ran)

@@ -7,7 +7,7 @@ Layout of one run::
     label=<c>/part-ipc<start>-<end>.parquet       images of class c, ipc_index in [start, end)
     units/<unit_id>.json                          one manifest per finished unit (files + sha256)
     manifest.json                                 the run manifest, written when the run completes
-    checkpoints/<unit_id>.after<stage>.pt         recover states of a unit after `stage` stages (Ray runs)
+    checkpoints/<unit_id>.after<stage>.safetensors  recover states of a unit after `stage` stages (Ray runs)
     patches/label=<c>.json                        the scored ranking of class c's real patches (scored once per run)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
     writer.lock                                   held by the one process writing the run (pid, host)
@@ -46,6 +46,8 @@ _PART_RE = re.compile(r"^part-ipc(\d+)-(\d+)\.parquet$")
 _LABEL_DIR_RE = re.compile(r"^label=(\d+)$")
 _UNIT_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _CHECKPOINT_MARK = ".after"
+_CHECKPOINT_SUFFIX = ".safetensors"
+_LEGACY_CHECKPOINT_SUFFIX = ".pt"
 
 
 class RunLayout:
@@ -162,23 +164,30 @@ class RunLayout:
         return self.run_dir / _CHECKPOINTS
 
     def checkpoint(self, unit_id: str, stage: int) -> Path:
-        """The recover states of a unit after `stage` stages have run."""
-        return self.checkpoints_dir / f"{unit_id}{_CHECKPOINT_MARK}{stage}.pt"
+        """The recover states of a unit after `stage` stages have run (`store.checkpoints`)."""
+        return self.checkpoints_dir / f"{unit_id}{_CHECKPOINT_MARK}{stage}{_CHECKPOINT_SUFFIX}"
+
+    def legacy_checkpoint(self, unit_id: str, stage: int) -> Path:
+        """The same, as an earlier version wrote it (torch.save)."""
+        return self.checkpoints_dir / f"{unit_id}{_CHECKPOINT_MARK}{stage}{_LEGACY_CHECKPOINT_SUFFIX}"
 
     def checkpoints(self, unit_id: str | None = None) -> list[Path]:
-        """The checkpoint files of one unit, or of every unit."""
+        """The checkpoint files of one unit, or of every unit (either format)."""
         if not self.checkpoints_dir.is_dir():
             return []
-        return list(self.checkpoints_dir.glob(f"{'*' if unit_id is None else unit_id}{_CHECKPOINT_MARK}*.pt"))
+        pattern = f"{'*' if unit_id is None else unit_id}{_CHECKPOINT_MARK}*"
+        return [p for p in self.checkpoints_dir.glob(pattern) if self.checkpoint_stage(p) is not None
+                and (unit_id is None or self.checkpoint_stage(p)[0] == unit_id)]
 
     @staticmethod
     def checkpoint_stage(path: Path) -> tuple[str, int] | None:
         """(unit_id, stages completed) of a checkpoint file; None for any other name."""
         unit_id, mark, rest = path.name.rpartition(_CHECKPOINT_MARK)
-        if not mark or not rest.endswith(".pt"):
+        suffix = next((s for s in (_CHECKPOINT_SUFFIX, _LEGACY_CHECKPOINT_SUFFIX) if rest.endswith(s)), None)
+        if not mark or suffix is None:
             return None
         try:
-            return unit_id, int(rest.removesuffix(".pt"))
+            return unit_id, int(rest.removesuffix(suffix))
         except ValueError:
             return None
 

@@ -14,16 +14,16 @@ same one.
 
 Scoring is the expensive part (every crop of every candidate through the teacher), and its
 result is small: the ranked candidates and the box of each one's best crop. `score_class`
-returns that as a `ClassSelection`, which a run computes once per class and shares (on Ray the
-worker pool sends it to every worker; the run directory keeps it for later requests);
+returns that as a `ClassSelection` (a run file, `store.run_files`), which a run computes once
+per class and shares (on Ray the worker pool sends it to every worker; the run directory keeps it
+for later requests, `store.selections`);
 `class_patch_images` then cuts the patches of any IPC indices from it without the teacher.
 """
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.errors import InputError
+from fadrm_ray.store.run_files import ClassSelection
 
 Box = tuple[int, int, int]  # (top, left, side) of a square crop
 SCORED = ("easy", "medium", "grouped", "spread")  # the selections that rank the candidates by teacher CE
@@ -50,23 +51,6 @@ def scored(cfg: DistillConfig) -> bool:
     """Whether a resolved config's patches come from teacher scores (easy, medium, grouped, spread),
     the costly kind."""
     return cfg.init == "real" and cfg.patch_selection in SCORED
-
-
-@dataclass(frozen=True)
-class ClassSelection:
-    """The ranking of one class: train-split indices, lowest teacher CE first, and the box of
-    each one's best crop. What scoring produces; every patch of a scored selection is cut from it."""
-
-    label: int
-    ranked: tuple[int, ...]
-    boxes: tuple[Box, ...]
-
-    def to_dict(self) -> dict:
-        return {"label": self.label, "ranked": list(self.ranked), "boxes": [list(b) for b in self.boxes]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "ClassSelection":
-        return cls(int(d["label"]), tuple(int(i) for i in d["ranked"]), tuple(tuple(int(v) for v in b) for b in d["boxes"]))
 
 
 def _candidates(dataset: ImageDataset, label: int, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Generator]:
@@ -144,8 +128,8 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     scores = torch.cat(parts).view(n, m)
     best = scores.argmin(dim=1)
     ranking = scores.min(dim=1).values.argsort(stable=True).tolist()
-    return ClassSelection(label, tuple(int(candidates[r]) for r in ranking),
-                          tuple(boxes[r * m + int(best[r])] for r in ranking))
+    return ClassSelection(label=label, ranked=tuple(int(candidates[r]) for r in ranking),
+                          boxes=tuple(boxes[r * m + int(best[r])] for r in ranking))
 
 
 def rank_position(selection: str, i: int, n: int) -> int:

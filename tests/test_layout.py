@@ -95,7 +95,8 @@ def test_layout_names_are_the_on_disk_format(tmp_path):
     assert layout.manifest == run / "manifest.json"
     assert layout.unit("u-ipc0-2") == run / "units" / "u-ipc0-2.json"
     assert layout.part(3, 0, 10) == run / "label=3" / "part-ipc00000-00010.parquet"
-    assert layout.checkpoint("u0", 2) == run / "checkpoints" / "u0.after2.pt"
+    assert layout.checkpoint("u0", 2) == run / "checkpoints" / "u0.after2.safetensors"
+    assert layout.legacy_checkpoint("u0", 2) == run / "checkpoints" / "u0.after2.pt"
     assert layout.ledger == run / "ledger.jsonl"
     assert layout.lock == run / "writer.lock"
     assert layout.report_source == run / "report" / "source.json"
@@ -116,7 +117,9 @@ def test_layout_parses_the_names_it_builds(tmp_path):
     assert layout.resolve("label=12/part-ipc00005-00017.parquet") == part
     assert layout.resolve("../elsewhere.parquet") is None and layout.resolve("/abs.parquet") is None
     assert RunLayout.checkpoint_stage(layout.checkpoint("u.a-1", 3)) == ("u.a-1", 3)
+    assert RunLayout.checkpoint_stage(layout.legacy_checkpoint("u.a-1", 3)) == ("u.a-1", 3)
     assert RunLayout.checkpoint_stage(tmp_path / "u0.afterx.pt") is None
+    assert RunLayout.checkpoint_stage(tmp_path / ".u0.after1.safetensors.tmp-1-ab") is None
     assert RunLayout.is_unit_id("u-ipc0-2") and not RunLayout.is_unit_id("../evil")
     assert not RunLayout.is_unit_id(".hidden") and not RunLayout.is_unit_id(3)
 
@@ -136,8 +139,10 @@ def test_layout_lists_units_parts_and_checkpoints(tmp_path):
     for uid, stage in (("u0", 1), ("u0", 2), ("u1", 1)):
         layout.checkpoint(uid, stage).parent.mkdir(parents=True, exist_ok=True)
         layout.checkpoint(uid, stage).write_bytes(b"")
-    assert sorted(p.name for p in layout.checkpoints("u0")) == ["u0.after1.pt", "u0.after2.pt"]
-    assert len(layout.checkpoints()) == 3
+    layout.legacy_checkpoint("u2", 4).write_bytes(b"")  # written by an earlier version
+    (layout.checkpoints_dir / "u0.after3.safetensors.tmp-1-ab").write_bytes(b"")  # a write cut short
+    assert sorted(p.name for p in layout.checkpoints("u0")) == ["u0.after1.safetensors", "u0.after2.safetensors"]
+    assert len(layout.checkpoints()) == 4 and layout.checkpoints("u") == []
 
 
 def test_the_library_does_not_import_the_ray_layer():

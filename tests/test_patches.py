@@ -1,5 +1,4 @@
 """Real-patch selection (docs/method.md section 2)."""
-import json
 
 import pytest
 import torch
@@ -98,7 +97,7 @@ def test_cache_is_used(digits, teacher):
     select_patches(digits, [5], [0], cfg, [teacher], cache=cache)
     assert isinstance(cache[5], ClassSelection)
     whole = (0, 0, 8)  # a cached ranking is used as it is: here one image, uncropped
-    cache[5] = ClassSelection(5, (17,), (whole,))
+    cache[5] = ClassSelection(label=5, ranked=(17,), boxes=(whole,))
     assert torch.equal(select_patches(digits, [5], [1], cfg, [teacher], cache=cache)[0, 0], digits.train.load([17])[0])
 
 
@@ -124,7 +123,7 @@ def test_medium_grows_a_window_centred_in_the_ranking():
 def test_a_selection_travels_as_plain_data_and_cuts_like_one_crop_at_a_time(digits, teacher):
     cfg = DistillConfig(ipc=3)
     selection = score_class(digits, 6, cfg, [teacher])
-    assert ClassSelection.from_dict(json.loads(json.dumps(selection.to_dict()))) == selection
+    assert ClassSelection.model_validate_json(selection.model_dump_json()) == selection
     images = digits.train.load(torch.tensor(selection.ranked[:20]))
     boxes = list(selection.boxes[:20])
     one_by_one = torch.cat([cut(images[j:j + 1], boxes[j:j + 1], 8) for j in range(20)])
@@ -146,7 +145,7 @@ def test_grouped_takes_the_lowest_ce_image_of_each_group_of_shuffled_candidates(
 
 
 def test_grouped_order_gives_each_group_its_best_then_its_second_best():
-    selection = ClassSelection(0, (5, 3, 9, 1, 7, 2, 8, 0, 4, 6), ((0, 0, 1),) * 10)
+    selection = ClassSelection(label=0, ranked=(5, 3, 9, 1, 7, 2, 8, 0, 4, 6), boxes=((0, 0, 1),) * 10)
     # groups of shuffled images {0..3}, {4..7}, {8, 9}: ranks {7, 3, 5, 1}, {8, 0, 9, 4}, {6, 2}
     assert grouped_order(selection, list(range(10)), 4) == [1, 0, 2, 3, 4, 6, 5, 8, 7, 9]
     assert grouped_order(selection, list(range(10)), 10) == list(range(10))  # one group: easy

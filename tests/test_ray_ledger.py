@@ -10,7 +10,7 @@ from fadrm_ray.events import (LedgerEvent, PatchesFailed, PatchesScored, RunFini
                               StageFailed, UnitDone, WorkerLost, WorkerStarted, append_entry, append_event,
                               read_ledger)
 from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
-from fadrm_ray.patches import ClassSelection
+from fadrm_ray.store.run_files import ClassSelection
 
 INFO = WorkerInfo(pid=7, host="h", device="cpu", threads=1, torch_threads=1, cpus=2, omp_wait_policy="PASSIVE",
                   omp_num_threads="1")
@@ -84,7 +84,7 @@ def test_progress_reads_the_last_run_started_and_its_stages(tmp_path):
 
 
 def test_worker_replies_are_models():
-    selection = ClassSelection(2, (4, 1), ((0, 0, 4, 4), (1, 1, 5, 5)))
+    selection = ClassSelection(label=2, ranked=(4, 1), boxes=((0, 0, 4), (1, 1, 5)))
     scored = ClassScored(label=2, selection=selection, pid=7, seconds=0.1)
     assert scored.selection == selection
     last = UnitWritten(unit_id="u", stage=3, pid=7, seconds=1.0, patches_scored=0, rows=10)

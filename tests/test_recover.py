@@ -253,15 +253,41 @@ def test_converged_arc_timing_passes_unused_iterations_on(teacher_model):
     assert state.iteration == 40
 
 
-def test_state_round_trips_through_a_weights_only_checkpoint(teacher_model, tmp_path):
+def test_state_round_trips_through_the_runs_stage_checkpoint(teacher_model, tmp_path):
+    from fadrm_ray.layout import RunLayout
+    from fadrm_ray.run.stages import checkpoint_of, states_of
+    from fadrm_ray.store.checkpoints import latest_checkpoints, load_checkpoint, save_checkpoint
+
     cfg = cfg_for(k=3, iterations=16)
     teacher = FrozenTeacher(teacher_model)
     straight = recover(state_for(cfg), [teacher], cfg)
-    moved = state_for(cfg)
+    moved, layout = state_for(cfg), RunLayout(tmp_path)
     for _ in range(2):
         run_stage(moved, [teacher], cfg)
-    torch.save(moved.to_dict(), tmp_path / "s.pt")
-    moved = RecoverState.from_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+        save_checkpoint(layout, *checkpoint_of("u0", [moved]))
+    assert [p.name for p in layout.checkpoints()] == ["u0.after2.safetensors"] and latest_checkpoints(layout) == {"u0": 2}
+    (moved,) = states_of(*load_checkpoint(layout, "u0", 2))
+    assert isinstance(moved, RecoverState) and moved.history[0]["iterations"] > 0 and moved.patches is not None
+    recover(moved, [teacher], cfg)
+    assert torch.equal(moved.x, straight.x)
+
+
+def test_a_stage_checkpoint_of_the_earlier_format_resumes_the_same(teacher_model, tmp_path):
+    from fadrm_ray.layout import RunLayout
+    from fadrm_ray.run.stages import states_of
+    from fadrm_ray.store.checkpoints import latest_checkpoints, load_checkpoint
+
+    cfg = cfg_for(k=3, iterations=16)
+    teacher = FrozenTeacher(teacher_model)
+    straight = recover(state_for(cfg), [teacher], cfg)
+    moved, layout = state_for(cfg), RunLayout(tmp_path)
+    run_stage(moved, [teacher], cfg)
+    layout.checkpoints_dir.mkdir()
+    old = {k: getattr(moved, k) for k in moved.__dataclass_fields__}  # torch.save of the states as plain dicts
+    torch.save({"unit_id": "u0", "stage": 1, "states": [{**old, "x": moved.x.detach().cpu()}]},
+               layout.legacy_checkpoint("u0", 1))
+    assert latest_checkpoints(layout) == {"u0": 1}
+    (moved,) = states_of(*load_checkpoint(layout, "u0", 1))
     recover(moved, [teacher], cfg)
     assert torch.equal(moved.x, straight.x)
 

@@ -178,8 +178,11 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
 
     import ray
 
-    from fadrm_ray.patches import ClassSelection
+    from pydantic import TypeAdapter
+
     from fadrm_ray.events import append_event
+    from fadrm_ray.fileio import atomic_write_bytes
+    from fadrm_ray.store.run_files import ClassSelection
     from tune.trainable import PATCH_FIELDS, patch_key, score_patches
 
     req, ds = p.request, p.dataset
@@ -193,13 +196,14 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
         if key is not None:  # the classes of every configuration that shares the key
             labels = set(cfg.classes) if cfg.classes is not None else set(range(ds.num_classes))
             wanted[key] = (wanted.get(key, (cfg,))[0], sorted(labels | set(wanted.get(key, (None, []))[1])))
+    selections_file = TypeAdapter(list[ClassSelection])  # OUT/patches/<key>.json
     out, cost, pending = {}, {"keys": len(wanted), "scored": 0, "seconds": 0.0}, {}
     folder = p.out / "patches"
     task = ray.remote(score_patches).options(num_cpus=req.cpus_per_trial, num_gpus=req.trial_gpus)
     for key, (cfg, labels) in wanted.items():
         saved = folder / f"{key}.json"
         if saved.is_file():
-            out[key] = {s.label: s for s in map(ClassSelection.from_dict, json.loads(saved.read_text()))}
+            out[key] = {s.label: s for s in selections_file.validate_json(saved.read_bytes())}
         else:
             job = PatchScoring(config=cfg, labels=labels, device=p.device, threads=max(1, int(req.cpus_per_trial)))
             pending[key] = task.remote(job, ray.put(ds), blobs)
@@ -207,7 +211,7 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
         selections, seconds = ray.get(ref)
         out[key] = selections
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{key}.json").write_text(json.dumps([s.to_dict() for s in selections.values()]))
+        atomic_write_bytes(folder / f"{key}.json", selections_file.dump_json(list(selections.values())))
         cost["scored"] += len(selections)
         cost["seconds"] += seconds
         append_event(str(p.out / "events.jsonl"), "patches_scored", key=key, classes=len(selections), seconds=seconds)

@@ -196,7 +196,8 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     > 1 (which stop on every path). Returns what it did and the teachers as a SoftLabeler for the
     evaluation."""
     from fadrm_ray.run import execute
-    from fadrm_ray.run.stages import needed_classes, save_selection
+    from fadrm_ray.run.stages import needed_classes
+    from fadrm_ray.store.selections import keep_selection
     from fadrm_ray.run.units import plan_units
     from fadrm_ray.run.job import prepare_job
     from fadrm_ray.layout import RunLayout
@@ -217,7 +218,7 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     shared = (selections or {}).get(key, {})
     for label in labels:
         if label in shared and not layout.patch_selection(label).is_file():
-            save_selection(layout, shared[label])
+            keep_selection(layout, shared[label])
     before = sum(layout.patch_selection(label).is_file() for label in labels)
     result = door.run(job, spec, parts)
     after = sum(layout.patch_selection(label).is_file() for label in labels)

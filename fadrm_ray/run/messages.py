@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.patches import ClassSelection
+from fadrm_ray.store.run_files import ClassSelection
 
 
 class _Reply(BaseModel):

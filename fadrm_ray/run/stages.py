@@ -8,7 +8,6 @@ Each class's patches are scored once per run and kept in it (`prepare_patches`).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -16,15 +15,15 @@ from typing import Callable, Sequence
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.layout import RunLayout
 from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
 from fadrm_ray.packing import pack_limit
-from fadrm_ray.patches import ClassSelection, score_class, scored, select_patches
+from fadrm_ray.patches import score_class, scored, select_patches
 from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
 from fadrm_ray.recover import RecoverState, final_images, init_state, run_stage
 from fadrm_ray.run.job import JobParts
 from fadrm_ray.run.units import Unit, chunks
-from fadrm_ray.store.run_files import PackRecord, StageRecord, UnitStats
+from fadrm_ray.store.run_files import PackCheckpoint, PackRecord, StageCheckpoint, StageRecord, UnitStats
+from fadrm_ray.store.selections import keep_selection, kept_selections
 from fadrm_ray.store import ImageRecord, RunStore
 from fadrm_ray.errors import InputError
 
@@ -116,29 +115,36 @@ def distill_unit(unit: Unit, cfg: DistillConfig, dataset: ImageDataset, teachers
     return records, unit_stats(unit, packs, device, time.perf_counter() - started)
 
 
+def checkpoint_of(unit_id: str, states: Sequence[RecoverState]) -> tuple[StageCheckpoint, dict]:
+    """A unit's states between two stages as a stage checkpoint and its tensors by name."""
+    packs, tensors = [], {}
+    for i, state in enumerate(states):
+        tensors[f"{i}.x"], tensors[f"{i}.labels"] = state.x, state.labels
+        if state.patches is not None:
+            tensors[f"{i}.patches"] = state.patches
+        tensors.update({f"{i}.rng.{g}": rng for g, rng in enumerate(state.rng_states)})
+        packs.append(PackCheckpoint(ipc_indices=state.ipc_indices, mean=state.mean, std=state.std,
+                                    budgets=state.budgets, resolutions=state.resolutions,
+                                    total_iterations=state.total_iterations, stage=state.stage,
+                                    iteration=state.iteration, history=state.history,
+                                    has_patches=state.patches is not None))
+    return StageCheckpoint(unit_id=unit_id, stage=states[0].stage, packs=packs), tensors
+
+
+def states_of(checkpoint: StageCheckpoint, tensors: dict) -> list[RecoverState]:
+    """The recover states a stage checkpoint holds (`checkpoint_of`, the way back)."""
+    return [RecoverState(x=tensors[f"{i}.x"], patches=tensors[f"{i}.patches"] if pack.has_patches else None,
+                         labels=tensors[f"{i}.labels"], ipc_indices=list(pack.ipc_indices), mean=list(pack.mean),
+                         std=list(pack.std), budgets=list(pack.budgets), resolutions=list(pack.resolutions),
+                         total_iterations=pack.total_iterations,
+                         rng_states=[tensors[f"{i}.rng.{g}"] for g in range(len(pack.ipc_indices))],
+                         stage=pack.stage, iteration=pack.iteration, history=[dict(h) for h in pack.history])
+            for i, pack in enumerate(checkpoint.packs)]
+
+
 def needed_classes(units: Sequence[Unit], cfg: DistillConfig) -> list[int]:
     """Classes whose scored patches the units need (none unless the config scores patches)."""
     return sorted({c for u in units for c in u.classes}) if scored(cfg) else []
-
-
-def load_selections(layout: RunLayout, labels: Sequence[int]) -> dict[int, ClassSelection]:
-    """The selections of `labels` the run has kept (a run scores each class once, whatever the
-    requests, workers and restarts); unreadable files count as missing."""
-    out = {}
-    for label in labels:
-        try:
-            selection = ClassSelection.from_dict(json.loads(layout.patch_selection(label).read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if selection.label == label:
-            out[label] = selection
-    return out
-
-
-def save_selection(layout: RunLayout, selection: ClassSelection) -> None:
-    from fadrm_ray.fileio import atomic_write_text
-
-    atomic_write_text(layout.patch_selection(selection.label), json.dumps(selection.to_dict()))
 
 
 def prepare_patches(store: RunStore, units: Sequence[Unit], cfg: DistillConfig, dataset: ImageDataset,
@@ -146,11 +152,11 @@ def prepare_patches(store: RunStore, units: Sequence[Unit], cfg: DistillConfig, 
     """The selections `units` need, read from the run or scored here (and kept in the run):
     (label -> ClassSelection, the labels scored now, seconds spent scoring)."""
     labels = needed_classes(units, cfg)
-    cache = load_selections(store.layout, labels)
+    cache = kept_selections(store.layout, labels)
     started, fresh = time.perf_counter(), []
     for label in labels:
         if label not in cache:
             cache[label] = score_class(dataset, label, cfg, teachers, device)
-            save_selection(store.layout, cache[label])
+            keep_selection(store.layout, cache[label])
             fresh.append(label)
     return cache, fresh, time.perf_counter() - started

@@ -5,7 +5,10 @@ reads back, typed on both ways.
   unit's statistics (`UnitStats`), among them each pack's loss history (`StageRecord` per stage);
 - `RunManifest` (`manifest.json`): the run marked complete, every unit's manifest and a summary;
 - `RunProvenance`: what every part file records about how the run was made (its config, the
-  dataset with the spec that reopens it, the teachers with their sha256, the pilot).
+  dataset with the spec that reopens it, the teachers with their sha256, the pilot);
+- `ClassSelection` (`patches/label=<c>.json`): one class's scored patch ranking;
+- `StageCheckpoint` (`checkpoints/<unit_id>.after<stage>.safetensors`, the metadata beside the
+  tensors): a unit's recover states between two stages.
 
 Every file carries one `format_version` (`RUN_FORMAT_VERSION`). Files written before it was
 recorded are version 1, and `migrate` brings their raw JSON to the current shape in one step
@@ -65,6 +68,41 @@ class _RunFile(BaseModel):
             return cls.from_raw(raw)
         except (ValueError, ValidationError):
             return None
+
+
+class ClassSelection(_RunFile):
+    """The ranking of one class's real patches: train-split indices, lowest teacher CE first,
+    and the box (top, left, side) of each one's best crop. What scoring produces
+    (`patches.score_class`); every patch of a scored selection is cut from it."""
+
+    label: int
+    ranked: tuple[int, ...]
+    boxes: tuple[tuple[int, int, int], ...]
+
+
+class PackCheckpoint(_RunFile):
+    """One pack's recover state between two stages, less its tensors (the images, patches,
+    labels and each group's generator state, stored beside it by name)."""
+
+    ipc_indices: list[int]
+    mean: list[float]
+    std: list[float]
+    budgets: list[int]
+    resolutions: list[int]
+    total_iterations: int
+    stage: int
+    iteration: int
+    history: list[dict[str, Any]] = []
+    has_patches: bool = True
+
+
+class StageCheckpoint(_RunFile):
+    """A unit's recover states after `stage` stages: one `PackCheckpoint` per pack."""
+
+    format_version: int = RUN_FORMAT_VERSION
+    unit_id: str
+    stage: int
+    packs: list[PackCheckpoint]
 
 
 class StageRecord(_RunFile):
