@@ -294,8 +294,13 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
         (p.out / "sweep.json").write_text(json.dumps({"identity": p.request.identity(),
                                                       "request": p.request.model_dump(mode="json")}, indent=1))
         stage.what = "while Ray started"
-        with _working_folder(p.out), sweep_ray(p.out, p.request.address) as ray_dir:
-            stage.ray_dir = ray_dir
+        with _working_folder(p.out), contextlib.ExitStack() as ray_up:
+            # Ray's processes are forked while it starts, and a SIGINT that lands in a fork handler
+            # is dropped by Python: held off until Ray is up, then the sweep ends as interrupted.
+            with held_interrupt() as came:
+                stage.ray_dir = ray_up.enter_context(sweep_ray(p.out, p.request.address))
+            if came():
+                raise KeyboardInterrupt
             try:
                 return _sweep_on_ray(p, stage)
             except KeyboardInterrupt:
