@@ -11,9 +11,8 @@ math of G separate runs (BatchNorm is frozen in eval mode, so images never inter
 
 Recover runs one stage at a time: `init_state` -> `run_stage` (k + 1 times) -> `final_images`.
 A `RecoverState` holds everything needed to continue (images, patches, counters, random
-streams, loss history), and `to_dict` / `from_dict` turn it into plain tensors and numbers
-that `torch.save(weights_only=True)` accepts, so a scheduler can checkpoint a unit at a stage
-boundary and continue it in another process.
+streams, loss history), so a scheduler can checkpoint a unit at a stage boundary
+(`run.stages.checkpoint_of`, written by `store.checkpoints`) and continue it in another process.
 """
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ EDGE = 1.0 / 1024
 @dataclass
 class RecoverState:
     x: torch.Tensor                  # (G*B, C, R, R) float32, normalized, at the current stage resolution,
-                                     # on the device of the last stage run (the host in `to_dict`)
+                                     # on the device of the last stage run (the host in a checkpoint)
     patches: torch.Tensor | None     # (G*B, C, D, D) uint8 real patches (ARC target); None for noise init
     labels: torch.Tensor             # (G*B,) int64 class index of each image
     ipc_indices: list[int]           # the IPC index of each group
@@ -66,15 +65,6 @@ class RecoverState:
     @property
     def done(self) -> bool:
         return self.stage >= len(self.budgets)
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["x"] = self.x.detach().cpu()
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RecoverState":
-        return cls(**d)
 
 
 def group_seed(seed: int, classes: Sequence[int], ipc_index: int) -> int:

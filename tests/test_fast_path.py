@@ -20,6 +20,9 @@ import torchvision
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.packing import fast_path
 from fadrm_ray.frozen_teacher import FrozenTeacher
+from fadrm_ray.layout import RunLayout
+from fadrm_ray.run.stages import checkpoint_of, states_of
+from fadrm_ray.store.checkpoints import load_checkpoint, save_checkpoint
 from fadrm_ray.recover import init_state, low_precision_dtype, recover, run_stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,7 +139,8 @@ def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(t
     p = patches(2)
     state = init_state(cfg, CLASSES, [0, 1], p[[0, 1]], 8, 1, MEAN, STD)
     run_stage(state, [teacher], cfg)
-    torch.save(state.to_dict(), tmp_path / "state.pt")
+    layout = RunLayout(tmp_path / "run")
+    save_checkpoint(layout, *checkpoint_of("u0", [state]))
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     here = run_stage(state, [teacher], cfg)
     code = textwrap.dedent(f"""
@@ -144,21 +148,25 @@ def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(t
         from fadrm_ray.config import DistillConfig
         from fadrm_ray.models import create_model
         from fadrm_ray.frozen_teacher import FrozenTeacher
-        from fadrm_ray.recover import RecoverState, run_stage
+        from fadrm_ray.recover import run_stage
         torch.set_num_threads(1)
         model = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=8, width=16)
         model.load_state_dict(torch.load({str(tmp_path / "teacher.pt")!r}))
         cfg = DistillConfig.model_validate_json(open({str(tmp_path / "cfg.json")!r}).read())
-        state = RecoverState.from_dict(torch.load({str(tmp_path / "state.pt")!r}, weights_only=True))
+        from fadrm_ray.layout import RunLayout
+        from fadrm_ray.run.stages import checkpoint_of, states_of
+        from fadrm_ray.store.checkpoints import load_checkpoint, save_checkpoint
+        layout = RunLayout({str(tmp_path / "run")!r})
+        (state,) = states_of(*load_checkpoint(layout, "u0", 1))
         run_stage(state, [FrozenTeacher(model.eval())], cfg)
-        torch.save(state.to_dict(), {str(tmp_path / "resumed.pt")!r})
+        save_checkpoint(layout, *checkpoint_of("u0", [state]))
     """)
     subprocess.run([sys.executable, "-c", code], check=True)
-    there = torch.load(tmp_path / "resumed.pt", weights_only=True)
-    assert torch.equal(there["x"], here.x)
-    assert there["iteration"] == here.iteration and there["stage"] == here.stage
-    assert all(torch.equal(a, b) for a, b in zip(there["rng_states"], here.rng_states))
-    assert there["history"][-1]["ce"] == here.history[-1]["ce"]
+    (there,) = states_of(*load_checkpoint(layout, "u0", 2))
+    assert torch.equal(there.x, here.x)
+    assert there.iteration == here.iteration and there.stage == here.stage
+    assert all(torch.equal(a, b) for a, b in zip(there.rng_states, here.rng_states))
+    assert there.history[-1]["ce"] == here.history[-1]["ce"]
 
 
 def _activations(model, x, layers):
