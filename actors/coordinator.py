@@ -18,6 +18,7 @@ import ray
 
 from actors.lifeline import Lifeline
 from actors.pool import WorkerPool
+from fadrm_ray.layout import RunLayout
 from fadrm_ray.run import execute
 from fadrm_ray.run.execute import DistillResult
 from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
@@ -159,10 +160,11 @@ def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> 
     spec says or, unset, as the job's device type needs (`WorkerPool.for_job`). `parts`: what
     building the job loaded in this process (the dataset is sent to the workers from it). A run
     that already holds every unit the job asks for is answered without starting Ray."""
-    try:
-        return execute.run_job(job, _AlreadyDone(job.device_type), parts)
-    except _Unfinished:
-        pass
+    if RunLayout(job.run_dir).unit_ids():  # a run with finished units may need no worker at all
+        try:
+            return execute.run_job(job, _AlreadyDone(job.device_type), parts)
+        except _Unfinished:
+            pass
     with ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
         pool = WorkerPool.for_job(job, spec)
         try:

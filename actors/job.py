@@ -29,14 +29,15 @@ PATH_FLAGS = ("--out", "--teacher", "--run", "--config", "--dataset", "--data-ro
 def relative_paths(argv: list[str]) -> list[str]:
     """The paths of `argv` that are relative (a folder or Parquet dataset's path included): inside a
     Ray job they resolve in the job's uploaded working directory."""
+    from fadrm_ray.data import path_source, split_spec  # loads no torch
+
     found = []
     for flag, given in zip(argv, argv[1:]):
         if flag not in PATH_FLAGS:
             continue
-        kind, sep, path = given.partition(":")
-        if flag == "--dataset" and not (sep and kind.lower().partition("+")[0] in ("imagefolder", "folder", "parquet")):
+        if flag == "--dataset" and path_source(given) is None:
             continue
-        value = path if flag == "--dataset" else given
+        value = split_spec(given)[3] if flag == "--dataset" else given
         if value and not os.path.isabs(os.path.expanduser(value)):
             found.append(f"{flag} {given}")
     return found

@@ -67,10 +67,6 @@ class Retention:
                 raise RuntimeError(f"job {job_id} is not held")
             return self._build_locks.setdefault(job_id, threading.Lock())
 
-    def held_now(self) -> set[str]:
-        with self._lock:
-            return set(self._held)
-
     def sweep(self) -> int:
         """Remove what is past retention or the cap, then the folders without a record; how many
         records went."""

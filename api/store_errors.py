@@ -21,6 +21,7 @@ while handling ENOSPC (an image writer's cleanup) raises something else, with th
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 
 from fadrm_ray.store.records import IntegrityError, RunIncomplete, StoreError
@@ -76,18 +77,16 @@ def unavailable(exc: BaseException, state: str | None = None) -> Unavailable | N
     return None
 
 
-def short_of_space(folder, state: str | None = None) -> Unavailable | None:
+def short_of_space(folder) -> Unavailable | None:
     """The 503 of a store with less than MIN_FREE_BYTES left to its user (a new job writes its
     record, its plan and its log at once), else None."""
-    import os
-
     try:
         st = os.statvfs(folder)
     except OSError:
         return None
     if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
         return Unavailable(f"{_OS_WORDS[errno.ENOSPC]}: a new job could not be recorded; retry later (the operator "
-                           f"frees space)", state=state)
+                           f"frees space)")
     return None
 
 

@@ -217,7 +217,7 @@ def run_stage(state: RecoverState, teachers: Sequence[FrozenTeacher], cfg: Disti
                 x = cfg.alpha * x + (1 - cfg.alpha) * resize(patch, next_res)
                 merged = True
     ce_curve, bn_curve = curves[:steps].T.tolist()
-    state.x = x  # stays on the device for the next stage; `to_dict` and `final_images` bring it back
+    state.x = x  # stays on the device for the next stage; a checkpoint and `final_images` bring it back
     state.rng_states = [gen.get_state() for gen in gens]
     state.history.append({
         "stage": s, "resolution": res, "iterations": steps, "merged_after": merged,

@@ -60,6 +60,23 @@ def moments(v: torch.Tensor, read_half: bool = False) -> tuple[torch.Tensor, tor
     return mean, (d * d).mean(dim=(1, 3))
 
 
+_SCALES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _column_scales(sizes: tuple[int, ...], widths: tuple[int, ...], device: torch.device) -> tuple:
+    """n of every column of a `LayerStatistics` output, and 2 / n as the per-layer formula rounds
+    it (a Python float). Eager steps make them once per layer shape and device instead of copying
+    them to the device every step; a compiled step traces them into its graph as constants."""
+    key = (sizes, widths, device)
+    scales = None if torch.compiler.is_compiling() else _SCALES.get(key)
+    if scales is None:
+        scales = (torch.tensor([float(k) for k, w in zip(sizes, widths) for _ in range(w)], device=device),
+                  torch.tensor([2.0 / k for k, w in zip(sizes, widths) for _ in range(w)], device=device))
+        if not torch.compiler.is_compiling():
+            _SCALES[key] = scales
+    return scales
+
+
 class LayerStatistics(torch.autograd.Function):
     """Per-group channel mean and biased variance of every observed activation of one forward,
     in one autograd node: (G, sum of C) each, fp32, the layers side by side in their order.
@@ -92,9 +109,7 @@ class LayerStatistics(torch.autograd.Function):
     def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor):
         means, *activations = ctx.saved_tensors
         widths = [a.shape[1] for a in activations]
-        # n of every column, and 2 / n as the per-layer formula rounds it (a Python float)
-        n = torch.tensor([float(k) for k, w in zip(ctx.sizes, widths) for _ in range(w)], device=means.device)
-        two_over_n = torch.tensor([2.0 / k for k, w in zip(ctx.sizes, widths) for _ in range(w)], device=means.device)
+        n, two_over_n = _column_scales(tuple(ctx.sizes), tuple(widths), means.device)
         base, scale = grad_mean / n, grad_var * two_over_n
         low = [a.dtype != torch.float32 for a in activations]
         if any(low):

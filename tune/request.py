@@ -20,8 +20,6 @@ from fadrm_ray.settings import ConfigError, Count, Index, Indices, describe, err
 # The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.sweep_command).
 FLAGS = {"teachers": "--teacher", "params": "--param", "space_file": "--space", "progress": "--quiet"}
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# Dataset specs that name a path (fadrm_ray.data.get_dataset).
-PATH_DATASETS = ("imagefolder", "folder", "parquet")
 
 
 def flag(field: str) -> str:
@@ -110,8 +108,10 @@ class SweepRequest(BaseModel):
 def absolute_dataset(spec: str) -> str:
     """`imagefolder:data/x` -> `imagefolder:/cwd/data/x` (and `folder:`, `parquet:`); any other
     spec as it is."""
-    kind, sep, path = spec.strip().partition(":")
-    if not sep or kind.lower().partition("+")[0] not in PATH_DATASETS or not path:  # imagefolder+OPTION:PATH too
+    from fadrm_ray.data import path_source
+
+    kind, _, path = spec.strip().partition(":")
+    if path_source(spec) is None or not path:  # imagefolder+OPTION:PATH too
         return spec
     return f"{kind}:{os.path.abspath(path)}"
 

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from .. import codec
 from .base import DatasetError, Split
 from .parallel import prefetch
-from .spec import SKIP_BAD_IMAGES  # noqa: F401  (the name folder.py takes from here)
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2

@@ -30,7 +30,8 @@ import torch
 
 from .. import codec
 from .base import DatasetError, ImageDataset, Split
-from .common import SKIP_BAD_IMAGES, SPLIT_LAYOUT, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, \
+from .spec import SKIP_BAD_IMAGES
+from .common import SPLIT_LAYOUT, decode_bytes, hash_parts, made_split, resize_uint8, sample_stats, \
     stratified_split
 from .imagenet_val import SOLUTION_CSV, find_solution, label_flat_files
 from .listing import (FolderListing, SplitListing, check_files, conversion_note, load_listing, refusal, save_listing,

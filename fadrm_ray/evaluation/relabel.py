@@ -34,6 +34,7 @@ from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.statistics import bn_layers
 from fadrm_ray.errors import InputError
+from fadrm_ray.evaluation import on_device
 from fadrm_ray.runtime import to_device
 
 
@@ -206,7 +207,7 @@ class SoftLabeler:
             raise InputError("at least one teacher is needed for soft labels")
         self.device = torch.device(device)
         # On CUDA the teachers label in mixed precision and channels-last, as the students train.
-        self.layout = torch.channels_last if self.device.type == "cuda" else torch.contiguous_format
+        self.layout = on_device.layout(self.device)
         self.models = [m.to(self.device, memory_format=self.layout).eval().requires_grad_(False) for m in models]
         self.means = [torch.tensor(list(m), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for m in means]
         self.stds = [torch.tensor(list(s), dtype=torch.float32, device=self.device).view(1, -1, 1, 1) for s in stds]
