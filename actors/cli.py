@@ -17,7 +17,7 @@ from fadrm_ray.runtime import ensure_process_env
 
 
 class RayDoor:
-    """`actors.coordinator` as a door (`fadrm_ray.run.execute.Door`), with Ray imported only when
+    """`actors.coordinator` as a door (`fadrm_ray.runs.execute.Door`), with Ray imported only when
     a run goes through it."""
 
     @staticmethod

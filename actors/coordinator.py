@@ -1,11 +1,11 @@
 """The Ray door of a distillation: `run(job, spec, parts=None)` and `device_type(spec)`, the same
-two functions as the library's door (`fadrm_ray.run.execute`, its `Door` protocol), and the Ray
+two functions as the library's door (`fadrm_ray.runs.execute`, its `Door` protocol), and the Ray
 session they run in (joined, or embedded and bound to this process).
 
 `run` runs a job built elsewhere, once (the `fadrm` command, the service's driver, a Tune trial,
 the benchmarks: `prepare_job` or `build_job`, for `device_type(spec)`), on a `WorkerPool` of
 DistillWorker actors. The pool (`actors.pool`: the actors, their resources, the retries of lost
-work) is the Ray executor of `fadrm_ray.run.execute.run_job`, which holds the run's lock, plans
+work) is the Ray executor of `fadrm_ray.runs.execute.run_job`, which holds the run's lock, plans
 its units and writes the manifest; the pool keeps one run's tasks, run context and ledger in a
 `RunSchedule` (`actors.schedule`).
 """
@@ -19,9 +19,9 @@ import ray
 from actors.lifeline import Lifeline
 from actors.pool import WorkerPool
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run import execute
-from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.execute import DistillResult
+from fadrm_ray.runs.job import DistillJob, ExecutionSpec, JobParts
 from fadrm_ray.runtime import ALLOCATOR_ENV
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from actors.pool import gpu_share
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.runs.job import ExecutionSpec
 from fadrm_ray.runtime import heavy_process_env
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.settings import EvaluationError
@@ -72,7 +72,7 @@ def evaluate_on_ray(run_dir: str | Path, job: EvalJob, spec: ExecutionSpec, *, b
 def _evaluate(run_dir: str, job_json: str, spec_json: str, baselines: bool, on_gpu: bool) -> str:
     import torch
 
-    from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
+    from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
     from fadrm_ray.runtime import torch_threads
 
     job, spec = EvalJob.model_validate_json(job_json), EvalSpec.model_validate_json(spec_json)

@@ -1,4 +1,4 @@
-"""The pool of DistillWorker actors: the Ray executor of `fadrm_ray.run.execute.run_job`.
+"""The pool of DistillWorker actors: the Ray executor of `fadrm_ray.runs.execute.run_job`.
 
 A `WorkerPool` starts its actors as soon as it is built (in the caller's placement group, a Tune
 trial's, or spread over the cluster). `execute` runs one job's pending stages on them: it keeps
@@ -21,12 +21,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.lifeline import interrupt_mark
 from actors.schedule import RunSchedule, Task, actor_name
 from actors.worker import DistillWorker
-from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.units import Unit
+from fadrm_ray.runs.execute import DistillResult
+from fadrm_ray.runs.units import Unit
 from fadrm_ray.errors import InputError
 from fadrm_ray.events import WorkerLost, WorkerStarted
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts
-from fadrm_ray.run.messages import WorkerInfo
+from fadrm_ray.runs.job import DistillJob, ExecutionSpec, JobParts
+from fadrm_ray.runs.messages import WorkerInfo
 from fadrm_ray.runtime import heavy_process_env
 from fadrm_ray.store import RunStore
 

@@ -20,15 +20,15 @@ from typing import Callable
 import ray
 
 from actors.worker import RunContext
-from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.stages import needed_classes
+from fadrm_ray.runs.execute import DistillResult
+from fadrm_ray.runs.stages import needed_classes
 from fadrm_ray.store.checkpoints import latest_checkpoints
 from fadrm_ray.store.selections import kept_selections
-from fadrm_ray.run.units import Unit
+from fadrm_ray.runs.units import Unit
 from fadrm_ray.events import (LedgerEntry, PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone, StageFailed,
                               UnitDone, append_entry)
-from fadrm_ray.run.job import DistillJob, JobParts
-from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten
+from fadrm_ray.runs.job import DistillJob, JobParts
+from fadrm_ray.runs.messages import ClassScored, StageRan, UnitWritten
 from fadrm_ray.store.run_files import ClassSelection
 from fadrm_ray.store import RunStore
 

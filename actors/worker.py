@@ -25,12 +25,12 @@ import ray
 import torch
 
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run.execute import provenance
-from fadrm_ray.run.stages import (checkpoint_of, frozen_teachers, run_unit_stage, states_of, unit_records,
+from fadrm_ray.runs.execute import provenance
+from fadrm_ray.runs.stages import (checkpoint_of, frozen_teachers, run_unit_stage, states_of, unit_records,
                                   unit_states, unit_stats)
-from fadrm_ray.run.units import Unit
-from fadrm_ray.run.job import DistillJob, JobParts, teacher_blobs
-from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
+from fadrm_ray.runs.units import Unit
+from fadrm_ray.runs.job import DistillJob, JobParts, teacher_blobs
+from fadrm_ray.runs.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
 from fadrm_ray.models import load_teacher
 from fadrm_ray.patches import score_class
 from fadrm_ray.recover import RecoverState

@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.runs.job import ExecutionSpec
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.runtime import heavy_process_env
 

@@ -13,7 +13,7 @@ and with mode 0600, beside the job record, and served from there (api.downloads)
 fails leaves no partial file behind.
 
 Every top-1 the project reports is a student trained on the images with the teachers' soft
-labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluation.students`), so a client
+labels (KD, the teachers relabelling each augmented view: `fadrm_ray.evaluation.training`), so a client
 that should reach it needs the teachers and the recipe too: `job_recipe` is the `EvalConfig` the
 report used (or would use), `open_teacher` a teacher file checked against the sha256 the job
 recorded.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 
-from fadrm_ray.run.units import Unit
+from fadrm_ray.runs.units import Unit
 from fadrm_ray.events import RunStarted, StageDone, read_ledger
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.config import EvalConfig
@@ -179,7 +179,7 @@ def job_recipe(plan: "JobPlan", evaluation_file: Path) -> EvalConfig:
     """The student recipe of the job's report: the `config` its evaluation recorded, or (not
     evaluated) the job's evaluation settings or the defaults, resolved as `evaluate_run` resolves
     them for the job's images (ipc x classes, ipc per class)."""
-    from fadrm_ray.evaluation.students import resolve_protocol
+    from fadrm_ray.evaluation.training import resolve_protocol
 
     if evaluation_file.is_file():
         from fadrm_ray.evaluation.scores import Evaluation

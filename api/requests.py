@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from fadrm_ray.config import ConfigError, EvalConfig, make_config
 from fadrm_ray.pilot_record import pilot_reason
-from fadrm_ray.run.job import DistillJob, build_job
+from fadrm_ray.runs.job import DistillJob, build_job
 from fadrm_ray.models import ModelError, check_teacher_fits
 from fadrm_ray.store import StoreError, open_run
 from fadrm_ray.store.records import RunIncomplete
@@ -117,7 +117,7 @@ class JobPlan(BaseModel):
         trains (`eval_students`); 0 without an evaluation."""
         if not self.evaluate or self.evaluation is None:
             return 0
-        from fadrm_ray.evaluation.students import resolve_protocol
+        from fadrm_ray.evaluation.training import resolve_protocol
 
         images = self.ipc * len(self.classes)
         resolved = resolve_protocol(self.evaluation, images, self.ipc)
@@ -226,7 +226,7 @@ def _check_totals(job: DistillJob, evaluation: EvalConfig | None, images: int, i
     `sets` sets of `images` images with soft labels, the job's and with baselines random real
     images and the starting patches, and the hard-label students) and stored soft labels (of the
     soft-label students only)."""
-    from fadrm_ray.evaluation.students import resolve_protocol
+    from fadrm_ray.evaluation.training import resolve_protocol
 
     epochs, seeds, label_bytes = None, 1, 0
     if evaluation is not None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.runs.job import ExecutionSpec
 
 from api.errors import job_error
 from api.files import PRIVATE, private_write

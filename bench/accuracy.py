@@ -4,7 +4,7 @@
 
 For each dataset (digits and mnist-sample; --quick: digits only) and IPC in {1, 10}, every method
 of docs/method.md sections 7 and 7c (random-real, rded, sre2l, sre2l++, fadrm, fadrm+, fadrm-paper,
-g-vbsm, edc, cv-dd) produces its images through the library's door (`fadrm_ray.run.execute.run`)
+g-vbsm, edc, cv-dd) produces its images through the library's door (`fadrm_ray.runs.execute.run`)
 into one store, and every run is evaluated by `evaluate_store_run` with the same student, protocol
 and seeds (docs/method.md section 6). Teachers are trained once with
 `squeeze` (`ensure_teacher`) and cached in the output folder, retrained when their squeeze
@@ -66,11 +66,11 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray.evaluation.baselines import baseline_configs, gain_text, paired_gain
 from fadrm_ray.config import ConfigError, DistillConfig, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import epochs_for_steps
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.training import epochs_for_steps
 from fadrm_ray.evaluation.report import pyplot, save_figure
 from fadrm_ray.config import EvalConfig, SqueezeConfig
 from fadrm_ray.squeeze import ensure_teacher

@@ -236,7 +236,7 @@ class Bench:
         from actors import coordinator
         from fadrm_ray.config import make_config
         from fadrm_ray.data import get_dataset
-        from fadrm_ray.run.job import ExecutionSpec, prepare_job
+        from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 
         reference = self.long_run()
         store = self.work / "killed-worker"

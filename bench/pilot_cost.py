@@ -20,7 +20,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.models import load_teacher
 from fadrm_ray.pilot import ensure_pilot, plan_pilot
 from fadrm_ray.pilot_record import pilot_reason
-from fadrm_ray.run.job import JobParts
+from fadrm_ray.runs.job import JobParts
 from fadrm_ray.runtime import resolve_device
 from fadrm_ray.config import PilotConfig
 from fadrm_ray.settings import layered

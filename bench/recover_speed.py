@@ -42,7 +42,7 @@ torch.cuda.max_memory_allocated), and the speed-up (b)/(a) in images per second.
 both sides' final images (the last timed round with --quick, else a run at the full T) are
 measured by `image_losses` (bench/speed_reference.py), the same code for both: the teacher's
 CE and BN loss; with --evaluate, students are trained on both image sets by
-fadrm_ray.evaluation.students.evaluate_images.
+fadrm_ray.evaluation.evaluate.evaluate_images.
 
 --ladder takes the speed-up apart, one change at a time; --table gives the engine's seconds per
 image against pack size (1, 2, 5, 10) and precision (fp32, bf16 on CPU; fp32, fp16 on CUDA).
@@ -266,10 +266,10 @@ def quality(name: str, setup: dict, out: Path, args, log) -> dict:
     if args.evaluate:
         try:
             from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-            from fadrm_ray.evaluation.students import evaluate_images
+            from fadrm_ray.evaluation.evaluate import evaluate_images
             from fadrm_ray.config import EvalConfig
         except ImportError:
-            log("  (fadrm_ray.evaluation.students.evaluate_images is not available: losses only)")
+            log("  (fadrm_ray.evaluation.evaluate.evaluate_images is not available: losses only)")
         else:
             for side in ("reference", "engine"):
                 job = EvalJob(config=EvalConfig(seeds=args.eval_seeds), dataset=name, teacher_paths=[setup["teacher"]])

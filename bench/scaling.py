@@ -127,8 +127,8 @@ def section_workers(name, ipc, iterations, out, work, patches: bool, workers: bo
 
     from actors import coordinator
     from actors.pool import WorkerPool
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.job import ExecutionSpec, prepare_job
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.job import ExecutionSpec, prepare_job
     from fadrm_ray.config import make_config
     from fadrm_ray.data import get_dataset
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from fadrm_ray.evaluation.baselines import gain_text, paired_gain
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.store_run import evaluate_store_run
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels
 from fadrm_ray.config import EvalConfig, LabelStorage

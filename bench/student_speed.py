@@ -3,7 +3,7 @@
     python -m bench.student_speed [--devices cpu,cuda] [--student resnet18] [--size 224]
                                   [--images 100] [--classes 100] [--epochs 2] [--json]
 
-The student is trained by `fadrm_ray.evaluation.students.train_student`, exactly as `fadrm evaluate` trains
+The student is trained by `fadrm_ray.evaluation.training.train_student`, exactly as `fadrm evaluate` trains
 one (random-resized crops, flips, CutMix, the teacher's soft labels on each view, AdamW, batch
 16): on CUDA in mixed precision and channels-last, with the teacher labelling on the same GPU;
 on a CPU in fp32. The images are random (the cost of a step does not depend on them), the
@@ -28,7 +28,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
 
     from fadrm_ray.data.base import ImageDataset, Split
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec
-    from fadrm_ray.evaluation.students import train_student
+    from fadrm_ray.evaluation.training import train_student
     from fadrm_ray.evaluation.relabel import SoftLabeler
     from fadrm_ray.config import EvalConfig
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from bench.accuracy import STUDENT_STEPS, Grid, bench_dataset, method_config, run_grid
 from fadrm_ray.evaluation.baselines import baseline_configs
 from fadrm_ray.recipes import RECIPES, SMALL_IMAGE, auto_recipe
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 

@@ -28,12 +28,12 @@ from torch import nn
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
-from fadrm_ray.run.stages import load_teachers, unit_states
-from fadrm_ray.run.units import plan_units
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs.stages import load_teachers, unit_states
+from fadrm_ray.runs.units import plan_units
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.store_run import evaluate_store_run
 from fadrm_ray.models import load_teacher, match_channels
 from fadrm_ray.recover import resize, run_stage
 from fadrm_ray.evaluation.report import pyplot, save_figure

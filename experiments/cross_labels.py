@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.store_run import evaluate_store_run
 from fadrm_ray.evaluation.relabel import AugmentSpec, SoftLabeler, apply_plan, draw_plan, to_unit
 from fadrm_ray.seeding import seeded_generator
 from fadrm_ray.config import EvalConfig

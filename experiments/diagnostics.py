@@ -25,7 +25,7 @@ from experiments.arc_diagnostics import arc_merge_effect, information_vanishing
 from fadrm_ray.config import ConfigError, make_config, parse_overrides
 from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluation.eval_job import EvalJob
-from fadrm_ray.evaluation.students import epochs_for_steps
+from fadrm_ray.evaluation.training import epochs_for_steps
 from fadrm_ray.config import EvalConfig
 
 

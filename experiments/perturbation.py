@@ -28,9 +28,9 @@ import torch
 
 from fadrm_ray.evaluation.baselines import baseline_configs, distill_baseline, gain_text, paired_gain
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import evaluate_images, open_for_evaluation
-from fadrm_ray.run.reopen import load_run_teachers, run_teachers
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.evaluate import evaluate_images, open_for_evaluation
+from fadrm_ray.runs.reopen import load_run_teachers, run_teachers
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import ConfigError
 from fadrm_ray.store import open_run

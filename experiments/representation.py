@@ -34,10 +34,11 @@ from fadrm_ray.config import EvalConfig, SqueezeConfig, make_config
 from fadrm_ray.recipes import RECIPES, SMALL_IMAGE, auto_recipe
 from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_images
+from fadrm_ray.evaluation.training import epochs_for_steps
+from fadrm_ray.evaluation.evaluate import evaluate_images
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import open_run
 

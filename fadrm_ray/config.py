@@ -319,13 +319,13 @@ class LabelStorage(BaseModel):
 
 
 class EvalConfig(Settings):
-    """How students are trained on distilled images and scored (evaluation/students.py, docs/method.md section 6)."""
+    """How students are trained on distilled images and scored (evaluation/training.py, docs/method.md section 6)."""
 
     error_class: ClassVar[type[ConfigError]] = EvalConfigError
 
     student: str = Field("convnet-bn", strict=True, min_length=1)   # model name (models.create_model)
     student_kwargs: dict[str, Any] = {}
-    # How epochs and the cosine stretch are chosen when they are left unset (students.resolve_protocol):
+    # How epochs and the cosine stretch are chosen when they are left unset (training.resolve_protocol):
     # "short" trains about 600 optimizer steps with a full cosine; "published" is the published
     # schedule, 300 epochs (1000 at IPC 1) with the stretched cosine.
     protocol: Literal["short", "published"] = "short"

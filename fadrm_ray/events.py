@@ -19,7 +19,7 @@ from typing import Annotated, Any, Iterator, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from fadrm_ray.run.messages import WorkerInfo
+from fadrm_ray.runs.messages import WorkerInfo
 
 
 class LedgerEvent(str, Enum):

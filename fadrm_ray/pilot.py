@@ -40,14 +40,14 @@ from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import DEFAULT_BATCH_SIZE, epochs_for_steps, kd_loss, param_groups, resolve_protocol
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.training import DEFAULT_BATCH_SIZE, epochs_for_steps, kd_loss, param_groups, resolve_protocol
 from fadrm_ray.models import create_model, load_teacher
 from fadrm_ray.pilot_record import (PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, machine_pilots,
                                     pilot_file, pilot_reason)
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
 
 _MIN_STEPS = 50
@@ -90,7 +90,7 @@ def probe_rates(parts: JobParts, student: str, batch: int, cfg: DistillConfig | 
         probe_step(resolved, frozen, batch, dataset.channels, dataset.image_size, torch.device(device))
 
     # A student step as the pilot's students take it: a view plan cut from real-sized images, the
-    # teachers' soft labels on it, the student's KD loss and AdamW's update (students.train_student).
+    # teachers' soft labels on it, the student's KD loss and AdamW's update (training.train_student).
     model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
     model = model.to(device)
     optimizer = torch.optim.AdamW(param_groups(model, EvalConfig().weight_decay), lr=1e-3)
@@ -142,7 +142,7 @@ def _sample_classes(dataset: ImageDataset, count: int) -> list[int]:
     return sorted(rng.sample(range(dataset.num_classes), min(count, dataset.num_classes)))
 
 
-# Test evaluations of each pilot student (`students._eval_epochs`: about six), each image a forward
+# Test evaluations of each pilot student (`training._eval_epochs`: about six), each image a forward
 # pass, about a third of a training step's work per image.
 _TESTS_PER_STUDENT, _FORWARD_SHARE = 6, 1 / 3
 

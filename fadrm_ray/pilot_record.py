@@ -4,7 +4,7 @@ A pilot compares a few recipes on a sample of a dataset, beside random real imag
 the best; its `PilotRecord` is kept in the store at `STORE/.pilots/<key>.json` and in the
 machine's cache (`FADRM_CACHE/pilots/<key>.json`), the key being the dataset's content hash, the
 teachers' sha256 and the IPC asked for: the same data, teachers and IPC are measured once on a
-machine, whatever store a run goes to. Every door that builds a job (`run.job.build_job`: the
+machine, whatever store a run goes to. Every door that builds a job (`runs.job.build_job`: the
 command, the Ray door, the service, a sweep's trials) looks the record up (the store first, then
 the machine's cache) and takes its recipe where the config leaves the recipe to `auto`, so one
 measurement serves them all, and the job carries the record into the run's provenance.

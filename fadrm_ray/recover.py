@@ -12,7 +12,7 @@ math of G separate runs (BatchNorm is frozen in eval mode, so images never inter
 Recover runs one stage at a time: `init_state` -> `run_stage` (k + 1 times) -> `final_images`.
 A `RecoverState` holds everything needed to continue (images, patches, counters, random
 streams, loss history), so a scheduler can checkpoint a unit at a stage boundary
-(`run.stages.checkpoint_of`, written by `store.checkpoints`) and continue it in another process.
+(`runs.stages.checkpoint_of`, written by `store.checkpoints`) and continue it in another process.
 """
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from pydantic import BaseModel
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.run import execute
+from fadrm_ray.runs import execute
 from fadrm_ray.runtime import resolve_device
-from fadrm_ray.run.reopen import GIVE_DATASET, GIVE_TEACHERS, load_run_teachers, run_dataset
-from fadrm_ray.run.job import ExecutionSpec, JobParts, build_job
+from fadrm_ray.runs.reopen import GIVE_DATASET, GIVE_TEACHERS, load_run_teachers, run_dataset
+from fadrm_ray.runs.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError
 from fadrm_ray.store.lock import RunLock

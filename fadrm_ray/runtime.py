@@ -1,7 +1,7 @@
 """How work runs in a process, as opposed to what it computes (settings.py): the torch thread
 count of a phase, and the process-wide OpenMP and glibc allocator settings that make CPU work
 fast. Where a run's work runs (in this process or on Ray, workers, device) is the
-`ExecutionSpec` beside the job (`fadrm_ray.run.job`). This module imports nothing heavy at the
+`ExecutionSpec` beside the job (`fadrm_ray.runs.job`). This module imports nothing heavy at the
 top (no torch, no pydantic), so a process that imports it first keeps glibc's malloc untouched
 until `tune_allocator` runs.
 

@@ -7,7 +7,7 @@ distillation), `EvalConfig` (student evaluation), `SqueezeConfig` (teacher train
 before any work starts (a `DistillConfig` once more when `resolve` fills in what depends on the
 dataset, since those values are new); each is saved whole beside what it produced (config.yaml of
 a run, `config` in report/evaluation.json, the teacher checkpoint's info). Runtime choices
-(device, threads, progress bars, output paths) are not settings: they are `run.job.ExecutionSpec`
+(device, threads, progress bars, output paths) are not settings: they are `runs.job.ExecutionSpec`
 (distillation), `evaluation.eval_job.EvalSpec` (evaluation) or arguments of the function that
 runs a phase.
 

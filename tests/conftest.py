@@ -48,8 +48,8 @@ def one_thread():
 def small_run(digits, digits_teacher, tmp_path_factory):
     """A finished run of two units (digits, IPC 3 in units of 2 and 1) to copy and damage."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.job import ExecutionSpec, prepare_job
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.job import ExecutionSpec, prepare_job
     from fadrm_ray.runtime import torch_threads
 
     cfg = make_config("fadrm", overrides={"ipc": 3, "iterations": 8, "ipc_per_unit": 2, "precision": "fp32"})

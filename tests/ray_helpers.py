@@ -36,9 +36,9 @@ def only_run_dir(root) -> Path:
 def distill(door, cfg, teachers, store, spec, dataset="digits"):
     """`cfg` on `dataset` (its spec, or the dataset loaded) built into one job for `door` and run
     through it, as every caller does: `door.run(job, spec, parts)` (`door`: the Ray door
-    `actors.coordinator`, or the library's `fadrm_ray.run.execute`)."""
+    `actors.coordinator`, or the library's `fadrm_ray.runs.execute`)."""
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.run.job import prepare_job
+    from fadrm_ray.runs.job import prepare_job
 
     data = get_dataset(dataset) if isinstance(dataset, str) else dataset
     job, parts = prepare_job(cfg, data, data.name, teachers, store, device_type=door.device_type(spec))

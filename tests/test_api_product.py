@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.client import Downloaded, FadrmClient, ServiceError
-from fadrm_ray.evaluation.students import resolve_protocol
+from fadrm_ray.evaluation.training import resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.config import EvalConfig

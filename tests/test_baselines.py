@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fadrm_ray.evaluation import students as evaluate_module
+from fadrm_ray.evaluation import evaluate as evaluate_module
 from fadrm_ray.evaluation.baselines import baseline_configs, evaluate_with_baselines, gain_text, paired_gain
 from fadrm_ray.config import make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import (default_epochs, images_per_class, open_for_evaluation,
-                                           resolve_protocol)
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.training import default_epochs, images_per_class, resolve_protocol
+from fadrm_ray.evaluation.evaluate import open_for_evaluation
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
@@ -149,7 +149,7 @@ def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path
 def test_the_demo_reads_its_chart_from_the_paired_gain_over_random_real_images():
     from types import SimpleNamespace
 
-    from fadrm_ray.pipeline import CLEAR_GAIN, reading
+    from fadrm_ray.demo import CLEAR_GAIN, reading
     from fadrm_ray.evaluation.scores import PairedGain
 
     def line(mean, stderr):

@@ -11,9 +11,9 @@ import pytest
 import fadrm_ray.models
 from fadrm_ray.config import EvalConfig, make_config
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.store.reader import RunReader
 
 pytestmark = pytest.mark.usefixtures("one_thread")

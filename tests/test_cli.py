@@ -13,8 +13,8 @@ import yaml
 
 from fadrm_ray.cli import main
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.run.execute import DistillResult
-from fadrm_ray.run.job import DistillJob, ExecutionSpec
+from fadrm_ray.runs.execute import DistillResult
+from fadrm_ray.runs.job import DistillJob, ExecutionSpec
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 
@@ -181,7 +181,7 @@ def test_every_bad_input_error_of_the_library_is_reported_in_one_line():
     from fadrm_ray.cli import USER_ERRORS
     from fadrm_ray.config import ConfigError
     from fadrm_ray.data.base import DatasetError
-    from fadrm_ray.evaluation.students import EvaluationError
+    from fadrm_ray.evaluation.training import EvaluationError
     from fadrm_ray.models import ModelError
     from fadrm_ray.store import StoreError
 

@@ -10,8 +10,8 @@ import torch
 
 from actors.evaluation import evaluate_on_ray, placement
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.runs.job import ExecutionSpec
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import EvaluationError

@@ -12,12 +12,12 @@ from torch import nn
 
 from fadrm_ray.augment import cutmix_box
 from fadrm_ray.config import make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import (EvaluationError, cosine_factor, default_epochs, evaluate_images, kd_loss,
-                                           param_groups, train_student)
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.training import EvaluationError, cosine_factor, default_epochs, kd_loss, param_groups, train_student
+from fadrm_ray.evaluation.evaluate import evaluate_images
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan, draw_plan, epoch_generator
 from fadrm_ray.evaluation.soft_labels import StoredSoftLabels, precompute_soft_labels
 from fadrm_ray.config import EvalConfig
@@ -290,7 +290,7 @@ def test_a_class_subset_is_scored_on_its_own_classes(digits, digits_teacher, tmp
 
 
 def test_students_without_augmentation_see_the_images_as_they_are(tiny_run, digits, labeler, monkeypatch):
-    from fadrm_ray.evaluation import students as evaluate_module
+    from fadrm_ray.evaluation import training as evaluate_module
 
     specs = []
     real_source = evaluate_module.soft_label_source

@@ -10,8 +10,8 @@ import torchvision
 
 from fadrm_ray.cli import main
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
-from fadrm_ray.evaluation.students import resolve_protocol
+from fadrm_ray.evaluation.store_run import evaluate_store_run
+from fadrm_ray.evaluation.training import resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.config import EvalConfig
 
@@ -62,8 +62,8 @@ def test_nothing_is_replaced_and_a_refused_export_writes_nothing(small_run, tmp_
 
 def test_a_teacher_that_changed_since_the_run_is_refused(digits, digits_teacher, tmp_path, capsys, one_thread):
     from fadrm_ray.config import make_config
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.job import ExecutionSpec, prepare_job
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 
     teacher = tmp_path / "teacher.pt"
     shutil.copy(digits_teacher[0], teacher)

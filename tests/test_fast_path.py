@@ -21,7 +21,7 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.packing import fast_path
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run.stages import checkpoint_of, states_of
+from fadrm_ray.runs.stages import checkpoint_of, states_of
 from fadrm_ray.store.checkpoints import load_checkpoint, save_checkpoint
 from fadrm_ray.recover import init_state, low_precision_dtype, recover, run_stage
 
@@ -154,7 +154,7 @@ def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(t
         model.load_state_dict(torch.load({str(tmp_path / "teacher.pt")!r}))
         cfg = DistillConfig.model_validate_json(open({str(tmp_path / "cfg.json")!r}).read())
         from fadrm_ray.layout import RunLayout
-        from fadrm_ray.run.stages import checkpoint_of, states_of
+        from fadrm_ray.runs.stages import checkpoint_of, states_of
         from fadrm_ray.store.checkpoints import load_checkpoint, save_checkpoint
         layout = RunLayout({str(tmp_path / "run")!r})
         (state,) = states_of(*load_checkpoint(layout, "u0", 1))

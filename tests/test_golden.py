@@ -17,10 +17,10 @@ import torch
 import yaml
 
 from fadrm_ray.config import make_config, without_later_fields
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.measure import evaluate_store_run
+from fadrm_ray.evaluation.store_run import evaluate_store_run
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import open_run
 

@@ -82,7 +82,7 @@ def _old_plan_json() -> str:
     """A plan as the versions before this one stored it: ipc, classes, seed and preset beside
     the job, and again in its config."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.run.job import DistillJob, TeacherRef
+    from fadrm_ray.runs.job import DistillJob, TeacherRef
 
     cfg = make_config("fadrm", overrides={"iterations": 8, "precision": "fp32"}, ipc=2, classes=[3, 7], seed=5)
     job = DistillJob(config=cfg, dataset_spec="digits", dataset_fingerprint="d" * 16, num_classes=10,

@@ -128,14 +128,14 @@ def test_nothing_imports_the_tests():
 
 # The store sits under every phase: it keeps runs and reads them back, and knows nothing of how
 # they are made, evaluated, reopened or shown.
-ABOVE_THE_STORE = ("fadrm_ray.evaluation", "fadrm_ray.run", "fadrm_ray.cli", "fadrm_ray.pilot", "fadrm_ray.repair",
-                   "fadrm_ray.pipeline", "fadrm_ray.recover", "fadrm_ray.squeeze", "fadrm_ray.patches")
+ABOVE_THE_STORE = ("fadrm_ray.evaluation", "fadrm_ray.runs", "fadrm_ray.cli", "fadrm_ray.pilot", "fadrm_ray.repair",
+                   "fadrm_ray.demo", "fadrm_ray.recover", "fadrm_ray.squeeze", "fadrm_ray.patches")
 
 
 def test_the_store_imports_nothing_above_it():
     graph = library_import_graph()
     store = sorted(name for name in graph if name.startswith("fadrm_ray.store"))
-    assert "fadrm_ray.store.reader" in store and "fadrm_ray.evaluation.students" in graph  # the graph is the package's
+    assert "fadrm_ray.store.reader" in store and "fadrm_ray.evaluation.evaluate" in graph  # the graph is the package's
     for name in store:
         above = sorted(t for t in graph[name] if any(t == up or t.startswith(up + ".") for up in ABOVE_THE_STORE))
         assert above == [], f"{name} imports {above}: the store must not depend on the layers that use it"
@@ -144,22 +144,22 @@ def test_the_store_imports_nothing_above_it():
 
 
 # The evaluation trains students on what the method made; the method and the store never need it.
-# Above it only the compositions that measure with it: pipeline (distill, then evaluate) and pilot
+# Above it only the compositions that measure with it: demo (distill, then evaluate) and pilot
 # (students that choose auto's recipe), beside cli/.
-ABOVE_THE_EVALUATION = ("fadrm_ray.evaluation", "fadrm_ray.cli", "fadrm_ray.pipeline", "fadrm_ray.pilot")
+ABOVE_THE_EVALUATION = ("fadrm_ray.evaluation", "fadrm_ray.cli", "fadrm_ray.demo", "fadrm_ray.pilot")
 
 
 def test_nothing_below_the_evaluation_imports_it():
     graph = library_import_graph(type_checking=True)
     below = sorted(name for name in graph if not any(name == up or name.startswith(up + ".")
                                                       for up in ABOVE_THE_EVALUATION))
-    assert {"fadrm_ray.pilot_record", "fadrm_ray.recover", "fadrm_ray.store.reader", "fadrm_ray.run.job"} <= set(below)
+    assert {"fadrm_ray.pilot_record", "fadrm_ray.recover", "fadrm_ray.store.reader", "fadrm_ray.runs.job"} <= set(below)
     for name in below:
         up = sorted(t for t in graph[name] if t == "fadrm_ray.evaluation" or t.startswith("fadrm_ray.evaluation."))
         assert up == [], f"{name} imports {up}: the evaluation sits above the method and the store"
-    # pipeline and pilot sit above the evaluation, never beside it.
+    # demo and pilot sit above the evaluation, never beside it.
     evaluation = [name for name in graph if name.startswith("fadrm_ray.evaluation")]
-    assert not {"fadrm_ray.pipeline", "fadrm_ray.pilot"} & set().union(*(graph[name] for name in evaluation))
+    assert not {"fadrm_ray.demo", "fadrm_ray.pilot"} & set().union(*(graph[name] for name in evaluation))
 
 
 MAX_LINES = 500

@@ -24,7 +24,7 @@ from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.hard_labels import HardLabels
 from fadrm_ray.evaluation.relabel import AugmentSpec, SoftLabeler, ViewPlan, apply_plan, cut_views, draw_plan
-from fadrm_ray.evaluation.students import train_student
+from fadrm_ray.evaluation.training import train_student
 from fadrm_ray.models import create_model
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.recover import init_state, run_stage

@@ -157,7 +157,7 @@ def test_a_run_that_fails_at_the_start_leaves_nothing_behind(tmp_path, capsys):
 
 
 def test_an_interrupted_run_with_finished_units_is_kept(digits_teacher, tmp_path, capsys, monkeypatch):
-    import fadrm_ray.run.execute as distill
+    import fadrm_ray.runs.execute as distill
 
     real, calls = distill.distill_unit, []
 

@@ -1,8 +1,8 @@
-"""The automatic cut of a run into units and packs (fadrm_ray/packing.py, run.units.plan_units)."""
+"""The automatic cut of a run into units and packs (fadrm_ray/packing.py, runs.units.plan_units)."""
 import pytest
 
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.run.units import Unit, plan_units
+from fadrm_ray.runs.units import Unit, plan_units
 from fadrm_ray.packing import block_size, cpu_pack_limit, cuda_pack_limit, pack_limit, split_evenly
 
 

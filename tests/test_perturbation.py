@@ -9,8 +9,8 @@ import torch
 
 from experiments.perturbation import main, perturbed_sets
 from fadrm_ray.config import make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

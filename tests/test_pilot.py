@@ -60,7 +60,7 @@ def _record(dataset: ImageDataset, teacher_sha: str, chosen: str, gain: float, s
 
 def test_every_job_built_on_that_data_takes_the_cached_choice_and_a_given_recipe_wins(tmp_path):
     from fadrm_ray.models import TeacherInfo
-    from fadrm_ray.run.job import build_job
+    from fadrm_ray.runs.job import build_job
 
     dataset = _colour()
     info = TeacherInfo(model_name="convnet-bn", model_kwargs={}, num_classes=4, in_chans=3, image_size=8,

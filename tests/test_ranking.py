@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fadrm_ray.evaluation import students as evaluate_module
+from fadrm_ray.evaluation import evaluate as evaluate_module
 from fadrm_ray.evaluation import ranking
 from fadrm_ray.evaluation.baselines import evaluate_with_baselines
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-from fadrm_ray.evaluation.students import open_for_evaluation
+from fadrm_ray.evaluation.evaluate import open_for_evaluation
 from fadrm_ray.config import make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.ranking import HardLabels, augmentation_robust_score, label_robust_score, ranking_scores, ranking_text
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray")
 
 from actors import coordinator  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
-from fadrm_ray.run import execute  # noqa: E402
-from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
+from fadrm_ray.runs import execute  # noqa: E402
+from fadrm_ray.runs.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
 from tests.ray_helpers import distill, events, wait_for  # noqa: E402
 

@@ -10,7 +10,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from actors import coordinator  # noqa: E402
 from fadrm_ray.config import make_config  # noqa: E402
-from fadrm_ray.run.job import ExecutionSpec  # noqa: E402
+from fadrm_ray.runs.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
 from tests.ray_helpers import distill, events, wait_for  # noqa: E402
 

@@ -9,7 +9,7 @@ from api.outputs import _parse_ledger
 from fadrm_ray.events import (LedgerEvent, PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone,
                               StageFailed, UnitDone, WorkerLost, WorkerStarted, append_entry, append_event,
                               read_ledger)
-from fadrm_ray.run.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
+from fadrm_ray.runs.messages import ClassScored, StageRan, UnitWritten, WorkerInfo
 from fadrm_ray.store.run_files import ClassSelection
 
 INFO = WorkerInfo(pid=7, host="h", device="cpu", threads=1, torch_threads=1, cpus=2, omp_wait_policy="PASSIVE",

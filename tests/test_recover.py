@@ -255,7 +255,7 @@ def test_converged_arc_timing_passes_unused_iterations_on(teacher_model):
 
 def test_state_round_trips_through_the_runs_stage_checkpoint(teacher_model, tmp_path):
     from fadrm_ray.layout import RunLayout
-    from fadrm_ray.run.stages import checkpoint_of, states_of
+    from fadrm_ray.runs.stages import checkpoint_of, states_of
     from fadrm_ray.store.checkpoints import latest_checkpoints, load_checkpoint, save_checkpoint
 
     cfg = cfg_for(k=3, iterations=16)
@@ -274,7 +274,7 @@ def test_state_round_trips_through_the_runs_stage_checkpoint(teacher_model, tmp_
 
 def test_a_stage_checkpoint_of_the_earlier_format_resumes_the_same(teacher_model, tmp_path):
     from fadrm_ray.layout import RunLayout
-    from fadrm_ray.run.stages import states_of
+    from fadrm_ray.runs.stages import states_of
     from fadrm_ray.store.checkpoints import latest_checkpoints, load_checkpoint
 
     cfg = cfg_for(k=3, iterations=16)

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torchvision.io import encode_png, write_file
 
-from fadrm_ray.run import execute as distill
+from fadrm_ray.runs import execute as distill
 from fadrm_ray.cli import build_parser
 from fadrm_ray.config import make_config
 from fadrm_ray.data import get_dataset
-from fadrm_ray.run.job import make_run_id
-from fadrm_ray.run.job import build_job
+from fadrm_ray.runs.job import make_run_id
+from fadrm_ray.runs.job import build_job
 from fadrm_ray.models import load_teacher
 from fadrm_ray.store import open_run
 from bench import fault_inject
@@ -183,9 +183,9 @@ LIBRARY = Path(__file__).resolve().parents[1] / "fadrm_ray"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 NAMED_COMMAND = re.compile(r"`fadrm ([a-z][a-z-]*)([^`]*)`")  # `fadrm verify --run RUN --repair`
 # Modules (by their path in the library) whose messages reach the user under these subcommands
-# only: run.reopen's run_dataset and run_teachers are raised under `fadrm evaluate` and
+# only: runs.reopen's run_dataset and run_teachers are raised under `fadrm evaluate` and
 # `fadrm verify --repair` alike.
-RAISED_UNDER = {"run/reopen.py": ("evaluate", "verify"), "repair.py": ("verify",),
+RAISED_UNDER = {"runs/reopen.py": ("evaluate", "verify"), "repair.py": ("verify",),
                 "evaluation/baselines.py": ("evaluate",), "evaluation/ranking.py": ("evaluate",)}
 
 

@@ -9,8 +9,8 @@ import torch
 
 from experiments.arc_diagnostics import arc_merge_effect, information_vanishing, pre_merge_images
 from fadrm_ray.config import DistillConfig, make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, prepare_job
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, prepare_job
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
 from fadrm_ray.models import create_model
 from fadrm_ray.frozen_teacher import FrozenTeacher

@@ -7,9 +7,9 @@ import torch
 
 from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import ExecutionSpec, make_run_id, prepare_job
-from fadrm_ray.run.units import Unit
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import ExecutionSpec, make_run_id, prepare_job
+from fadrm_ray.runs.units import Unit
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import StoreError, export_tensors, open_run
 

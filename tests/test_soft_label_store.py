@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-from fadrm_ray.evaluation.students import train_student
+from fadrm_ray.evaluation.training import train_student
 from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler
 from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.evaluation.soft_labels import (SoftLabelError, StoredSoftLabels, folders_of, pack_soft_labels,

@@ -177,8 +177,8 @@ def test_imported_teacher_distills_and_sets_the_normalization(torchvision_weight
     """An imported teacher distills like a squeezed one, and its recorded mean/std (here given as
     flags) is the normalization every phase uses for it (`models.teacher_view`)."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.job import ExecutionSpec, prepare_job
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.job import ExecutionSpec, prepare_job
     from fadrm_ray.store import open_run
     from fadrm_ray.teacher_import import ImportSettings, import_teacher
 

@@ -341,12 +341,12 @@ def test_a_cpu_trial_on_workers_distills_on_cpu_where_the_cluster_has_a_gpu(ray_
 @pytest.mark.ray
 def test_a_trial_whose_distillation_fails_stops_its_workers(ray_with_a_gpu, digits, digits_teacher, tmp_path,
                                                             monkeypatch):
-    import fadrm_ray.run.execute
+    import fadrm_ray.runs.execute
     from tests.ray_helpers import wait_for
     from tune.trainable import distill_trial
 
     held = []  # what a kept traceback would hold: actor handles alone do not end the actors
-    run_job = fadrm_ray.run.execute.run_job
+    run_job = fadrm_ray.runs.execute.run_job
 
     def failing_run_job(job, executor, parts=None):
         if not hasattr(executor, "workers"):  # the Ray door's look for units left to do, before Ray
@@ -355,7 +355,7 @@ def test_a_trial_whose_distillation_fails_stops_its_workers(ray_with_a_gpu, digi
         held.append(executor)
         raise RuntimeError("injected failure before the job ran")
 
-    monkeypatch.setattr(fadrm_ray.run.execute, "run_job", failing_run_job)
+    monkeypatch.setattr(fadrm_ray.runs.execute, "run_job", failing_run_job)
     sweep, cfg = _cpu_trial_on_workers(digits_teacher, tmp_path)
     with pytest.raises(RuntimeError, match="injected failure"):
         distill_trial(cfg, digits, list(sweep.teachers), sweep, None)

@@ -21,7 +21,7 @@ STORE_READERS = ROOT / "fadrm_ray" / "store"
 # (module, key): `.get("key")` calls that read something other than a run's files, with why.
 NOT_RUN_FILES = {
     ("fadrm_ray/data/base.py", "test_split"): "a dataset's own description (ImageDataset.info)",
-    ("fadrm_ray/run/job.py", "path"): "a dataset's own description (ImageDataset.info)",
+    ("fadrm_ray/runs/job.py", "path"): "a dataset's own description (ImageDataset.info)",
     ("fadrm_ray/data/parquet.py", "dataset"): "the metadata of any Parquet dataset a user names, ours or not "
                                               "(a file the service served records its dataset by spec)",
     ("fadrm_ray/data/parquet.py", "hflip"): "the same metadata, from files of any origin",
@@ -81,7 +81,7 @@ def _old_run(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tmp_path):
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
-    from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
+    from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
     from fadrm_ray.config import EvalConfig
     from fadrm_ray.store import export_imagefolder, open_run
     from fadrm_ray.store.verify import verify_run
@@ -111,7 +111,7 @@ def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tm
 
 def test_a_run_saves_the_job_that_wrote_it_and_its_files_read_back_as_models(small_run):
     from fadrm_ray.layout import RunLayout
-    from fadrm_ray.run.reopen import recorded_job
+    from fadrm_ray.runs.reopen import recorded_job
     from fadrm_ray.store import open_run
 
     layout = RunLayout(small_run)

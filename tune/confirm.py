@@ -40,7 +40,7 @@ def evaluate_again(task: Reevaluation, dataset, teacher_blobs: list[bytes]) -> R
 
     from fadrm_ray.evaluation.baselines import baseline_configs, baseline_eval_job, open_baseline
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
-    from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
+    from fadrm_ray.evaluation.evaluate import evaluate_run, open_for_evaluation
     from fadrm_ray.settings import EvaluationError
     from tune.trainable import teacher_files
 

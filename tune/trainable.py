@@ -38,7 +38,7 @@ from fadrm_ray.events import append_event
 from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialState
 
 if TYPE_CHECKING:
-    from fadrm_ray.run.job import ExecutionSpec
+    from fadrm_ray.runs.job import ExecutionSpec
 
 # What a patch ranking depends on besides the data and the teachers (patches.score_class).
 PATCH_FIELDS = ("seed", "patch_crops", "patch_crop_scale", "patch_candidates", "precision", "channels_last")
@@ -62,8 +62,8 @@ def score_patches(job: PatchScoring, dataset, teacher_blobs: list[bytes]) -> tup
     of the sweep's driver, once per patch key): ({label: ClassSelection}, seconds)."""
     import torch
 
-    from fadrm_ray.run.stages import frozen_teachers
-    from fadrm_ray.run.job import JobParts
+    from fadrm_ray.runs.stages import frozen_teachers
+    from fadrm_ray.runs.job import JobParts
     from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
@@ -105,7 +105,7 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     from ray import tune
 
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.evaluation.measure import evaluate_store_run
+    from fadrm_ray.evaluation.store_run import evaluate_store_run
     from tune.space import trial_config
 
     threads = sweep.threads
@@ -176,7 +176,7 @@ def trial_spec(sweep: TrialSettings) -> ExecutionSpec:
     """How a trial's distillation runs: in this process on the trial's device, or (with
     `workers_per_trial` > 1) on DistillWorker actors in the trial's placement group, which get the
     trial's GPUs, none for a CPU trial."""
-    from fadrm_ray.run.job import ExecutionSpec
+    from fadrm_ray.runs.job import ExecutionSpec
 
     if sweep.workers_per_trial <= 1:
         return ExecutionSpec(local=True, device=sweep.device, progress=False)
@@ -195,11 +195,11 @@ def distill_trial(cfg, dataset, teacher_paths: list[str], sweep: TrialSettings,
     process, or on DistillWorker actors in the trial's placement group with `workers_per_trial`
     > 1 (which stop on every path). Returns what it did and the teachers as a SoftLabeler for the
     evaluation."""
-    from fadrm_ray.run import execute
-    from fadrm_ray.run.stages import needed_classes
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.stages import needed_classes
     from fadrm_ray.store.selections import keep_selection
-    from fadrm_ray.run.units import plan_units
-    from fadrm_ray.run.job import prepare_job
+    from fadrm_ray.runs.units import plan_units
+    from fadrm_ray.runs.job import prepare_job
     from fadrm_ray.layout import RunLayout
     from fadrm_ray.evaluation.relabel import SoftLabeler
 

@@ -12,7 +12,7 @@ and one line; what was half-written is removed.
 Each phase's settings are built once from the command line (a flag left unset means the
 model's default), and the runtime options become one `ExecutionSpec`. Without `--local`,
 `fadrm distill` and `fadrm demo` run through `ray_distill`, the Ray door (`run(job, spec,
-parts)` and `device_type(spec)`, as `fadrm_ray.run.execute.Door` says) that the Ray layer passes
+parts)` and `device_type(spec)`, as `fadrm_ray.runs.execute.Door` says) that the Ray layer passes
 to `main` (actors/cli.py), so this package never imports Ray. The layers above (`tune`, `api`)
 add their own subcommands the same way: each is a module of the same shape that the console
 script finds through the `fadrm.commands` entry points and passes to `main`.
@@ -32,7 +32,7 @@ from fadrm_ray.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, USER_ERRORS, CLIEr
 from fadrm_ray.runtime import torch_threads
 
 if TYPE_CHECKING:
-    from fadrm_ray.run.execute import Door
+    from fadrm_ray.runs.execute import Door
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "HEAVY_COMMANDS", "SUBCOMMANDS", "USER_ERRORS", "CLIError",
            "build_parser", "main"]

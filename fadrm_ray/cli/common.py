@@ -19,8 +19,8 @@ from fadrm_ray.data import dataset_help
 from fadrm_ray.errors import InputError
 
 if TYPE_CHECKING:
-    from fadrm_ray.run.execute import Door
-    from fadrm_ray.run.job import ExecutionSpec
+    from fadrm_ray.runs.execute import Door
+    from fadrm_ray.runs.job import ExecutionSpec
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -93,7 +93,7 @@ def execution_parser() -> Parser:
 
 
 def execution_spec(args) -> "ExecutionSpec":
-    from fadrm_ray.run.job import ExecutionSpec
+    from fadrm_ray.runs.job import ExecutionSpec
 
     return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
@@ -102,10 +102,10 @@ def execution_spec(args) -> "ExecutionSpec":
 
 
 def door_of(spec: "ExecutionSpec", ray_distill: "Door | None") -> "Door":
-    """The door a run of `spec` goes through: this process (`fadrm_ray.run.execute`) with
+    """The door a run of `spec` goes through: this process (`fadrm_ray.runs.execute`) with
     `--local`, else `ray_distill`, the Ray door the console script passes to `main`."""
     if spec.local:
-        from fadrm_ray.run import execute
+        from fadrm_ray.runs import execute
 
         return execute
     if ray_distill is None:

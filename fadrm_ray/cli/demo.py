@@ -22,7 +22,7 @@ def add_parser(sub):
 def run(args) -> None:
     """The main job on the embedded default: train a teacher on a real offline dataset, distill, export."""
     from fadrm_ray.fileio import check_output_dir
-    from fadrm_ray.pipeline import run_demo
+    from fadrm_ray.demo import run_demo
 
     check_output_dir(args.out, "--out")
     spec = execution_spec(args)

@@ -3,7 +3,7 @@
 The run's settings are built once from the command line (`build_config`: preset -> --config ->
 --set -> --ipc/--classes/--seed), the execution flags become one `ExecutionSpec`, and everything
 the input decides is checked in this process before any cluster starts. The job is then built
-once, for the device type of the door that runs it (`fadrm_ray.run.execute` with `--local`,
+once, for the device type of the door that runs it (`fadrm_ray.runs.execute` with `--local`,
 otherwise the Ray door the console script passes to `main`), and handed to that door whole with
 the spec: `door.run(job, spec, parts)`.
 """
@@ -16,7 +16,7 @@ from fadrm_ray.cli.common import (DATASET_HELP, SKIP_BAD_IMAGES_HELP, CLIError, 
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
-    from fadrm_ray.run.job import ExecutionSpec
+    from fadrm_ray.runs.job import ExecutionSpec
 
 NAME = "distill"
 HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
@@ -66,7 +66,7 @@ def run(args) -> None:
     from fadrm_ray.data import dataset_notes, get_dataset
     from fadrm_ray.fileio import check_output_dir
     from fadrm_ray.models import check_teacher_fits, load_teacher
-    from fadrm_ray.run.job import JobParts, build_job
+    from fadrm_ray.runs.job import JobParts, build_job
     from fadrm_ray.runtime import process_info
 
     check_teachers(args.teacher)

@@ -55,7 +55,7 @@ def run(args) -> None:
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
     from fadrm_ray.config import EvalConfig, parse_overrides
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
-    from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
+    from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
     from fadrm_ray.data import skipping_bad_images
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device

@@ -29,7 +29,7 @@ def run_recipe(reader: RunReader) -> str:
     """The recipe a run's "auto" values came from, with why (`recipes.recipe_reason`), from its
     saved config and the image size and channels its provenance records."""
     from fadrm_ray.recipes import recipe_reason
-    from fadrm_ray.run.reopen import recorded_job
+    from fadrm_ray.runs.reopen import recorded_job
 
     job = recorded_job(reader.layout)
     if job is not None and reader.config is not None and job.config.recipe == reader.config.recipe:

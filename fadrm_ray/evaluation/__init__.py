@@ -6,7 +6,11 @@ The pieces, each in its own module:
   (what a caller hands over already loaded);
 - `relabel`: the teachers' soft labels of each view a student sees (`SoftLabeler`);
 - `soft_labels`: stored soft labels (top-k, kept epochs, one packed file);
-- `students`: the student trainer and `evaluate_run`, an evaluation of a store run, cached in it;
+- `training`: one student trained (`train_student`) and the protocol that sizes it;
+- `evaluate`: a student per seed on a set of images (`evaluate_images`), a store run opened for an
+  evaluation and `evaluate_run`, its evaluation, cached in it;
+- `store_run`: `evaluate_store_run`, the one composition every door calls (students, baselines,
+  DD-Ranking, report);
 - `scores`: `Evaluation` and `StudentScore`, the results as they are written;
 - `baselines`: random real images and the other baselines beside a run;
 - `ranking`: DD-Ranking's scores of a run;
@@ -15,7 +19,7 @@ The pieces, each in its own module:
 - `report`: the run's report (images, curves, accuracy table).
 
 The store (`fadrm_ray.store`) never imports this package; the run's data and teachers are found
-again by `fadrm_ray.run.reopen`.
+again by `fadrm_ray.runs.reopen`.
 
 This package's own names (`fadrm_ray.evaluation.EvalJob`, ...) are its public API, each loaded on
 first use.
@@ -26,11 +30,11 @@ _EXPORTS = {
     "EvalJob": "fadrm_ray.evaluation.eval_job",
     "EvalParts": "fadrm_ray.evaluation.eval_job",
     "EvalSpec": "fadrm_ray.evaluation.eval_job",
-    "EvalScope": "fadrm_ray.evaluation.measure",
-    "RunEvaluated": "fadrm_ray.evaluation.measure",
-    "evaluate_store_run": "fadrm_ray.evaluation.measure",
-    "evaluate_images": "fadrm_ray.evaluation.students",
-    "evaluate_run": "fadrm_ray.evaluation.students",
+    "EvalScope": "fadrm_ray.evaluation.store_run",
+    "RunEvaluated": "fadrm_ray.evaluation.store_run",
+    "evaluate_store_run": "fadrm_ray.evaluation.store_run",
+    "evaluate_images": "fadrm_ray.evaluation.evaluate",
+    "evaluate_run": "fadrm_ray.evaluation.evaluate",
     "Evaluation": "fadrm_ray.evaluation.scores",
     "Ranking": "fadrm_ray.evaluation.scores",
     "StudentScore": "fadrm_ray.evaluation.scores",

@@ -30,10 +30,10 @@ from fadrm_ray.recipes import recipe_to_try
 import torch
 
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
-from fadrm_ray.evaluation.students import evaluate_run, read_for_evaluation
-from fadrm_ray.run import execute
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts, build_job
-from fadrm_ray.run.units import request_images
+from fadrm_ray.evaluation.evaluate import evaluate_run, read_for_evaluation
+from fadrm_ray.runs import execute
+from fadrm_ray.runs.job import DistillJob, ExecutionSpec, JobParts, build_job
+from fadrm_ray.runs.units import request_images
 from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation

@@ -1,6 +1,6 @@
 """EvalJob and EvalSpec: what one evaluation measures, and how its students run.
 
-The evaluation side's counterpart of `DistillJob`, `ExecutionSpec` and `JobParts` (run/job.py). A
+The evaluation side's counterpart of `DistillJob`, `ExecutionSpec` and `JobParts` (runs/job.py). A
 door (`fadrm evaluate`, `fadrm train-student`, the service's runner, a sweep's trainable, a
 benchmark) turns what its user said into one frozen `EvalJob`, what is evaluated: the student
 recipe (`EvalConfig`), what the students see (augmented views or the images as they are), which
@@ -13,10 +13,10 @@ progress bar. Both are plain data: they cross processes and files as JSON.
 dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers' soft
 labels, and where stored soft labels go. A store run is evaluated once it is opened: `OpenedRun`
 holds its reader, its images read once, its data and teachers loaded once;
-`measure.evaluate_store_run` opens it, and every step after it (students.evaluate_run,
+`store_run.evaluate_store_run` opens it, and every step after it (evaluate.evaluate_run,
 baselines.py, ranking.py, report.py) takes the opened run as its first argument. `EvalHooks` are
 the callbacks that watch an evaluation: each test of a student, each new student, a line for the
-user, the run just opened, the name a progress bar shows. The evaluation functions (students.py, baselines.py, ranking.py) take the job, the spec, the parts and the hooks,
+user, the run just opened, the name a progress bar shows. The evaluation functions (training.py, baselines.py, ranking.py) take the job, the spec, the parts and the hooks,
 in that order, and hand them down (a spec of None is `EvalSpec()`); a step that needs other
 settings (a baseline's IPC, a plain student's recipe) derives its own with `model_copy` or
 `dataclasses.replace`.
@@ -134,7 +134,7 @@ class EvalParts:
 
     dataset: "ImageDataset | None" = None      # loaded; replaces EvalJob.dataset
     labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teacher_paths
-    targets: Any = None                        # students.Targets: batches and loss instead of soft labels
+    targets: Any = None                        # training.Targets: batches and loss instead of soft labels
     soft_label_dir: str | Path | None = None   # where stored soft labels are kept
 
 

@@ -5,7 +5,7 @@ What a client gets from the service (`GET .../dataset`, `.../teacher`, `.../reci
 (a Parquet file of the store's layout, its class names in the `huggingface` metadata), the
 teacher checkpoint(s) that give the soft labels, or, where the teachers stay on the server, the
 stored soft labels (`fadrm export --soft-labels`: evaluation/soft_labels.py), and the student recipe
-(an `EvalConfig` as JSON). The student is trained exactly as `fadrm evaluate` trains it (`students.evaluate_images`),
+(an `EvalConfig` as JSON). The student is trained exactly as `fadrm evaluate` trains it (`evaluate.evaluate_images`),
 and, with a test dataset, scored on the test images of the classes the file holds, the
 prediction restricted to them, as the service scores a class subset. Neither Ray nor the
 service is imported.
@@ -85,7 +85,7 @@ def read_distilled(path: str | Path) -> DistilledFile:
 
 
 class PackedSoftLabels:
-    """`students.Targets`: the stored soft labels of a packed file (`soft_labels`), one part
+    """`training.Targets`: the stored soft labels of a packed file (`soft_labels`), one part
     per student seed, learnt by KD at the recipe's temperature."""
 
     def __init__(self, path: str | Path, temperature: float):
@@ -103,7 +103,7 @@ class PackedSoftLabels:
         return stored
 
     def loss(self, logits: torch.Tensor, step) -> torch.Tensor:
-        from fadrm_ray.evaluation.students import kd_loss
+        from fadrm_ray.evaluation.training import kd_loss
 
         return kd_loss(logits, step.logits, self.temperature)
 
@@ -146,7 +146,7 @@ def train_from_files(data: str | Path, job: EvalJob, spec: EvalSpec | None = Non
     `job.dataset`, read under `data_root`), each is scored on the test images of the file's
     classes; without, `top1_*` are NaN."""
     from fadrm_ray.data import get_dataset
-    from fadrm_ray.evaluation.students import evaluate_images
+    from fadrm_ray.evaluation.evaluate import evaluate_images
     from fadrm_ray.evaluation.relabel import SoftLabeler
 
     file = read_distilled(data)

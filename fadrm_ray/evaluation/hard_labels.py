@@ -119,7 +119,7 @@ class SplitCount:
 
 
 class HardLabels:
-    """`students.Targets` for hard-label students: cross-entropy on each image's class, images
+    """`training.Targets` for hard-label students: cross-entropy on each image's class, images
     unaugmented (DD-Ranking's default for hard labels)."""
 
     teacher_ids: list[str] = []

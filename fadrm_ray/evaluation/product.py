@@ -2,7 +2,7 @@
 labels, and the recipe.
 
 Every top-1 the project reports trains students on the images with the teachers' soft labels
-(KD, the teachers relabelling each augmented view: students.py); the images and their hard
+(KD, the teachers relabelling each augmented view: training.py); the images and their hard
 labels alone reach less. `gather` collects, before anything is written, the bytes of the run's
 teachers (the files the run records, each checked against its recorded sha256:
 `reopen.run_teachers`), the `EvalConfig` of the run's report (`report_recipe`) and, asked
@@ -56,7 +56,7 @@ def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, 
     """The run's teachers (unless `teachers` is False) and report recipe, for an export of
     `classes` of the run read at `ipc`; with `soft_labels`, the recipe's students' labels stored
     so (at the recipe's temperature), and the recipe says so."""
-    from fadrm_ray.run.reopen import run_teachers
+    from fadrm_ray.runs.reopen import run_teachers
 
     reader = open_run(run_dir, incomplete=incomplete, ipc=ipc)
     blobs = []
@@ -105,7 +105,7 @@ def report_recipe(reader: RunReader, classes: Iterable[int] | None = None) -> tu
     report/evaluation.json, else of the newest evaluation cached in the run, of these very images
     (their content hash) with augmented students; without one, the defaults resolved for the
     images of `classes` as `evaluate_run` resolves them."""
-    from fadrm_ray.evaluation.students import resolve_protocol
+    from fadrm_ray.evaluation.training import resolve_protocol
     from fadrm_ray.evaluation.scores import Evaluation
 
     layout, want = reader.layout, reader.content_hash()

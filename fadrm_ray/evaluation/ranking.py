@@ -39,7 +39,8 @@ import torch
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
-from fadrm_ray.evaluation.students import epochs_for_steps, evaluate_run, run_classes, train_student
+from fadrm_ray.evaluation.training import epochs_for_steps, train_student
+from fadrm_ray.evaluation.evaluate import evaluate_run, run_classes
 from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.evaluation.hard_labels import HardLabels, SplitCount, StreamedHardLabels
 from fadrm_ray.evaluation.relabel import steps_per_epoch

@@ -8,7 +8,7 @@ The last step of a run's life, after distill and evaluate: `report/` beside the 
   over the global iteration count, stages concatenated, averaged over units, with a vertical
   line at every ARC merge (section 4), where the images jump back toward the real patch;
 - `evaluation.json` (and `evaluation.png`, the student's test top-1 during training) when an
-  evaluation result (students.evaluate_run) is given.
+  evaluation result (evaluate.evaluate_run) is given.
 
 A report describes the images the run held when it was written, so it is tied to them: the
 evaluation records the run's content hash (`manifests.content_hash`), and `source.json` records

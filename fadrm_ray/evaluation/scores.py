@@ -1,6 +1,6 @@
 """What an evaluation reports, as models: each student, their summary, the baselines and the gains.
 
-`students.train_student` returns a `StudentScore`, `students.evaluate_images` and `evaluate_run`
+`training.train_student` returns a `StudentScore`, `evaluate.evaluate_images` and `evaluate_run`
 an `Evaluation`, `baselines.evaluate_with_baselines` the same with its baselines, gains and
 `Ranking` (ranking.py) filled in. They are written as JSON (the evaluation cache inside a run,
 report/evaluation.json, the service's evaluation file) and read back with `model_validate_json`,

@@ -58,7 +58,7 @@ class RunStore:
 
     def write_config(self, config: DistillConfig, job: BaseModel | None = None) -> Path:
         """config.yaml, and beside it job.json: the job that writes the run (`DistillJob`), read
-        back typed by `fadrm_ray.run.reopen`."""
+        back typed by `fadrm_ray.runs.reopen`."""
         if job is not None:
             atomic_write_text(self.layout.job, job.model_dump_json(indent=2))
         text = yaml.safe_dump(config.to_dict(), sort_keys=False)

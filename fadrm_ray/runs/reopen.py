@@ -15,7 +15,7 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.fileio import read_model, sha256_file
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run.job import DistillJob
+from fadrm_ray.runs.job import DistillJob
 from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store.run_files import RecordedTeacher, RunProvenance
 

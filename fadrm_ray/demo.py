@@ -18,14 +18,14 @@ from fadrm_ray.data import get_dataset
 from fadrm_ray.evaluation.baselines import gain_text
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.evaluation.ranking import ranking_text
-from fadrm_ray.evaluation.measure import EvalScope, evaluate_store_run
-from fadrm_ray.run.execute import distill
-from fadrm_ray.run.job import ExecutionSpec
+from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
+from fadrm_ray.runs.execute import distill
+from fadrm_ray.runs.job import ExecutionSpec
 from fadrm_ray.squeeze import ensure_teacher
 from fadrm_ray.store import export_imagefolder, open_run
 
 if TYPE_CHECKING:
-    from fadrm_ray.run.execute import Door
+    from fadrm_ray.runs.execute import Door
 
 # Budgets that finish in a few minutes on a 2-core CPU.
 DEMO_ITERATIONS = {"digits": 1000, "mnist-sample": 1000}

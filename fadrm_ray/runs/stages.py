@@ -20,8 +20,8 @@ from fadrm_ray.packing import pack_limit
 from fadrm_ray.patches import score_class, scored, select_patches
 from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
 from fadrm_ray.recover import RecoverState, final_images, init_state, run_stage
-from fadrm_ray.run.job import JobParts
-from fadrm_ray.run.units import Unit, chunks
+from fadrm_ray.runs.job import JobParts
+from fadrm_ray.runs.units import Unit, chunks
 from fadrm_ray.store.run_files import PackCheckpoint, PackRecord, StageCheckpoint, StageRecord, UnitStats
 from fadrm_ray.store.selections import keep_selection, kept_selections
 from fadrm_ray.store import ImageRecord, RunStore

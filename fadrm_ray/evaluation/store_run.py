@@ -2,7 +2,7 @@
 
 `fadrm evaluate`, the demo, the REST service's evaluation task, a sweep's trial and the pilot all
 call `evaluate_store_run(run_dir, job, spec, scope, parts, hooks)`: the run is opened here, once
-(`students.open_for_evaluation`: its images read and checked once, its data and teachers loaded
+(`evaluate.open_for_evaluation`: its images read and checked once, its data and teachers loaded
 once), and every step that `scope` asks for is handed the opened run: the run's students
 (`evaluate_run`), the baselines beside it (`baselines.evaluate_with_baselines`), DD-Ranking's
 scores (`ranking`), the report (`report.write_report`, which rewrites no file whose content it
@@ -21,7 +21,7 @@ from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpe
 from fadrm_ray.evaluation.ranking import hard_label_ranking
 from fadrm_ray.evaluation.report import write_report
 from fadrm_ray.evaluation.scores import Evaluation
-from fadrm_ray.evaluation.students import evaluate_run, open_for_evaluation
+from fadrm_ray.evaluation.evaluate import evaluate_run, open_for_evaluation
 
 
 class EvalScope(BaseModel):

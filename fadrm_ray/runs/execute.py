@@ -1,6 +1,6 @@
 """Running a job: one door, `run(job, spec, parts=None)`, whichever executor the spec names.
 
-A job is built once (`run.job.build_job` / `prepare_job`), for the device type of the door that
+A job is built once (`runs.job.build_job` / `prepare_job`), for the device type of the door that
 runs it (`device_type(spec)`), and handed to the door whole with its `ExecutionSpec`. This module
 is the library's door: `run` runs the job in this process (`fadrm distill --local`, the demo, a
 Tune trial, the benchmarks). `actors.coordinator` is the Ray door, with the same two functions
@@ -25,9 +25,9 @@ from fadrm_ray import __version__
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.run.job import DistillJob, ExecutionSpec, JobParts, prepare_job
-from fadrm_ray.run.stages import distill_unit, frozen_teachers, prepare_patches
-from fadrm_ray.run.units import Unit, checkpointed_units, plan_units, request_images, steps_of
+from fadrm_ray.runs.job import DistillJob, ExecutionSpec, JobParts, prepare_job
+from fadrm_ray.runs.stages import distill_unit, frozen_teachers, prepare_patches
+from fadrm_ray.runs.units import Unit, checkpointed_units, plan_units, request_images, steps_of
 from fadrm_ray.runtime import resolve_device, tune_allocator
 from fadrm_ray.store import RunStore, StoreError
 from fadrm_ray.store.manifests import read_config

@@ -10,7 +10,7 @@ the run id depends on none of them. The job is frozen and crosses processes as J
 run id again.
 
 How the job runs (in this process or on Ray actors, how many workers, threads) is not part of
-it: that is the `ExecutionSpec` beside it, and `run.execute.run_job` runs any job through any
+it: that is the `ExecutionSpec` beside it, and `runs.execute.run_job` runs any job through any
 executor.
 
 `JobParts` is what building a job loaded in this process (the dataset, the teacher models), so an
