@@ -17,7 +17,8 @@ from pathlib import Path
 
 from fadrm_ray.data import ImageDataset, get_dataset
 from fadrm_ray.fileio import read_yaml_mapping
-from fadrm_ray.models import TeacherInfo, load_teacher
+from fadrm_ray.models import load_teacher
+from fadrm_ray.teacher_record import TeacherRecord
 
 from api.config import ServiceSettings, SettingsError
 from api.errors import scrub
@@ -40,7 +41,7 @@ class UnusableTeacher(LookupError):
 class Teacher:
     name: str
     path: Path
-    info: TeacherInfo
+    info: TeacherRecord
 
 
 class Catalog:

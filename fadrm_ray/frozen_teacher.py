@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.errors import InputError
-from fadrm_ray.models import TeacherInfo, match_channels
+from fadrm_ray.models import match_channels
+from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.statistics import (ClassStatistics, ConvStatistics, StatisticsLoss, bn_layers, dataset_class_targets,
                                   dataset_conv_targets)
 
@@ -165,7 +166,7 @@ class FrozenTeacher:
             self.conv.remove_hooks()
 
 
-def equip_teachers(models: Sequence[nn.Module], infos: Sequence[TeacherInfo], dataset, cfg: DistillConfig,
+def equip_teachers(models: Sequence[nn.Module], infos: Sequence[TeacherRecord], dataset, cfg: DistillConfig,
                    device: str | torch.device = "cpu") -> list[FrozenTeacher]:
     """A run's teachers for recover: each model frozen with its prior (the test accuracy its
     checkpoint records, for `committee: prior`), with `r_conv > 0` its convolution targets and

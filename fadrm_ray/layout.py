@@ -3,7 +3,6 @@
 Layout of one run::
 
     config.yaml                                   the resolved configuration
-    job.json                                      the DistillJob that last wrote the run (config, data, teachers)
     label=<c>/part-ipc<start>-<end>.parquet       images of class c, ipc_index in [start, end)
     units/<unit_id>.json                          one manifest per finished unit (files + sha256)
     manifest.json                                 the run manifest, written when the run completes
@@ -27,7 +26,7 @@ import re
 from pathlib import Path
 
 _CONFIG = "config.yaml"
-_JOB = "job.json"
+_LEGACY_JOB = "job.json"  # kept by earlier versions beside config.yaml; removed when the run is next written
 _MANIFEST = "manifest.json"
 _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
@@ -69,8 +68,8 @@ class RunLayout:
         return self.run_dir / _CONFIG
 
     @property
-    def job(self) -> Path:
-        return self.run_dir / _JOB
+    def legacy_job(self) -> Path:
+        return self.run_dir / _LEGACY_JOB
 
     @property
     def manifest(self) -> Path:

@@ -14,18 +14,18 @@ import hashlib
 import io
 import os
 import warnings
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.parallel import prefetch
 from fadrm_ray.errors import InputError
 from fadrm_ray.fileio import OutputError, atomic_create_bytes, atomic_write_bytes, sha256_file
+from fadrm_ray.teacher_record import TeacherRecord
 
 OWN_MODELS = ["convnet-bn", "resnet18-cifar"]
 MODEL_NAMES = OWN_MODELS + ["timm:NAME", "torchvision:NAME"]
@@ -216,89 +216,20 @@ def evaluate_top1(model: nn.Module, split: Split, dataset: ImageDataset, batch_s
     return 100.0 * correct / n
 
 
-class NormalizationCandidate(BaseModel):
-    """One normalization an import measured the weights under: its name, values and test top-1."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    name: str                           # e.g. "ImageNet's mean/std", "the dataset's own statistics"
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    top1: float                         # percent, on the import's test images
-
-
-class ImportRecord(BaseModel):
-    """Where an imported teacher's weights came from, and what decided its normalization."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    source: str                         # e.g. "torchvision ResNet18_Weights.IMAGENET1K_V1 (...)", "file /abs/w.pth"
-    weights_sha256: str | None = None   # of the weights file read
-    normalization: str                  # where mean/std came from: flags, the weights' metadata, a measurement
-    trained_size: int | None = None     # the input size the weights were trained at, where their metadata says
-    eval_images: int                    # test images its top-1 was measured on
-    chance: float                       # chance top-1 on them, percent
-    display_names: list[str] | None = None  # human-readable class names the weights carry, in class order
-    # Where nothing said the normalization: each candidate measured (the kept one first).
-    measured: list[NormalizationCandidate] = []
-
-
-@dataclass
-class TeacherInfo:
-    model_name: str
-    model_kwargs: dict
-    num_classes: int
-    in_chans: int
-    image_size: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    class_names: list[str]
-    dataset: str
-    dataset_fingerprint: str
-    test_accuracy: float = float("nan")  # percent
-    sha256: str = ""  # of the checkpoint file; filled by save_teacher / load_teacher
-    path: str = ""
-    squeeze_config: dict | None = None  # the SqueezeConfig it was trained with (None: not trained by squeeze)
-    imported: dict | None = None  # an ImportRecord (None: not imported)
-
-    @property
-    def import_record(self) -> ImportRecord | None:
-        return None if self.imported is None else ImportRecord.model_validate(self.imported)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["mean"] = [float(v) for v in self.mean]
-        d["std"] = [float(v) for v in self.std]
-        d["class_names"] = [str(v) for v in self.class_names]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TeacherInfo":
-        known = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING]
-        if missing:
-            raise ModelError(f"teacher info lacks {', '.join(missing)}")
-        d = {k: v for k, v in d.items() if k in known}
-        d["mean"] = tuple(float(v) for v in d["mean"])
-        d["std"] = tuple(float(v) for v in d["std"])
-        d["class_names"] = [str(v) for v in d["class_names"]]
-        d["model_kwargs"] = dict(d.get("model_kwargs") or {})
-        return cls(**d)
-
-
-def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *, replace: bool = True) -> str:
-    """Write the checkpoint atomically (temp file + os.replace); returns its sha256.
-
-    ``info.sha256`` and ``info.path`` are updated to describe the written file. With
-    ``replace=False`` an existing file is never replaced (OutputError).
-    """
+def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherRecord, *,
+                 replace: bool = True) -> TeacherRecord:
+    """Write the checkpoint atomically (temp file + os.replace); returns `info` of the written
+    file (its path and sha256). With ``replace=False`` an existing file is never replaced
+    (OutputError)."""
     path = Path(path)
+    missing = info.missing()
+    if missing:
+        raise ModelError(f"teacher info lacks {', '.join(missing)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = info.to_dict()
-    meta.pop("sha256")
-    meta.pop("path")
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
-        "info": meta,
+        "info": info.metadata(),
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
     }
     buf = io.BytesIO()
@@ -310,14 +241,11 @@ def save_teacher(path: str | os.PathLike, model: nn.Module, info: TeacherInfo, *
             atomic_create_bytes(path, buf.getvalue())
         except FileExistsError:
             raise OutputError(f"teacher checkpoint {path} already exists; choose another folder or remove it") from None
-    digest = sha256_file(path)
-    info.sha256 = digest
-    info.path = str(path)
-    return digest
+    return info.at(path, sha256_file(path))
 
 
 def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu",
-                 blob: bytes | None = None) -> tuple[nn.Module, TeacherInfo]:
+                 blob: bytes | None = None) -> tuple[nn.Module, TeacherRecord]:
     """Rebuild a frozen teacher (eval mode, no gradients) from a checkpoint written by save_teacher:
     the file at `path`, or its bytes `blob` (sent by another process; `path` then only names it)."""
     path = Path(path)
@@ -344,7 +272,10 @@ def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu",
     if payload.get("version") != CHECKPOINT_VERSION:
         raise ModelError(f"{path}: checkpoint version {payload.get('version')} is not supported "
                          f"(expected {CHECKPOINT_VERSION})")
-    info = TeacherInfo.from_dict(dict(payload.get("info") or {}))
+    info = TeacherRecord.model_validate(dict(payload.get("info") or {})).at(path, hashlib.sha256(blob).hexdigest())
+    missing = info.missing()
+    if missing:
+        raise ModelError(f"{path}: teacher info lacks {', '.join(missing)}")
     model = create_model(info.model_name, info.num_classes, in_chans=info.in_chans, image_size=info.image_size,
                          **info.model_kwargs)
     try:
@@ -353,8 +284,6 @@ def load_teacher(path: str | os.PathLike, device: str | torch.device = "cpu",
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ModelError(f"{path}: weights do not fit {info.model_name}: {first}") from None
     model.to(device).eval().requires_grad_(False)
-    info.sha256 = hashlib.sha256(blob).hexdigest()
-    info.path = str(path)
     return model, info
 
 
@@ -363,7 +292,7 @@ def _short(values: list[str], limit: int = 12) -> str:
     return f"[{shown}{', ...' if len(values) > limit else ''}]"
 
 
-def teacher_view(dataset: ImageDataset, infos: Sequence[TeacherInfo]) -> ImageDataset:
+def teacher_view(dataset: ImageDataset, infos: Sequence[TeacherRecord]) -> ImageDataset:
     """`dataset` normalized as its teachers expect. A squeezed teacher was trained with the
     dataset's own mean/std; an imported one records its weights' (or the flags'), and every phase
     that feeds it images (patch scoring, recover, BN statistics) must use those. Teachers that
@@ -383,7 +312,7 @@ def teacher_view(dataset: ImageDataset, infos: Sequence[TeacherInfo]) -> ImageDa
     return replace(dataset, mean=mean, std=std)
 
 
-def check_teacher_fits(info: TeacherInfo, dataset: ImageDataset) -> None:
+def check_teacher_fits(info: TeacherRecord, dataset: ImageDataset) -> None:
     """Raise ModelError unless the teacher was built for this dataset's classes, channels and size."""
     if info.num_classes != dataset.num_classes:
         raise ModelError(f"num_classes: teacher has {info.num_classes}, dataset {dataset.name} has "

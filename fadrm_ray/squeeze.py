@@ -23,9 +23,10 @@ from .augment import cutmix_box
 from .data.base import ImageDataset
 from .data.parallel import prefetch
 from .fileio import OutputError, check_output_dir
-from .models import (ModelError, TeacherInfo, create_model, evaluate_top1, load_teacher, match_channels,
+from .models import (ModelError, create_model, evaluate_top1, load_teacher, match_channels,
                      model_in_chans, save_teacher)
 from .runtime import resolve_device, torch_threads, tune_allocator
+from .teacher_record import TeacherRecord
 from .config import SqueezeConfig
 from .settings import ConfigError
 from .errors import InputError
@@ -34,7 +35,7 @@ from .errors import InputError
 @dataclass
 class SqueezeResult:
     path: Path
-    info: TeacherInfo
+    info: TeacherRecord
     test_accuracy: float  # percent
     train_seconds: float
     epochs: int
@@ -103,7 +104,7 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
     """Train a teacher on ``dataset.train``, measure top-1 on ``dataset.test``, save ``out_dir/teacher.pt``.
 
     ``out_dir`` defaults to ``teachers/<dataset>-<model>``; ``device`` defaults to CUDA when present.
-    The checkpoint records ``cfg`` (``TeacherInfo.squeeze_config``). An existing checkpoint is
+    The checkpoint records ``cfg`` (``TeacherRecord.squeeze_config``). An existing checkpoint is
     replaced only with ``overwrite``; the folder is checked before training starts.
     """
     check_out_dir(out_dir if out_dir is not None else default_out_dir(dataset, cfg.model), overwrite)
@@ -119,7 +120,7 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
         torch.manual_seed(cfg.seed)
         gen = torch.Generator().manual_seed(cfg.seed)
         # model_kwargs may ask for in_chans=3 on grey data (e.g. to match an RGB architecture);
-        # it is recorded as TeacherInfo.in_chans, not as a builder keyword.
+        # it is recorded as TeacherRecord.in_chans, not as a builder keyword.
         in_chans = int(model_kwargs.pop("in_chans", dataset.channels))
         model = create_model(cfg.model, dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
                              **model_kwargs).to(device)
@@ -173,13 +174,13 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
         test_accuracy = evaluate_top1(model, dataset.test, dataset)
 
     model.eval()
-    info = TeacherInfo(model_name=cfg.model, model_kwargs=model_kwargs, num_classes=dataset.num_classes,
-                       in_chans=in_chans, image_size=dataset.image_size, mean=tuple(dataset.mean),
-                       std=tuple(dataset.std), class_names=list(dataset.class_names), dataset=dataset.name,
-                       dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4),
-                       squeeze_config=cfg.model_dump(mode="json"))
+    info = TeacherRecord(model_name=cfg.model, model_kwargs=model_kwargs, num_classes=dataset.num_classes,
+                         in_chans=in_chans, image_size=dataset.image_size, mean=tuple(dataset.mean),
+                         std=tuple(dataset.std), class_names=list(dataset.class_names), dataset=dataset.name,
+                         dataset_fingerprint=dataset.fingerprint(), test_accuracy=round(float(test_accuracy), 4),
+                         squeeze_config=cfg.model_dump(mode="json"))
     path = teacher_path(out)
-    save_teacher(path, model, info, replace=overwrite)
+    info = save_teacher(path, model, info, replace=overwrite)
     return SqueezeResult(path=path, info=info, test_accuracy=float(test_accuracy), train_seconds=train_seconds,
                          epochs=cfg.epochs, config=cfg)
 
@@ -187,16 +188,16 @@ def squeeze(dataset: ImageDataset, cfg: SqueezeConfig, *, out_dir: str | os.Path
 # --------------------------------------------------------------------------- a cached teacher
 class EnsuredTeacher(NamedTuple):
     path: Path          # out_dir/teacher.pt
-    info: TeacherInfo   # as saved: test accuracy, dataset fingerprint, squeeze config
+    info: TeacherRecord   # as saved: test accuracy, dataset fingerprint, squeeze config
     reused: bool        # False when this call trained it
 
 
-def teacher_matches(info: TeacherInfo, dataset: ImageDataset, cfg: SqueezeConfig) -> bool:
+def teacher_matches(info: TeacherRecord, dataset: ImageDataset, cfg: SqueezeConfig) -> bool:
     """Whether a saved teacher is the one `squeeze(dataset, cfg)` trains: the same data (by
     fingerprint), model name and model keywords, and the same SqueezeConfig where the checkpoint
     records one (a teacher saved before it was recorded is judged on the rest)."""
     kwargs = dict(cfg.model_kwargs)
-    in_chans = kwargs.pop("in_chans", None)  # squeeze records it as TeacherInfo.in_chans, not as a keyword
+    in_chans = kwargs.pop("in_chans", None)  # squeeze records it as TeacherRecord.in_chans, not as a keyword
     if (not dataset.matches(info.dataset_fingerprint) or info.model_name != cfg.model
             or info.model_kwargs != kwargs or (in_chans is not None and info.in_chans != in_chans)):
         return False

@@ -37,8 +37,9 @@ from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.fileio import check_new_output
 from fadrm_ray.runtime import resolve_device
 from fadrm_ray.teacher_weights import FoundWeights, find_weights, timm_meta
-from fadrm_ray.models import (ImportRecord, ModelError, NormalizationCandidate, TeacherInfo, create_model,
+from fadrm_ray.models import (ModelError, create_model,
                               evaluate_top1, save_teacher, teacher_view)
+from fadrm_ray.teacher_record import ImportRecord, NormalizationCandidate, TeacherRecord
 
 # A teacher is refused when its top-1 is within this many binomial standard deviations of chance.
 CHANCE_SIGMAS = 3.0
@@ -317,12 +318,12 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
         raise ModelError(f"dataset {dataset.name} has no test images to measure the teacher on")
     chance, bar = chance_bar(dataset.num_classes, len(test))
 
-    def teacher_info(mean, std, record) -> TeacherInfo:
-        return TeacherInfo(model_name=settings.model, model_kwargs=dict(settings.model_kwargs),
-                           num_classes=dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
-                           mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std),
-                           class_names=list(dataset.class_names), dataset=dataset.name,
-                           dataset_fingerprint=dataset.fingerprint(), imported=record.model_dump(mode="json"))
+    def teacher_info(mean, std, record) -> TeacherRecord:
+        return TeacherRecord(model_name=settings.model, model_kwargs=dict(settings.model_kwargs),
+                             num_classes=dataset.num_classes, in_chans=in_chans, image_size=dataset.image_size,
+                             mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std),
+                             class_names=list(dataset.class_names), dataset=dataset.name,
+                             dataset_fingerprint=dataset.fingerprint(), imported=record)
 
     base = ImportRecord(source=weights.described, weights_sha256=weights.weights_sha256, normalization="",
                         trained_size=weights.trained_size, eval_images=len(test), chance=round(chance, 4),
@@ -358,9 +359,9 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
         check_class_order(model, test, teacher_view(dataset, [info]), dataset)
     if order_note:
         warnings.insert(0, order_note)
-    info.test_accuracy = round(float(top1), 4)
-    digest = save_teacher(out, model.cpu(), info, replace=False)
-    return ImportResult(path=str(Path(out).resolve()), sha256=digest, model=settings.model, dataset=dataset.name,
+    info = save_teacher(out, model.cpu(), info.model_copy(update={"test_accuracy": round(float(top1), 4)}),
+                        replace=False)
+    return ImportResult(path=str(Path(out).resolve()), sha256=info.sha256, model=settings.model, dataset=dataset.name,
                         num_classes=dataset.num_classes, image_size=dataset.image_size, top1=round(float(top1), 4),
                         chance=round(chance, 4), bar=round(bar, 4), record=record, mean=info.mean, std=info.std,
                         seconds=round(time.perf_counter() - started, 2), warnings=warnings,

@@ -50,7 +50,7 @@ def test_squeeze_distill_info_export(teacher_path, tmp_path, capsys):
     assert sorted(labels.tolist()) == sorted(list(range(10)) * 2)     # every class twice
     assert sorted(zip(labels.tolist(), ipc.tolist())) == [(c, i) for c in range(10) for i in range(2)]
     assert run.class_names == [str(c) for c in range(10)]
-    assert run.provenance.teachers[0].sha256 and run.provenance.config["alpha"] == 0.5
+    assert run.provenance.teachers[0].sha256 and run.provenance.config.alpha == 0.5
     assert run.provenance.class_map[3] == "3"
     assert (run.run_dir / "config.yaml").is_file() and run.complete
 

@@ -82,16 +82,17 @@ def _old_plan_json() -> str:
     """A plan as the versions before this one stored it: ipc, classes, seed and preset beside
     the job, and again in its config."""
     from fadrm_ray.config import make_config
-    from fadrm_ray.runs.job import DistillJob, TeacherRef
+    from fadrm_ray.runs.job import DistillJob
 
     cfg = make_config("fadrm", overrides={"iterations": 8, "precision": "fp32"}, ipc=2, classes=[3, 7], seed=5)
     job = DistillJob(config=cfg, dataset_spec="digits", dataset_fingerprint="d" * 16, num_classes=10,
                      image_size=8, channels=1, store="/store", run_id="fadrm-pinned",
-                     teachers=(TeacherRef(path="/teachers/t.pt", sha256="a" * 64, model="convnet-bn", in_chans=1,
-                                          test_accuracy=0.9),), device_type="cpu")
+                     teachers=(), device_type="cpu")
+    # The teacher as those versions recorded it (its model under "model").
+    teacher = {"path": "/teachers/t.pt", "sha256": "a" * 64, "model": "convnet-bn", "in_chans": 1, "test_accuracy": 0.9}
     return json.dumps({"dataset": "digits", "teachers": ["digits-tiny"], "classes": [3, 7], "class_names": ["3", "7"],
                        "ipc": 2, "preset": "fadrm", "seed": 5, "evaluate": False, "baselines": False,
-                       "job": job.model_dump(mode="json"), "evaluation": None})
+                       "job": {**job.model_dump(mode="json"), "teachers": [teacher]}, "evaluation": None})
 
 
 # The fingerprint of the plan above as the versions that stored it computed it.

@@ -1,7 +1,6 @@
 """Model factory, teacher checkpoints, teacher/dataset compatibility."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 
@@ -12,7 +11,7 @@ from torch import nn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fadrm_ray.data.base import ImageDataset, Split  # noqa: E402
-from fadrm_ray.models import (MODEL_NAMES, ModelError, TeacherInfo, check_teacher_fits, create_model,  # noqa: E402
+from fadrm_ray.models import (MODEL_NAMES, ModelError, TeacherRecord, check_teacher_fits, create_model,  # noqa: E402
                               load_teacher, match_channels, save_teacher)
 
 
@@ -90,15 +89,15 @@ def test_match_channels():
 
 # ---------------------------------------------------------------- checkpoints
 
-def _info(**over) -> TeacherInfo:
+def _info(**over) -> TeacherRecord:
     base = dict(model_name="convnet-bn", model_kwargs={"width": 16, "depth": 2}, num_classes=3, in_chans=1,
                 image_size=8, mean=(0.3,), std=(0.4,), class_names=["a", "b", "c"], dataset="toy",
                 dataset_fingerprint="abc", test_accuracy=91.5)
     base.update(over)
-    return TeacherInfo(**base)
+    return TeacherRecord(**base)
 
 
-def _trained_like(info: TeacherInfo) -> nn.Module:
+def _trained_like(info: TeacherRecord) -> nn.Module:
     torch.manual_seed(1)
     model = create_model(info.model_name, info.num_classes, info.in_chans, info.image_size, **info.model_kwargs)
     model.train()
@@ -111,17 +110,16 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path):
     info = _info()
     model = _trained_like(info)
     path = tmp_path / "sub" / "teacher.pt"
-    digest = save_teacher(path, model, info)
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    saved = save_teacher(path, model, info)
+    digest = saved.sha256
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest() and saved.path == str(path)
+    assert saved.model_copy(update={"path": "", "sha256": None}) == info
     assert [p.name for p in path.parent.iterdir()] == ["teacher.pt"]  # no temp files left behind
 
     loaded, loaded_info = load_teacher(path)
     assert not loaded.training
     assert all(not p.requires_grad for p in loaded.parameters())
-    assert loaded_info.sha256 == digest and loaded_info.path == str(path)
-    for f in dataclasses.fields(TeacherInfo):
-        if f.name not in ("sha256", "path"):
-            assert getattr(loaded_info, f.name) == getattr(info, f.name), f.name
+    assert loaded_info == saved  # every field read back, with where the file is and its sha256
     x = torch.randn(4, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(model(x), loaded(x))
@@ -147,6 +145,32 @@ def test_load_teacher_rejects_missing_and_garbage(tmp_path):
     torch.save({"weights": torch.zeros(2)}, other)
     with pytest.raises(ModelError, match="not a fadrm teacher"):
         load_teacher(other)
+
+
+def test_a_checkpoint_record_lacking_a_field_is_refused_on_both_ways(tmp_path):
+    path = tmp_path / "t.pt"
+    with pytest.raises(ModelError, match="lacks num_classes"):
+        save_teacher(path, _trained_like(_info()), _info().model_copy(update={"num_classes": None}))
+    assert not path.exists()
+    save_teacher(path, _trained_like(_info()), _info())
+    payload = torch.load(path, weights_only=True)
+    del payload["info"]["dataset_fingerprint"]
+    torch.save(payload, path)
+    with pytest.raises(ModelError, match="lacks dataset_fingerprint"):
+        load_teacher(path)
+
+
+def test_an_older_checkpoint_record_reads_back_typed(tmp_path):
+    """Checkpoints written when the record was a dataclass: NaN for an unmeasured top-1, the import
+    record a plain dict, class names as written."""
+    path = tmp_path / "t.pt"
+    save_teacher(path, _trained_like(_info()), _info())
+    payload = torch.load(path, weights_only=True)
+    payload["info"].update(test_accuracy=float("nan"), imported={"source": "file /w.pth", "normalization": "flags",
+                                                                 "eval_images": 10, "chance": 33.3})
+    torch.save(payload, path)
+    _, info = load_teacher(path)
+    assert info.test_accuracy is None and info.imported.source == "file /w.pth" and info.imported.eval_images == 10
 
 
 def test_load_teacher_rejects_weights_of_another_shape(tmp_path):

@@ -59,11 +59,11 @@ def _record(dataset: ImageDataset, teacher_sha: str, chosen: str, gain: float, s
 
 
 def test_every_job_built_on_that_data_takes_the_cached_choice_and_a_given_recipe_wins(tmp_path):
-    from fadrm_ray.models import TeacherInfo
+    from fadrm_ray.teacher_record import TeacherRecord
     from fadrm_ray.runs.job import build_job
 
     dataset = _colour()
-    info = TeacherInfo(model_name="convnet-bn", model_kwargs={}, num_classes=4, in_chans=3, image_size=8,
+    info = TeacherRecord(model_name="convnet-bn", model_kwargs={}, num_classes=4, in_chans=3, image_size=8,
                        mean=dataset.mean, std=dataset.std, class_names=dataset.class_names, dataset=dataset.name,
                        dataset_fingerprint=dataset.fingerprint(), sha256="ab" * 32, path=str(tmp_path / "t.pt"))
     record = _record(dataset, info.sha256, "gentle", 0.5, 0.4)

@@ -44,7 +44,7 @@ def test_distill_and_info_name_the_recipe(digits_teacher, tmp_path, capsys):
 def test_the_recipe_line_reads_the_run_s_own_record(tmp_path):
     from fadrm_ray.layout import RunLayout
 
-    layout = RunLayout(tmp_path)  # a run without job.json: from its saved config and provenance
+    layout = RunLayout(tmp_path)  # from its saved config and provenance
     colour_data = RunProvenance(dataset=RecordedDataset(image_size=32, channels=3))
     colour = SimpleNamespace(config=make_config(overrides={"recipe": "cifar"}), provenance=colour_data, layout=layout)
     assert run_recipe(colour).startswith("cifar, auto's choice for 3-channel 32-px images: the released")

@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from fadrm_ray.config import make_config
-from fadrm_ray.store.run_files import RecordedTeacher, RunManifest, RunProvenance, UnitManifest, UnitStats
+from fadrm_ray.store.run_files import RunManifest, RunProvenance, UnitManifest, UnitStats
+from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.store import (
     ImageRecord,
     RunStore,
@@ -23,7 +24,7 @@ from fadrm_ray.store import (
 )
 
 CLASSES = ["airplane", "bird", "cat", "dog"]
-PROVENANCE = RunProvenance(seed=7, teachers=[RecordedTeacher(path="convnet-test.pt", sha256="ab" * 32)],
+PROVENANCE = RunProvenance(seed=7, teachers=[TeacherRecord(path="convnet-test.pt", sha256="ab" * 32)],
                            code_version="test")
 
 

@@ -82,7 +82,7 @@ def test_torchvision_state_dict_round_trip(torchvision_weights, digits, tmp_path
     assert _logits_gap(out, original, digits) <= 1e-5
     _, info = load_teacher(out)
     assert info.model_name == "torchvision:resnet18" and info.class_names == digits.class_names
-    assert info.import_record.eval_images == 200 and info.test_accuracy > info.import_record.chance
+    assert info.imported.eval_images == 200 and info.test_accuracy > info.imported.chance
 
 
 def test_timm_safetensors_round_trip(timm_weights, digits, tmp_path, capsys):

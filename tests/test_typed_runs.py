@@ -70,10 +70,10 @@ def test_no_module_outside_the_store_readers_reads_a_run_file_as_a_dict():
     assert stale == [], "entries of NOT_RUN_FILES that no longer match a read"
 
 
-def _old_run(tmp_path: Path) -> tuple[Path, Path]:
+def _old_run(tmp_path: Path, version: int = 1) -> tuple[Path, Path]:
     import tarfile
 
-    with tarfile.open(ROOT / "tests" / "data" / "run-format-1.tar.gz") as archive:
+    with tarfile.open(ROOT / "tests" / "data" / f"run-format-{version}.tar.gz") as archive:
         archive.extractall(tmp_path, filter="data")
     (run,) = (tmp_path / "store").iterdir()
     return run, tmp_path / "teacher" / "teacher.pt"
@@ -109,19 +109,64 @@ def test_a_run_of_the_first_format_opens_typed_verifies_evaluates_and_exports(tm
     assert sorted(p.name for p in (tmp_path / "export").iterdir() if p.is_dir()) == ["0", "1"]
 
 
-def test_a_run_saves_the_job_that_wrote_it_and_its_files_read_back_as_models(small_run):
+def test_a_run_records_what_was_asked_in_its_provenance_and_its_files_read_back_as_models(small_run):
     from fadrm_ray.layout import RunLayout
-    from fadrm_ray.runs.reopen import recorded_job
     from fadrm_ray.store import open_run
+    from fadrm_ray.teacher_record import TeacherRecord
 
     layout = RunLayout(small_run)
-    job = recorded_job(layout)  # job.json, beside config.yaml
-    assert job is not None and job.run_id == layout.run_id and job.run_dir == layout.run_dir
-    assert job.dataset_spec == "digits" and job.config.ipc == 3
+    assert not layout.legacy_job.exists()  # one record of what was asked: the parts' provenance
     reader = open_run(small_run)
-    assert isinstance(reader.config, DistillConfig) and reader.config.ipc == job.config.ipc
-    assert reader.manifest.format_version == run_files.RUN_FORMAT_VERSION and reader.manifest.run_id == job.run_id
-    assert [t.sha256 for t in reader.provenance.teachers] == [t.sha256 for t in job.teachers]
-    assert reader.provenance.dataset.fingerprint == job.dataset_fingerprint
+    recorded = reader.provenance
+    assert recorded.run_id == layout.run_id and recorded.dataset.spec == "digits"
+    assert isinstance(recorded.config, DistillConfig) and recorded.config.ipc == 3
+    assert isinstance(reader.config, DistillConfig) and reader.config.ipc == recorded.config.ipc
+    assert recorded.device_type == "cpu" and recorded.recipe_given is False and recorded.pilot is None
+    assert reader.manifest.format_version == run_files.RUN_FORMAT_VERSION and reader.manifest.run_id == recorded.run_id
+    (teacher,) = recorded.teachers
+    assert isinstance(teacher, TeacherRecord) and Path(teacher.path).is_absolute() and len(teacher.sha256) == 64
+    assert teacher.model_name and teacher.in_chans == 1 and teacher.num_classes is None  # a reference, not the file
     stages = [stage for unit in reader.unit_manifests().values() for pack in unit.stats.packs for stage in pack.stages]
     assert stages and all(len(stage.ce) == len(stage.bn) == stage.iterations for stage in stages)
+
+
+def test_a_run_of_the_second_format_with_its_job_json_opens_verifies_evaluates_and_exports(tmp_path):
+    """`tests/data/run-format-2.tar.gz`: a run as the version before the teacher record was one
+    type wrote it (a job.json beside config.yaml; its teachers' model under "model"; its config and
+    pilot plain JSON in the provenance), with its teacher checkpoint (mnist-sample, IPC 2 of
+    classes 0 and 1, 4 iterations)."""
+    import json
+
+    from fadrm_ray.config import EvalConfig
+    from fadrm_ray.evaluation.eval_job import EvalJob, EvalSpec
+    from fadrm_ray.evaluation.store_run import evaluate_store_run
+    from fadrm_ray.models import load_teacher
+    from fadrm_ray.store import export_imagefolder, open_run
+    from fadrm_ray.store.verify import verify_run
+
+    run, teacher = _old_run(tmp_path, version=2)
+    assert json.loads((run / "job.json").read_text())["teachers"][0]["model"] == "convnet-bn"
+    reader = open_run(run)
+    recorded = reader.provenance
+    assert isinstance(recorded.config, DistillConfig) and recorded.config.ipc == 2 and recorded.config.classes == [0, 1]
+    assert recorded.teachers[0].model_name == "convnet-bn" and recorded.teachers[0].sha256
+    _, info = load_teacher(teacher)  # a checkpoint of that version reads as a TeacherRecord
+    assert info.sha256 == recorded.teachers[0].sha256 and info.model_name == "convnet-bn" and not info.missing()
+
+    check = verify_run(run)
+    assert check.complete and check.bad_units == [] and check.rows == 4
+    job = EvalJob(config=EvalConfig(epochs=1, seeds=1), teacher_copies=[teacher])
+    spec = EvalSpec(device="cpu", threads=1, progress=False)
+    measured = evaluate_store_run(run, job, spec)
+    assert measured.evaluation.images == 4 and measured.evaluation.classes == [0, 1]
+    assert export_imagefolder(run, tmp_path / "export") == 4
+
+
+def test_a_record_an_earlier_version_wrote_that_no_longer_validates_reads_as_absent():
+    """A pilot or config recorded by an earlier version of its model does not stop the run opening."""
+    raw = {"run_id": "r", "pilot": {"version": 0, "recipe": "cifar"}, "config": {"not_a_key": 1},
+           "teachers": [{"path": "/t.pt", "sha256": "ab" * 32, "model": "convnet-bn", "test_accuracy": 91.0}]}
+    recorded = run_files.RunProvenance.from_raw(raw)
+    assert recorded.pilot is None and recorded.config is None
+    assert recorded.teachers[0].model_name == "convnet-bn" and recorded.teachers[0].test_accuracy == 91.0
+    assert run_files.RunProvenance.from_raw({"config": {}}).config is None

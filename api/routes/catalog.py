@@ -37,10 +37,9 @@ def teachers(service: ServiceDep) -> list[TeacherListed]:
             info = service.catalog.teacher(name).info
         except (UnknownName, UnusableTeacher):  # changed since it was listed
             continue
-        accuracy = info.test_accuracy if info.test_accuracy == info.test_accuracy else None
         out.append(TeacherListed(name=name, model=info.model_name, dataset=info.dataset, num_classes=info.num_classes,
                                class_names=list(info.class_names), image_size=info.image_size,
-                               in_chans=info.in_chans, test_accuracy=accuracy))
+                               in_chans=info.in_chans, test_accuracy=info.test_accuracy))
     return out
 
 

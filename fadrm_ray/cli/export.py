@@ -51,13 +51,13 @@ def run(args) -> None:
         storage = LabelStorage(topk=args.topk, epochs=args.label_epochs) if args.soft_labels else None
         count, product, files = export_with_product(args.run, args.out, args.format, classes,
                                                     incomplete=args.incomplete, ipc=args.ipc,
-                                                    shipped=Shipped(teachers=args.with_teacher, soft_labels=storage),
+                                                    shipped=Shipped(with_teachers=args.with_teacher, soft_labels=storage),
                                                     progress=not args.quiet)
-        teachers = [str(p) for p in files[:len(product.teachers)]]
+        teachers = [str(p) for p in files[:len(product.teacher_files)]]
         payload.update(images=count, teachers=teachers, recipe=str(files[-1]), recipe_from=product.recipe_from)
         shipped = [f"the teacher(s) {', '.join(teachers)}"] if teachers else []
         if product.soft_labels is not None:
-            labels = str(files[len(product.teachers)])
+            labels = str(files[len(product.teacher_files)])
             payload.update(soft_labels=labels, soft_label_bytes_per_image=round(product.soft_label_bytes_per_image, 1),
                            soft_label_topk=product.recipe.soft_label_topk,
                            soft_label_epochs=product.recipe.soft_label_epochs or product.recipe.epochs)

@@ -1,7 +1,6 @@
 """`fadrm info`: describe a run (config, classes, rows, timings, the recipe and pilot it came from).
 
-`run_recipe` and `run_pilot` read what a run records about its recipe (its saved config and its
-provenance)."""
+`run_recipe` reads what a run records about its recipe (its saved config and its provenance)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +11,6 @@ from fadrm_ray.cli.common import IPC_HELP, common_parser
 
 if TYPE_CHECKING:
     from fadrm_ray.store.reader import RunReader
-    from fadrm_ray.pilot_record import PilotRecord
 
 NAME = "info"
 HEAVY = False
@@ -27,27 +25,17 @@ def add_parser(sub):
 
 def run_recipe(reader: RunReader) -> str:
     """The recipe a run's "auto" values came from, with why (`recipes.recipe_reason`), from its
-    saved config and the image size and channels its provenance records."""
+    saved config and what its provenance records: the image size and channels, the pilot, whether
+    the recipe was named."""
     from fadrm_ray.recipes import recipe_reason
-    from fadrm_ray.runs.reopen import recorded_job
 
-    job = recorded_job(reader.layout)
-    if job is not None and reader.config is not None and job.config.recipe == reader.config.recipe:
-        return job.recipe
-    data = reader.provenance.dataset
+    recorded = reader.provenance
+    data = recorded.dataset
     size, channels = (data.image_size, data.channels) if data is not None else (None, None)
     known = size is not None and channels is not None
     recipe = reader.config.recipe if reader.config is not None else ""
     return recipe_reason(recipe, size if known else None, channels if known else 1,
-                         piloted=reader.provenance.pilot is not None)
-
-
-def run_pilot(reader: RunReader) -> "PilotRecord | None":
-    """The pilot whose choice the run's recipe is, as its provenance records it; None when none was."""
-    from fadrm_ray.pilot_record import PilotRecord
-
-    recorded = reader.provenance.pilot
-    return None if recorded is None else PilotRecord.model_validate(recorded)
+                         piloted=recorded.pilot is not None, given=recorded.recipe_given)
 
 
 def run(args) -> None:
@@ -62,7 +50,7 @@ def run(args) -> None:
     # The spec `fadrm evaluate` and `fadrm verify --repair` reopen it by.
     info["dataset"] = {"spec": data.spec if data else None, "fingerprint": data.fingerprint if data else None}
     info["recipe"] = run_recipe(reader)
-    pilot = run_pilot(reader)
+    pilot = reader.provenance.pilot  # the pilot whose choice the run's recipe is
     if pilot is not None:
         info["pilot"] = pilot.summary()
         if pilot.below_random is not None:

@@ -62,7 +62,7 @@ def baseline_configs(run_config: DistillConfig, ipc: int | None = None) -> dict[
 def baseline_job(run: OpenedRun, bcfg: DistillConfig, loaded_teachers: list[tuple],
                  spec: EvalSpec | None = None) -> tuple[DistillJob, JobParts]:
     """The distill job of the baseline `bcfg` of the opened run, in the same store, with the run's
-    own teachers (`loaded_teachers`: (model, TeacherInfo) pairs, as `load_run_teachers` gives
+    own teachers (`loaded_teachers`: (model, TeacherRecord) pairs, as `load_run_teachers` gives
     them), whose scores pick the patches, for `spec`'s device (None: `EvalSpec()`); and its parts.
     Building it writes nothing."""
     device = (spec or EvalSpec()).on_device()

@@ -115,7 +115,7 @@ class OpenedRun:
     content_hash: str
     dataset: "ImageDataset"      # checked by fingerprint against the run's
     labeler: "SoftLabeler"       # the teachers that label its students
-    own_teachers: tuple = ()     # the run's own teachers, loaded ((model, TeacherInfo) pairs), where asked for
+    own_teachers: tuple = ()     # the run's own teachers, loaded ((model, TeacherRecord) pairs), where asked for
     own_missing: str | None = None  # why they could not be loaded (then no baseline can be distilled)
 
     @property

@@ -25,7 +25,8 @@ from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.data.common import decode_bytes
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.data.parquet import fadrm_hflip, label_names
-from fadrm_ray.models import TeacherInfo, load_teacher
+from fadrm_ray.models import load_teacher
+from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.evaluation.scores import Evaluation
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.settings import EvaluationError
@@ -108,13 +109,13 @@ class PackedSoftLabels:
         return kd_loss(logits, step.logits, self.temperature)
 
 
-def _check_classes(file: DistilledFile, info: TeacherInfo, teacher: str) -> None:
+def _check_classes(file: DistilledFile, info: TeacherRecord, teacher: str) -> None:
     if [str(n) for n in info.class_names] != file.class_names:
         raise EvaluationError(f"teacher {teacher} has other classes than the data file ({info.num_classes} classes, "
                               f"{info.dataset}): it is not the teacher of these images")
 
 
-def _training_only(file: DistilledFile, info: TeacherInfo, source: str) -> ImageDataset:
+def _training_only(file: DistilledFile, info: TeacherRecord, source: str) -> ImageDataset:
     """A dataset of the file's images alone (no test split), normalized as the teacher was."""
     empty = Split(labels=torch.empty(0, dtype=torch.int64),
                   load=lambda idx: torch.empty((0, *file.images.shape[1:]), dtype=torch.uint8))

@@ -30,7 +30,7 @@ from fadrm_ray.store.records import StoreError
 
 @dataclass(frozen=True)
 class Product:
-    teachers: tuple[bytes, ...]  # the run's teacher checkpoints, in its order, as they are (or none)
+    teacher_files: tuple[bytes, ...]  # the run's teacher checkpoints, in its order, as they are (or none)
     recipe: EvalConfig
     recipe_from: str             # the evaluation file whose config it is, or "default (N images, ipc M)"
     soft_labels: bytes | None = None  # the recipe's students' stored soft labels, packed
@@ -39,21 +39,21 @@ class Product:
     def files(self, prefix: str = "") -> dict[str, bytes]:
         """{file name: bytes} (`file_names`)."""
         recipe = (self.recipe.model_dump_json(indent=2) + "\n").encode()
-        blobs = (*self.teachers, *(() if self.soft_labels is None else (self.soft_labels,)), recipe)
-        return dict(zip(file_names(len(self.teachers), prefix, self.soft_labels is not None), blobs, strict=True))
+        blobs = (*self.teacher_files, *(() if self.soft_labels is None else (self.soft_labels,)), recipe)
+        return dict(zip(file_names(len(self.teacher_files), prefix, self.soft_labels is not None), blobs, strict=True))
 
 
-def file_names(teachers: int, prefix: str = "", soft_labels: bool = False) -> list[str]:
+def file_names(teacher_count: int, prefix: str = "", soft_labels: bool = False) -> list[str]:
     """`<prefix>teacher.pt`, `<prefix>teacher-1.pt`, ... (one per teacher), then
     `<prefix>soft-labels.parquet` where asked, then `<prefix>recipe.json`."""
-    names = ([f"{prefix}teacher.pt"] + [f"{prefix}teacher-{i}.pt" for i in range(1, teachers)]) if teachers else []
+    names = ([f"{prefix}teacher.pt"] + [f"{prefix}teacher-{i}.pt" for i in range(1, teacher_count)]) if teacher_count else []
     return [*names, *([f"{prefix}soft-labels.parquet"] if soft_labels else []), f"{prefix}recipe.json"]
 
 
 def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, incomplete: bool = False,
-           ipc: int | None = None, teachers: bool = True, soft_labels: LabelStorage | None = None,
+           ipc: int | None = None, with_teachers: bool = True, soft_labels: LabelStorage | None = None,
            progress: bool = False) -> Product:
-    """The run's teachers (unless `teachers` is False) and report recipe, for an export of
+    """The run's teachers (unless `with_teachers` is False) and report recipe, for an export of
     `classes` of the run read at `ipc`; with `soft_labels`, the recipe's students' labels stored
     so (at the recipe's temperature), and the recipe says so."""
     from fadrm_ray.runs.reopen import run_teachers
@@ -74,7 +74,7 @@ def gather(run_dir: str | os.PathLike, classes: Iterable[int] | None = None, *, 
                                             "soft_label_dtype": soft_labels.dtype, "soft_label_topk": soft_labels.topk,
                                             "soft_label_epochs": soft_labels.epochs})
         packed, per_image = stored_soft_labels(reader, classes, recipe, paths, progress=progress)
-    return Product(tuple(blobs) if teachers else (), recipe, source, packed, per_image)
+    return Product(tuple(blobs) if with_teachers else (), recipe, source, packed, per_image)
 
 
 def stored_soft_labels(reader: RunReader, classes: Iterable[int] | None, recipe: EvalConfig, teacher_paths: list[str], *,
@@ -136,7 +136,7 @@ class Shipped(BaseModel):
     soft labels stored so (None: not shipped). The recipe always goes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    teachers: bool = True
+    with_teachers: bool = True
     soft_labels: LabelStorage | None = None
 
 
@@ -151,19 +151,19 @@ def export_with_product(run_dir: str | os.PathLike, out: str | os.PathLike, form
     from fadrm_ray.store.export import export_imagefolder, export_parquet, export_tensors
 
     shipped = shipped or Shipped()
-    teachers, soft_labels = shipped.teachers, shipped.soft_labels
+    with_teachers, soft_labels = shipped.with_teachers, shipped.soft_labels
     out = Path(out)
     if format == "imagefolder":
         check_new_output(out, "--out", empty_dir_ok=True)
-        product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, teachers=teachers,
+        product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, with_teachers=with_teachers,
                          soft_labels=soft_labels, progress=progress)
         files = product.files()
         count = export_imagefolder(run_dir, out, classes, incomplete=incomplete, ipc=ipc, extra=files)
         return count, product, [out / name for name in files]
-    recorded = len(open_run(run_dir, incomplete=incomplete).provenance.teachers) if teachers else 0
-    for name in [out.name, *file_names(max(1, recorded) if teachers else 0, f"{out.stem}.", soft_labels is not None)]:
+    recorded = len(open_run(run_dir, incomplete=incomplete).provenance.teachers) if with_teachers else 0
+    for name in [out.name, *file_names(max(1, recorded) if with_teachers else 0, f"{out.stem}.", soft_labels is not None)]:
         check_new_output(out.with_name(name), "export target")  # every target checked before any work
-    product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, teachers=teachers,
+    product = gather(run_dir, classes, incomplete=incomplete, ipc=ipc, with_teachers=with_teachers,
                      soft_labels=soft_labels, progress=progress)
     beside = {out.with_name(name): data for name, data in product.files(f"{out.stem}.").items()}
     export = export_parquet if format == "parquet" else export_tensors

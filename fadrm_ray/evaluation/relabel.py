@@ -229,7 +229,7 @@ class SoftLabeler:
 
     @classmethod
     def from_loaded(cls, models: Sequence[nn.Module], infos: Sequence, device: str | torch.device = "cpu") -> "SoftLabeler":
-        """Teachers already loaded (`load_teacher`'s models and TeacherInfos)."""
+        """Teachers already loaded (`load_teacher`'s models and TeacherRecords)."""
         return cls(models, [i.mean for i in infos], [i.std for i in infos], [i.in_chans for i in infos],
                    [i.sha256 for i in infos], device)
 

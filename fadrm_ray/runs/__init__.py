@@ -10,8 +10,8 @@
   Ray one, with the same signature); `run_job` (the lock, the plan, the manifest) through any
   `RunExecutor`; the local one.
 - `messages`: the typed replies and records that cross a process or a file on the way back.
-- `reopen`: a run's data and teachers found again from what it records, each checked (for an
-  evaluation or a repair), and the `DistillJob` it saved (job.json).
+- `reopen`: a run's data and teachers found again from what its provenance records, each checked
+  (for an evaluation or a repair).
 
-Imports point one way: `execute` -> `stages`, `units` -> `job`; `reopen` -> `job`.
+Imports point one way: `execute` -> `stages`, `units` -> `job`.
 """

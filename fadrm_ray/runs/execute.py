@@ -31,7 +31,7 @@ from fadrm_ray.runs.units import Unit, checkpointed_units, plan_units, request_i
 from fadrm_ray.runtime import resolve_device, tune_allocator
 from fadrm_ray.store import RunStore, StoreError
 from fadrm_ray.store.manifests import read_config
-from fadrm_ray.store.run_files import RecordedDataset, RecordedTeacher, RunProvenance
+from fadrm_ray.store.run_files import RecordedDataset, RunProvenance
 
 
 class DistillResult(BaseModel):
@@ -68,12 +68,9 @@ def provenance(job: DistillJob, dataset: ImageDataset) -> RunProvenance:
     directory."""
     described = {k: v for k, v in dataset.describe().items() if k != "class_names"}
     return RunProvenance(
-        run_id=job.run_id, config=job.config.to_dict(), dataset=RecordedDataset(**described, spec=job.dataset_spec),
-        class_map=dict(enumerate(dataset.class_names)),
-        teachers=[RecordedTeacher(path=t.path, sha256=t.sha256, model=t.model, test_accuracy=t.test_accuracy)
-                  for t in job.teachers],
-        seed=job.config.seed, code_version=__version__,
-        pilot=job.pilot.model_dump(mode="json") if job.pilot is not None else None)
+        run_id=job.run_id, config=job.config, dataset=RecordedDataset(**described, spec=job.dataset_spec),
+        class_map=dict(enumerate(dataset.class_names)), teachers=list(job.teachers), seed=job.config.seed,
+        code_version=__version__, pilot=job.pilot, recipe_given=job.recipe_given, device_type=job.device_type)
 
 
 class RunExecutor(Protocol):
@@ -101,7 +98,7 @@ def run_job(job: DistillJob, executor: RunExecutor, parts: JobParts | None = Non
     started = time.perf_counter()
     cfg = job.config
     store = RunStore(job.store, job.run_id)
-    with store.session(run_config(cfg, store.layout), job=job):
+    with store.session(run_config(cfg, store.layout)):
         waited = time.perf_counter() - started
         # Planned after the lock: a writer we waited for may have added units, or done them all.
         done = store.finished_units()

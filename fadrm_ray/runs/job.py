@@ -33,23 +33,12 @@ from fadrm_ray.config import ConfigError, DistillConfig
 from fadrm_ray.errors import InputError
 from fadrm_ray.pilot_record import PilotRecord, cached_pilot, pilot_reason
 from fadrm_ray.settings import Settings
+from fadrm_ray.teacher_record import TeacherRecord
 
 if TYPE_CHECKING:
     import torch.nn as nn
 
     from fadrm_ray.data.base import ImageDataset
-    from fadrm_ray.models import TeacherInfo
-
-
-class TeacherRef(BaseModel):
-    """A teacher as the job knows it: where it is and what its bytes are."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    path: str
-    sha256: str
-    model: str
-    in_chans: int
-    test_accuracy: float | None = None
 
 
 class DistillJob(BaseModel):
@@ -62,7 +51,7 @@ class DistillJob(BaseModel):
     num_classes: int
     image_size: int
     channels: int | None = None      # None in jobs recorded before the recipe depended on it
-    teachers: tuple[TeacherRef, ...]
+    teachers: tuple[TeacherRecord, ...]  # each `TeacherRecord.reference()`, by absolute path
     store: str                       # the store root; the run is STORE/<run_id>
     run_id: str
     device_type: str                 # the device type the config was resolved for
@@ -129,7 +118,7 @@ def make_run_id(cfg: DistillConfig, dataset_fingerprint: str, teacher_hashes: Se
     return f"{cfg.preset.replace('+', 'plus')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
 
 
-def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teachers: Sequence["TeacherInfo"],
+def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, teachers: Sequence["TeacherRecord"],
               store: str | Path, device_type: str = "cpu", data_root: str | None = None) -> DistillJob:
     """The job of `cfg` (unresolved) on `dataset` with `teachers` (checked to fit the dataset):
     resolved once, its run id computed once. The dataset spec and the teachers' paths are
@@ -154,8 +143,7 @@ def build_job(cfg: DistillConfig, dataset: "ImageDataset", dataset_spec: str, te
             cfg = cfg.model_copy(update={"recipe": pilot.chosen})
     resolved = cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
                            channels=dataset.channels)
-    refs = tuple(TeacherRef(path=os.path.abspath(i.path), sha256=i.sha256, model=i.model_name, in_chans=i.in_chans,
-                            test_accuracy=i.test_accuracy) for i in teachers)
+    refs = tuple(i.reference().model_copy(update={"path": os.path.abspath(i.path)}) for i in teachers)
     return DistillJob(config=resolved, dataset_spec=reopenable_spec(dataset_spec, dataset), data_root=data_root,
                       dataset_fingerprint=fingerprint, num_classes=dataset.num_classes,
                       image_size=dataset.image_size, channels=dataset.channels, teachers=refs, store=str(store),
@@ -169,7 +157,7 @@ class JobParts:
 
     dataset: "ImageDataset"
     models: list["nn.Module"]
-    infos: list["TeacherInfo"]
+    infos: list["TeacherRecord"]
     device: str
 
     @classmethod

@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.data.base import ImageDataset
-from fadrm_ray.models import TeacherInfo, check_teacher_fits, load_teacher
+from fadrm_ray.models import check_teacher_fits, load_teacher
+from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.packing import pack_limit
 from fadrm_ray.patches import score_class, scored, select_patches
 from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
@@ -37,7 +38,7 @@ def frozen_teachers(parts: JobParts, cfg: DistillConfig) -> list[FrozenTeacher]:
 
 
 def load_teachers(paths: Sequence[str | Path], dataset: ImageDataset, cfg: DistillConfig,
-                  device: str = "cpu") -> tuple[list[FrozenTeacher], list[TeacherInfo]]:
+                  device: str = "cpu") -> tuple[list[FrozenTeacher], list[TeacherRecord]]:
     """Load, check against the dataset (class order, size, channels) and freeze each teacher."""
     if not paths:
         raise InputError("at least one teacher checkpoint is needed (--teacher PATH)")

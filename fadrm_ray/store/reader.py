@@ -377,7 +377,7 @@ class RunReader:
             "image_shape": image_shape,
             "parts": len(self._parts),
             "config": _config_summary(self.config.to_dict() if self.config is not None else {}),
-            "teachers": [t.model_dump(include={"path", "model", "test_accuracy", "sha256"})
+            "teachers": [{"path": t.path, "model": t.model_name, "test_accuracy": t.test_accuracy, "sha256": t.sha256}
                          for t in self.provenance.teachers],
             "timings": {
                 **summary.timings,

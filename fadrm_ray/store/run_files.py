@@ -17,11 +17,16 @@ before it is validated, so the rest of the code sees one shape only.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-# 1: written before the version was recorded; 2: provenance, manifests and job.json as these models.
+from fadrm_ray.config import DistillConfig
+from fadrm_ray.pilot_record import PilotRecord
+from fadrm_ray.teacher_record import TeacherRecord
+
+# 1: written before the version was recorded; 2: provenance and manifests as these models (runs of
+# this version may hold a job.json, no longer read or written).
 RUN_FORMAT_VERSION = 2
 
 
@@ -204,27 +209,38 @@ class RecordedDataset(_RunFile):
     skipped_files: list[str] = []         # the first 100 of them, "path (reason)", relative to the folder
 
 
-class RecordedTeacher(_RunFile):
-    """A teacher a run was distilled with: where it was, its sha256, model and test accuracy."""
-
-    path: str
-    sha256: str | None = None
-    model: str | None = None
-    test_accuracy: float | None = None
+def _typed_or_none(model: type[BaseModel]):
+    """A validator that reads a recorded value as `model`, or None where it was written by an
+    earlier version of it that no longer validates: the run still opens, without that record."""
+    def read(value: Any) -> Any:
+        if value is None or value == {}:  # {}: nothing recorded
+            return None
+        if isinstance(value, model):
+            return value
+        try:
+            return model.model_validate(value)
+        except (ValidationError, ValueError, TypeError):
+            return None
+    return BeforeValidator(read)
 
 
 class RunProvenance(_RunFile):
-    """What every part file of a run records about how it was made (the ``fadrm`` metadata key)."""
+    """What every part file of a run records about how it was made (the ``fadrm`` metadata key):
+    the run's record of what was asked, derived from the job that wrote it
+    (`fadrm_ray.runs.execute.provenance`) and carried by every part, so a bare copy of the parts
+    still says it."""
 
     format_version: int = RUN_FORMAT_VERSION
     run_id: str | None = None
-    config: dict[str, Any] = {}
+    config: Annotated[DistillConfig | None, _typed_or_none(DistillConfig)] = None  # resolved, as the part was made
     dataset: RecordedDataset | None = None
     class_map: dict[int, str] = {}
-    teachers: list[RecordedTeacher] = Field(default_factory=list)
+    teachers: list[TeacherRecord] = Field(default_factory=list)  # each `TeacherRecord.reference()`
     seed: int | None = None
     code_version: str | None = None
-    pilot: dict[str, Any] | None = None   # a PilotRecord (fadrm_ray.pilot_record) as JSON
+    pilot: Annotated[PilotRecord | None, _typed_or_none(PilotRecord)] = None  # whose choice `auto` took
+    recipe_given: bool = False            # the recipe was named (`--set recipe=NAME`), not left to auto
+    device_type: str | None = None        # the device type the config was resolved for
 
 
 class ExportedRun(RunProvenance):

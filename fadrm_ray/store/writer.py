@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from pydantic import BaseModel
 
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text, sha256_bytes
@@ -56,20 +55,19 @@ class RunStore:
     def __repr__(self) -> str:
         return f"RunStore({str(self.run_dir)!r})"
 
-    def write_config(self, config: DistillConfig, job: BaseModel | None = None) -> Path:
-        """config.yaml, and beside it job.json: the job that writes the run (`DistillJob`), read
-        back typed by `fadrm_ray.runs.reopen`."""
-        if job is not None:
-            atomic_write_text(self.layout.job, job.model_dump_json(indent=2))
+    def write_config(self, config: DistillConfig) -> Path:
+        """config.yaml: the run's config, with the largest IPC asked. (A job.json that an earlier
+        version kept beside it is removed: what was asked is in every part's provenance.)"""
+        self.layout.legacy_job.unlink(missing_ok=True)
         text = yaml.safe_dump(config.to_dict(), sort_keys=False)
         return atomic_write_text(self.layout.config, text)
 
     # -- one writing command
     @contextlib.contextmanager
-    def session(self, config: DistillConfig, *, job: BaseModel | None = None, timeout: float | None = None,
+    def session(self, config: DistillConfig, *, timeout: float | None = None,
                 on_wait: Callable[[dict], None] | None = None):
         """Write the run as its only writer: take the writer lock (waiting while another command
-        writes the run; it then finds that command's units done), write config.yaml and job.json,
+        writes the run; it then finds that command's units done), write config.yaml,
         yield.
 
         A session that fails before any unit or stage checkpoint is on disk removes what it
@@ -80,7 +78,7 @@ class RunStore:
         lock.acquire(timeout, on_wait if on_wait is not None else waiting_notice(self.layout))
         discard = False
         try:
-            self.write_config(config, job)
+            self.write_config(config)
             yield self
         except BaseException:
             discard = not self.layout.unit_ids() and not self.layout.checkpoints()
@@ -94,7 +92,7 @@ class RunStore:
 
     def _discard_files(self) -> None:
         # No unit manifest exists, so any part file or patch ranking is a leftover of this attempt.
-        for path in (self.layout.config, self.layout.job, self.layout.ledger, *self.layout.parts_on_disk(),
+        for path in (self.layout.config, self.layout.ledger, *self.layout.parts_on_disk(),
                      *self.layout.patch_selections()):
             path.unlink(missing_ok=True)
 
