@@ -107,10 +107,12 @@ def _stderr(values: list[float]) -> float | None:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
-def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs: list[bytes],
+def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs_ref,
                      wait: Callable[[list], list]) -> tuple[Confirmation | None, dict[str, Reevaluated]]:
     """Evaluate the best finished trials again (module docstring), each a Ray task waited on with
-    `wait`; returns the confirmation (None where no trial finished) and each evaluation by trial."""
+    `wait`; returns the confirmation (None where no trial finished) and each evaluation by trial.
+    The dataset and the teachers' bytes are in Ray's object store once (`dataset_ref`,
+    `blobs_ref`: ray.put by the caller), and every task is given those references, not copies."""
     import ray
 
     done = sorted((r for r in rows if r.state == "done" and r.top1 is not None and r.run_id),
@@ -130,7 +132,7 @@ def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset
         job = Reevaluation(sweep=settings, trial=row.trial, run_dir=str(p.store / row.run_id),
                            ipc=trial_config(p.base, row.values).ipc, seeds=trial_seeds + new, students=students,
                            random_real=random_real)
-        return task.remote(job, dataset_ref, blobs)
+        return task.remote(job, dataset_ref, blobs_ref)
 
     refs = [submit(top[0], False, True)] if shared else []
     refs += [submit(row, True, not shared) for row in top]

@@ -371,7 +371,7 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
             return _finish(p, rows, stage, interrupted=True)
     stage.what = "during the confirmation of the best trials"
     try:
-        confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), blobs,
+        confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), ray.put(blobs),
                                                wait_interruptibly)
     except KeyboardInterrupt:
         with held_interrupt():
