@@ -1,6 +1,6 @@
 """Request bodies, bounded and parsed without surprises: the size limit (`BodyLimit`, a 413 in the
 service's JSON problem shape however the body is sent) and the one parse the refusal layer makes
-of a body (`parse_json`: never raises, whatever the content type, depth or size).
+of a body (`request_json`: never raises, whatever the content type, depth or size).
 
 Starlette's own limit answered a body announced over it with a `text/plain` "Content Too Large"
 (and replaced any other answer to such a request with it, the 401 of a request without a token
@@ -78,13 +78,15 @@ def is_json_type(content_type: str | None) -> bool:
     return media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json"))
 
 
-def parse_json(raw: bytes, content_type: str | None):
+async def request_json(request):
     """The body as JSON, or None where FastAPI would not read it as JSON (another content type) or
     it is not JSON: not UTF-8, malformed, nested deeper than the parser goes (RecursionError), or
-    anything else a parser may raise. The refusal of those is FastAPI's (400 or 422)."""
-    if not raw or not is_json_type(content_type):
+    anything else a parser may raise. The refusal of those is FastAPI's (400 or 422). Parsed once
+    a request: FastAPI parses an endpoint's JSON body before its dependencies run, and Starlette
+    keeps that parse on the request (`Request.json`), which this reads."""
+    if not is_json_type(request.headers.get("content-type")) or not await request.body():
         return None
     try:
-        return json.loads(raw)
+        return await request.json()
     except (ValueError, RecursionError, MemoryError):
         return None

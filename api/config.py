@@ -139,6 +139,9 @@ class ServiceSettings(BaseSettings):
     # more than max_job_records are kept.
     job_retention: float = Field(7 * 86400.0, gt=0)
     max_job_records: int = Field(10_000, ge=1)
+    # Job folders without a record (a service killed between removing a record and its folder)
+    # are looked for by the first sweep, then by a sweep at most this often (0: every sweep).
+    orphan_interval: float = Field(3600.0, ge=0)
     driver_heartbeat_timeout: float = Field(120.0, gt=0)
     # The proxies (addresses or networks) whose X-Forwarded-For header names the client: the
     # address limits and the access log then see the client's address, not the proxy's. Empty:
@@ -163,7 +166,7 @@ class ServiceSettings(BaseSettings):
             out.append(str(network.network_address) if network.num_addresses == 1 else str(network))
         return tuple(dict.fromkeys(out))
 
-    @field_validator("job_retention", mode="before")
+    @field_validator("job_retention", "orphan_interval", mode="before")
     @classmethod
     def _duration(cls, value):
         """Seconds, or a number with a unit: 90s, 30m, 12h, 7d."""

@@ -17,33 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fadrm_ray.evaluation.soft_labels import (PACK_KEY, PACK_ROW_GROUP, PackPart, SoftLabelError, SoftLabelMeta,
-                                              SoftLabelPack)
+from fadrm_ray.evaluation.soft_labels import (PACK_KEY, PACK_ROW_GROUP, PackPart, SoftLabelError, SoftLabelPack,
+                                              stored_folder)
 
 from api.files import private_output
 
 BATCH_BYTES = 1 << 20     # of one batch read from an epoch file
 BUFFER_BYTES = 2 << 20    # of the rows gathered into one row group (at most PACK_ROW_GROUP rows)
-
-
-def _epoch_file(folder: Path, epoch: int) -> Path:
-    return folder / f"epoch={epoch:05d}.parquet"  # the stored layout (soft_labels' module docstring)
-
-
-def _epochs(folder: Path) -> int:
-    n = 0
-    while _epoch_file(folder, n).is_file():
-        n += 1
-    return n
-
-
-def _meta(folder: Path) -> SoftLabelMeta:
-    try:
-        return SoftLabelMeta.model_validate_json((folder / "meta.json").read_bytes())
-    except FileNotFoundError:
-        raise SoftLabelError(f"no stored soft labels in {folder.name} (meta.json missing)") from None
-    except ValueError:
-        raise SoftLabelError(f"{folder.name}/meta.json is not a soft-label folder's") from None
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -58,10 +38,10 @@ def pack_to_file(folders: list[Path], out: Path) -> Path:
     """The soft-label folders of one or more seeds as one packed Parquet file at `out` (module
     docstring): their rows with `seed` and `epoch` columns first, seed by seed, epoch by epoch."""
     parts, sources = [], []
-    for folder in folders:
-        meta, epochs = _meta(folder), _epochs(folder)
-        parts.append(PackPart(meta=meta.model_copy(update={"epochs": epochs})))
-        sources += [(meta.seed, epoch, _epoch_file(folder, epoch)) for epoch in range(epochs)]
+    for folder in folders:  # read as fadrm_ray.evaluation.soft_labels stores them
+        meta, files = stored_folder(folder)
+        parts.append(PackPart(meta=meta.model_copy(update={"epochs": len(files)})))
+        sources += [(meta.seed, epoch, path) for epoch, path in enumerate(files)]
     if not sources:
         raise SoftLabelError("no stored soft labels to pack")
     stored = None  # the epochs' schemas unified, one file's read at a time (they are the same, but for widths)

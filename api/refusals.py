@@ -21,7 +21,7 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api.bodies import parse_json
+from api.bodies import request_json
 
 MAX_ERRORS = 10
 MAX_LOC = 6  # parts of one error's location
@@ -134,9 +134,10 @@ def body_shape(fields: frozenset[str], listed: dict[str, tuple]):
     its items may have (strictly: a bool is not an int)."""
 
     async def check(request: Request) -> None:
-        # Parsed only where FastAPI reads the body as JSON, and never raising: a body that is not
-        # JSON (another content type, malformed, nested past the parser's depth) is FastAPI's to refuse.
-        body = parse_json(await request.body(), request.headers.get("content-type"))
+        # FastAPI's own parse of the body (none where it does not read the body as JSON), never
+        # raising: a body that is not JSON (another content type, malformed, nested past the
+        # parser's depth) is FastAPI's to refuse.
+        body = await request_json(request)
         errors, total = shape_errors(body, fields, listed)
         if total:
             raise ManyErrors(errors, total)

@@ -272,7 +272,6 @@ def store_holds(settings: ServiceSettings, plan: JobPlan) -> Literal["held", "ab
         except StoreError:
             return "absent"
         return "held" if all(held.get(c, 0) >= plan.ipc for c in plan.classes) else "absent"
-    return "absent"
 
 
 def images_in_store(settings: ServiceSettings, plan: JobPlan) -> bool:

@@ -10,9 +10,11 @@ so none comes back for a removed job.
 
 The sweep (`sweep`, by the scheduler every min(60 s, retention / 4), and by a submit that takes
 the records past the cap) removes finished jobs past FADRM_JOB_RETENTION, then the oldest
-finished ones past FADRM_MAX_JOB_RECORDS, record first, then folder; and any job folder that has
-no record (left by a service killed between the two, or by an earlier version): the disk holds
-no more folders than there are records. The first sweep runs as the service starts.
+finished ones past FADRM_MAX_JOB_RECORDS, record first, then folder. The first sweep runs as the
+service starts, and it removes any job folder that has no record (left by a service killed
+between the two, or by an earlier version): the disk holds no more folders than there are
+records. Only a crash leaves such a folder, so that walk of the job folders is done again by a
+sweep at most every FADRM_ORPHAN_INTERVAL (an hour), not by every sweep.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Retention:
         self._held: dict[str, int] = {}
         self._build_locks: dict[str, threading.Lock] = {}
         self._sweeping = threading.Lock()  # one sweep at a time (the scheduler's, a submit's)
+        self._orphans_due: float | None = None  # monotonic time of the next walk for orphans; None: the first sweep
 
     @property
     def jobs_dir(self):
@@ -68,7 +71,8 @@ class Retention:
             return self._build_locks.setdefault(job_id, threading.Lock())
 
     def sweep(self) -> int:
-        """Remove what is past retention or the cap, then the folders without a record; how many
+        """Remove what is past retention or the cap, then, at the first sweep and when
+        `orphan_interval` has passed since the last look, the folders without a record; how many
         records went."""
         with self._sweeping:
             with self._lock:
@@ -84,7 +88,10 @@ class Retention:
             if gone:
                 self.on_gone(gone)
                 log.info("removed %d finished job record(s) past retention or the record cap", len(gone))
-            self.remove_orphans()
+            now = time.monotonic()
+            if self._orphans_due is None or now >= self._orphans_due:
+                self._orphans_due = now + self.settings.orphan_interval
+                self.remove_orphans()
         return len(gone)
 
     def remove_orphans(self) -> int:

@@ -93,8 +93,9 @@ def tight(digits_teacher, tmp_path_factory):
     root = tmp_path_factory.mktemp("api-store")
     if not _tmpfs_allowed(root / "probe"):
         pytest.skip("this machine lets no process mount a tmpfs in a namespace of its own (unshare -rm)")
+    # orphan_interval=0: the folders planted mid-test are looked for by every sweep, not only the first.
     with running_service(digits_teacher[0], root, server_class=TmpfsServer, max_job_records=2, max_ipc=5,
-                         max_images=20, rate_limit=1000, rate_burst=2000) as server:
+                         max_images=20, rate_limit=1000, rate_burst=2000, orphan_interval=0) as server:
         yield server
 
 

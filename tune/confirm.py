@@ -107,10 +107,12 @@ def _stderr(values: list[float]) -> float | None:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
-def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs: list[bytes],
+def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs_ref,
                      wait: Callable[[list], list]) -> tuple[Confirmation | None, dict[str, Reevaluated]]:
     """Evaluate the best finished trials again (module docstring), each a Ray task waited on with
-    `wait`; returns the confirmation (None where no trial finished) and each evaluation by trial."""
+    `wait`; returns the confirmation (None where no trial finished) and each evaluation by trial.
+    The dataset and the teachers' bytes are in Ray's object store once (`dataset_ref`,
+    `blobs_ref`: ray.put by the caller), and every task is given those references, not copies."""
     import ray
 
     done = sorted((r for r in rows if r.state == "done" and r.top1 is not None and r.run_id),
@@ -130,7 +132,7 @@ def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset
         job = Reevaluation(sweep=settings, trial=row.trial, run_dir=str(p.store / row.run_id),
                            ipc=trial_config(p.base, row.values).ipc, seeds=trial_seeds + new, students=students,
                            random_real=random_real)
-        return task.remote(job, dataset_ref, blobs)
+        return task.remote(job, dataset_ref, blobs_ref)
 
     refs = [submit(top[0], False, True)] if shared else []
     refs += [submit(row, True, not shared) for row in top]
@@ -179,12 +181,6 @@ def judge(p, done: "list[TrialRow]", top: "list[TrialRow]", again: dict[str, Ree
     return result.model_copy(update={"lines": describe(result, top[0], p.swept)})
 
 
-def _values(values: dict[str, Any], swept) -> str:
-    from tune.space import _show
-
-    return " ".join(f"{k}={_show(values.get(k))}" for k in swept)
-
-
 def _level(gain: PairedGain | None, them: str) -> str:
     from fadrm_ray.evaluation.baselines import gain_text
 
@@ -202,6 +198,8 @@ def _level(gain: PairedGain | None, them: str) -> str:
 
 def describe(c: Confirmation, leader: "TrialRow", swept) -> list[str]:
     """What results.md says of the confirmation."""
+    from tune.space import shown_values
+
     seeds = ", ".join(map(str, c.seeds))
     which = (f"{len(c.seeds)} student seed{'s' if len(c.seeds) != 1 else ''} that no trial trained (seeds {seeds})"
              if c.new_seeds else f"the trials' own student seeds ({seeds}); `--confirm-seeds N` adds new ones")
@@ -210,20 +208,20 @@ def describe(c: Confirmation, leader: "TrialRow", swept) -> list[str]:
              "| trial | values | top-1, trials' seeds | top-1, these seeds (mean ± s.e.) |", "|---|---|---|---|"]
     for t in c.trials:
         spread = f" ± {t.stderr:.2f}" if t.stderr is not None else ""
-        lines.append(f"| {t.trial} | {_values(t.values, swept)} | {t.top1:.2f} | {t.mean:.2f}{spread} |")
+        lines.append(f"| {t.trial} | {shown_values(t.values, swept)} | {t.top1:.2f} | {t.mean:.2f}{spread} |")
     if c.random_real_per_seed is not None:
         r = c.random_real_per_seed
         spread = f" ± {_stderr(r):.2f}" if len(r) > 1 else ""
         lines.append(f"| random real images | | | {statistics.fmean(r):.2f}{spread} |")
     best = c.trials[0]
     spread = f" ± {best.stderr:.2f} s.e." if best.stderr is not None else ""
-    lines += ["", f"**Best: trial {best.trial}** ({_values(best.values, swept)}), top-1 {best.mean:.2f}{spread} on "
+    lines += ["", f"**Best: trial {best.trial}** ({shown_values(best.values, swept)}), top-1 {best.mean:.2f}{spread} on "
                   f"these seeds; its config is best.yaml."]
     if best.trial != leader.trial:
         lines.append(f"Trial {leader.trial} led on the trials' own seeds; on these seeds trial {best.trial} is ahead.")
     if c.vs_runner_up is not None:
         runner = c.trials[1]
-        lines.append(f"- Against the runner-up, trial {runner.trial} ({_values(runner.values, swept)}): "
+        lines.append(f"- Against the runner-up, trial {runner.trial} ({shown_values(runner.values, swept)}): "
                      f"{_level(c.vs_runner_up, 'the runner-up')}.")
     else:
         lines.append("- No runner-up: one trial finished.")

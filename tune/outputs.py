@@ -14,6 +14,7 @@ resumes it.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -22,11 +23,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from fadrm_ray.fileio import atomic_write_text
+
 from tune.confirm import Confirmation
 from tune.plots import plot_results
 from tune.results import COLUMNS, STATES, TrialRow
 from tune.settings import TIME_ATTR
-from tune.space import _show, trial_config
+from tune.space import _show, shown_values, trial_config
 
 
 class FailedTrial(BaseModel):
@@ -104,8 +107,8 @@ def write_results(p, trial_rows: list[TrialRow], interrupted: bool = False, conf
     if best is not None:
         cfg = trial_config(p.base, {k: best[k] for k in swept})
         if not interrupted:
-            (out / "best.yaml").write_text(_best_yaml(p, best, confirmation) + yaml.safe_dump(cfg.to_dict(),
-                                                                                              sort_keys=False))
+            atomic_write_text(out / "best.yaml", _best_yaml(p, best, confirmation) + yaml.safe_dump(cfg.to_dict(),
+                                                                                                    sort_keys=False))
             files["best_yaml"] = str(out / "best.yaml")
         best = {**best, "config": cfg.to_dict()}
     files.update(plot_results(out, rows, swept, seeds, random_real))
@@ -135,12 +138,12 @@ def _cell(value: Any) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict], swept: dict) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["trial", *swept, *COLUMNS])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(v) for k, v in row.items()})
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["trial", *swept, *COLUMNS])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return atomic_write_text(path, text.getvalue())
 
 
 def _top1_text(r: dict, seeds: int) -> str:
@@ -149,10 +152,6 @@ def _top1_text(r: dict, seeds: int) -> str:
     if r["state"] == "done":
         return f"{r['top1']:.2f} ± {r['top1_std'] or 0:.2f}" if seeds > 1 else f"{r['top1']:.2f}"
     return f"({r['top1']:.2f} at {r[TIME_ATTR] or 0:.0f}%)"
-
-
-def _values(row: dict, swept) -> str:
-    return " ".join(f"{k}={_show(row.get(k))}" for k in swept)
 
 
 def interrupted_line(counts: dict[str, int], total: int, during: str | None) -> str:
@@ -189,15 +188,15 @@ def _write_md(path: Path, trial_rows: list[TrialRow], p, interrupted: bool, conf
     failed = failures(trial_rows)
     if failed:
         lines += ["", f"Failed trials ({len(failed)}; each one's traceback is in the file named):", ""]
-        lines += [f"- trial {f.trial} ({_values(f.values, swept)}): {f.error}" + (f" ({f.log})" if f.log else "")
+        lines += [f"- trial {f.trial} ({shown_values(f.values, swept)}): {f.error}" + (f" ({f.log})" if f.log else "")
                   for f in failed]
     if confirmation is not None and not interrupted:
         lines += ["", *confirmation.lines]
     elif best is not None:
         label = "Best so far" if interrupted else "Best"
-        lines += ["", f"{label}: trial {best['trial']} ({_values(best, swept)}), top-1 {_top1_text(best, seeds)}"
+        lines += ["", f"{label}: trial {best['trial']} ({shown_values(best, swept)}), top-1 {_top1_text(best, seeds)}"
                       + ("." if interrupted else "; its config is best.yaml.")]
     elif not interrupted:
         lines += ["", "No trial finished: there is no best config and no best.yaml."]
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path

@@ -7,8 +7,8 @@ import sys
 
 from ray.tune import Callback
 
-from tune.results import TrialReport, _trial_error, _values
-from tune.space import Param
+from tune.results import TrialReport, _trial_error
+from tune.space import Param, shown_values
 
 _active: list["SweepProgress"] = []
 
@@ -51,7 +51,7 @@ class SweepProgress(Callback):
         self.ended = (self.ended or 0) + 1
         if self.enabled:
             print(f"fadrm tune: {self.ended}/{self.total} trial {trial.trial_id} "
-                  f"{_values(trial.config, self.swept)}: {text}",
+                  f"{shown_values(trial.config, self.swept)}: {text}",
                   file=sys.stderr, flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):

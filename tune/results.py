@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tune.settings import TIME_ATTR, TrialReport
-from tune.space import Param, _show
+from tune.space import Param
 
 COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "trial_seconds", "state",
            "node_id", "host", "run_id", "units_run", "patches_scored", "error", "log", "vs_random", "below_random")
@@ -91,10 +91,6 @@ def error_line(error: Any) -> str | None:
         line = raised[-1] if raised else (lines[-1] if lines else type(error).__name__)
     line = " ".join(line.split())
     return line if len(line) <= 400 else line[:397] + "..."
-
-
-def _values(config: dict | None, swept: dict[str, Param]) -> str:
-    return " ".join(f"{k}={_show((config or {}).get(k))}" for k in swept)
 
 
 def _restored_progress():

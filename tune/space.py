@@ -74,6 +74,11 @@ def _show(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+def shown_values(values: dict | None, swept) -> str:
+    """The swept keys' values of a trial (`values`: its config or its row), as `key=value ...`."""
+    return " ".join(f"{k}={_show((values or {}).get(k))}" for k in swept)
+
+
 def parse_spec(key: str, spec: Any, where: str) -> Param:
     """A Param from a command-line string or a value of a space file."""
     if isinstance(spec, list):

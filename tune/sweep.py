@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fadrm_ray.config import EvalConfig
+from fadrm_ray.fileio import atomic_write_text
 from fadrm_ray.settings import ConfigError
 
 from tune.request import FLAGS, SweepRequest, flag, with_absolute_paths
@@ -291,8 +292,8 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
         p, stage.pilot = with_pilot(p)
         stage.p = p
         p.out.mkdir(parents=True, exist_ok=True)
-        (p.out / "sweep.json").write_text(json.dumps({"identity": p.request.identity(),
-                                                      "request": p.request.model_dump(mode="json")}, indent=1))
+        atomic_write_text(p.out / "sweep.json", json.dumps({"identity": p.request.identity(),
+                                                            "request": p.request.model_dump(mode="json")}, indent=1))
         stage.what = "while Ray started"
         with _working_folder(p.out), contextlib.ExitStack() as ray_up:
             # Ray's processes are forked while it starts, and a SIGINT that lands in a fork handler
@@ -370,7 +371,7 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
             return _finish(p, rows, stage, interrupted=True)
     stage.what = "during the confirmation of the best trials"
     try:
-        confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), blobs,
+        confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), ray.put(blobs),
                                                wait_interruptibly)
     except KeyboardInterrupt:
         with held_interrupt():
@@ -406,7 +407,7 @@ def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, interrupted: boo
         pilot=stage.pilot.summary() if stage.pilot is not None else None,
         resume=(f"run the same command again: it resumes {p.out / EXPERIMENT} (the finished trials are kept, "
                 f"interrupted ones continue from their last checkpoint, pending ones start)") if interrupted else None)
-    (p.out / "summary.json").write_text(summary.model_dump_json(indent=1))
+    atomic_write_text(p.out / "summary.json", summary.model_dump_json(indent=1))
     return summary
 
 

@@ -20,7 +20,7 @@ from api.refusals import body_shape, utf8_body
 from api.requests import plan_request, run_dir, store_holds
 from api.routes.common import AUTH, ERRORS, JOB_ERRORS, JobId, ServiceDep, json_response
 from api.service import Conflict
-from api.store_errors import RETRY_S, short_of_space
+from api.store_errors import RETRY_S, Unavailable, short_of_space
 
 RETRY_AFTER_S = 30
 # What api.refusals.body_shape checks of a POST body before pydantic does.
@@ -42,6 +42,11 @@ def submit(body: DistillationRequest, service: ServiceDep,
            idempotency_key: str | None = Header(None, pattern=r"^[A-Za-z0-9._:-]{1,200}$")) -> Job:
     plan = plan_request(body, service.catalog, service.settings)
     key = plan.fingerprint()
+    # The store is read before the lock (a run's manifests, the disk's free space): a submit never
+    # waits behind another's disk reads. Under the lock only what must agree with the job made:
+    # the records of the same request, and the jobs queued or running.
+    full = short_of_space(service.settings.state_dir)
+    held = "absent" if plan.evaluate else store_holds(service.settings, plan)
     with service.submit_lock:
         if idempotency_key is not None and (same := service.db.by_key(idempotency_key)) is not None:
             if same.fingerprint != key:
@@ -56,19 +61,17 @@ def submit(body: DistillationRequest, service: ServiceDep,
                 # not a new job.
                 service.db.update(existing.id, idempotency_key=idempotency_key)
             return _job_response(service.view(existing), 200)
-        if (full := short_of_space(service.settings.state_dir)) is not None:
+        if full is not None:
             raise full
-        held = "absent" if plan.evaluate else store_holds(service.settings, plan)
+        live = [] if held == "held" else service.db.in_state("queued", "running")
         if held == "held":
             job = service.db.create(key, plan, "succeeded", key=idempotency_key, reused=True)
-        elif held == "writing" and not any(j.plan.run_id == plan.run_id
-                                           for j in service.db.in_state("queued", "running")):
+        elif held == "writing" and not any(j.plan.run_id == plan.run_id for j in live):
             # Another process writes the run (a repair, a distill of the same images): it is not
             # absent, and a job now would only wait for it; the store answers again in a moment.
-            return JSONResponse({"detail": f"the store's run {plan.run_id} is being written by another process (a "
-                                           f"`fadrm verify --repair`, or a distill of the same images); retry in "
-                                           f"{RETRY_S} s"}, status_code=503, headers={"Retry-After": str(RETRY_S)})
-        elif (busy := sum(j.plan.eval_work for j in service.db.in_state("queued", "running"))) + plan.eval_work > \
+            raise Unavailable(f"the store's run {plan.run_id} is being written by another process (a `fadrm verify "
+                              f"--repair`, or a distill of the same images); retry in {RETRY_S} s")
+        elif (busy := sum(j.plan.eval_work for j in live)) + plan.eval_work > \
                 (backlog := service.settings.limits.eval_backlog) and plan.eval_work:
             return JSONResponse({"detail": f"the evaluations queued and running already train {busy} image-epochs; "
                                            f"this one's {plan.eval_work} would pass the service's {backlog} "

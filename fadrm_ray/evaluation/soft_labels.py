@@ -221,11 +221,10 @@ def pack_soft_labels(folders: list[Path]) -> bytes:
     with `seed` and `epoch` columns, in that order, the metas in the schema metadata."""
     parts, tables = [], []
     for folder in folders:
-        meta = _read_meta(folder)
-        epochs = _stored_epochs(folder)
-        parts.append(PackPart(meta=meta.model_copy(update={"epochs": epochs})))
-        for epoch in range(epochs):
-            table = pq.read_table(_epoch_file(folder, epoch))
+        meta, files = stored_folder(folder)
+        parts.append(PackPart(meta=meta.model_copy(update={"epochs": len(files)})))
+        for epoch, path in enumerate(files):
+            table = pq.read_table(path)
             rows = table.num_rows
             table = table.add_column(0, "epoch", pa.array([epoch] * rows, type=pa.uint32()))
             tables.append(table.add_column(0, "seed", pa.array([meta.seed] * rows, type=pa.int64())))
@@ -264,6 +263,14 @@ def folders_of(directory: str | Path, images_uint8: torch.Tensor, cfg: EvalConfi
 
 
 # --------------------------------------------------------------------------- reading
+def stored_folder(folder: str | Path) -> tuple[SoftLabelMeta, list[Path]]:
+    """A stored soft-label folder's meta (SoftLabelError where it has none, or not one of a
+    soft-label folder) and its epoch files, epoch 0 first."""
+    folder = Path(folder)
+    meta = _read_meta(folder)
+    return meta, [_epoch_file(folder, epoch) for epoch in range(_stored_epochs(folder))]
+
+
 def _read_meta(folder: Path) -> SoftLabelMeta:
     path = folder / "meta.json"
     if not path.is_file():

@@ -1,0 +1,69 @@
+"""The retention sweep's look for job folders without a record (api.retention): at the first sweep,
+then at most every FADRM_ORPHAN_INTERVAL, over a real job database and real folders."""
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from api.config import ServiceSettings
+from api.job_records import JobDB
+from api.retention import Retention
+
+
+@pytest.fixture
+def make_retention(tmp_path):
+    dbs = []
+
+    def make(**settings) -> Retention:
+        (tmp_path / "teachers").mkdir(exist_ok=True)
+        config = ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store",
+                                 teachers=tmp_path / "teachers", ray_address="127.0.0.1:1", **settings)
+        dbs.append(JobDB(config.state_dir))
+        return Retention(config, dbs[-1], spared=set)
+
+    yield make
+    for db in dbs:
+        db.close()
+
+
+def _plant(retention: Retention, n: int) -> list:
+    """Job folders with no record, as a service killed mid-sweep leaves them."""
+    folders = [retention.jobs_dir / f"job-{secrets.token_hex(12)}" for _ in range(n)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "log.txt").write_text("left behind\n")
+    return folders
+
+
+def test_orphans_go_at_the_first_sweep_then_only_once_the_interval_has_passed(make_retention):
+    retention = make_retention(orphan_interval="1h")
+    first = _plant(retention, 2)
+    assert retention.sweep() == 0
+    assert not any(folder.exists() for folder in first)
+    later = _plant(retention, 1)
+    retention.sweep()  # within the hour: no walk of the job folders
+    assert all(folder.exists() for folder in later)
+    # The next service start (a new Retention) looks again at its first sweep.
+    restarted = make_retention(orphan_interval="1h")
+    restarted.sweep()
+    assert not any(folder.exists() for folder in later)
+
+
+def test_an_interval_of_zero_looks_at_every_sweep(make_retention):
+    retention = make_retention(orphan_interval=0)
+    for _ in range(3):
+        planted = _plant(retention, 1)
+        retention.sweep()
+        assert not planted[0].exists()
+
+
+def test_the_interval_is_a_duration(tmp_path):
+    def settings(value):
+        return ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path, teachers=tmp_path,
+                               orphan_interval=value)
+
+    assert settings("30m").orphan_interval == 1800.0 and settings(0).orphan_interval == 0
+    for bad in ("soon", -1):
+        with pytest.raises(ValueError, match="orphan_interval"):
+            settings(bad)
