@@ -38,7 +38,7 @@ from fadrm_ray.fileio import check_new_output
 from fadrm_ray.runtime import resolve_device
 from fadrm_ray.teacher_weights import FoundWeights, find_weights, timm_meta
 from fadrm_ray.models import (ModelError, create_model,
-                              evaluate_top1, save_teacher, teacher_view)
+                              save_teacher, teacher_view)
 from fadrm_ray.teacher_record import ImportRecord, NormalizationCandidate, TeacherRecord
 
 # A teacher is refused when its top-1 is within this many binomial standard deviations of chance.
@@ -182,8 +182,9 @@ def _class_index(entry: str, names: list[str]) -> int:
 
 
 @torch.no_grad()
-def class_confusion(model: torch.nn.Module, split: Split, view: ImageDataset) -> torch.Tensor:
-    """(K, K) counts: row = the image's class, column = the predicted class."""
+def class_confusion(model: torch.nn.Module, split: Split, view: ImageDataset, batch_size: int = 256) -> torch.Tensor:
+    """(K, K) counts: row = the image's class, column = the predicted class (its trace over the
+    images is the top-1: one pass gives both)."""
     from fadrm_ray.data.parallel import prefetch
     from fadrm_ray.models import match_channels, model_in_chans
 
@@ -191,16 +192,16 @@ def class_confusion(model: torch.nn.Module, split: Split, view: ImageDataset) ->
     counts = torch.zeros(k, k, dtype=torch.long)
     device = next(model.parameters()).device
     in_chans = model_in_chans(model, view.channels)
-    for idx, images in prefetch(split.load, torch.arange(len(split)).split(256)):
+    for idx, images in prefetch(split.load, torch.arange(len(split)).split(batch_size)):
         pred = model(match_channels(view.normalize(images), in_chans).to(device)).argmax(dim=1).cpu()
         counts.index_put_((split.labels[idx], pred), torch.ones_like(pred), accumulate=True)
     return counts
 
 
-def check_class_order(model: torch.nn.Module, test: Split, view: ImageDataset, dataset: ImageDataset) -> None:
+def check_class_order(counts: torch.Tensor, dataset: ImageDataset) -> None:
     """Refuse weights that take whole classes for one another (the weights' class order is not the
-    dataset's): naming each pair, and how to give the order."""
-    counts = class_confusion(model, test, view)
+    dataset's), from their confusion counts on test images (`class_confusion`): naming each pair,
+    and how to give the order."""
     names = [str(n) for n in dataset.class_names]
     taken = {}
     for c in range(len(names)):
@@ -328,10 +329,14 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
     base = ImportRecord(source=weights.described, weights_sha256=weights.weights_sha256, normalization="",
                         trained_size=weights.trained_size, eval_images=len(test), chance=round(chance, 4),
                         display_names=categories)
-    measured = []
+    measured, confusion = [], {}
+    model.eval()
     for name, mean, std in candidates:
+        # One pass over the test images per normalization: its confusion counts give the top-1 and,
+        # for the one kept, the class-order check.
         view = teacher_view(dataset, [teacher_info(mean, std, base)])
-        top1 = evaluate_top1(model, test, view, batch_size=256 if device == "cpu" else 512)
+        confusion[name] = counts = class_confusion(model, test, view, batch_size=256 if device == "cpu" else 512)
+        top1 = 100.0 * int(counts.diagonal().sum()) / len(test)
         measured.append(NormalizationCandidate(name=name, mean=mean, std=std, top1=round(float(top1), 4)))
     kept = max(measured, key=lambda c: c.top1)  # the first of equals: candidates are in order of preference
     warnings = []
@@ -356,7 +361,7 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
                          f"normalization does not fit the dataset; nothing written (--accept-chance writes it "
                          f"anyway)")
     if not settings.accept_chance:
-        check_class_order(model, test, teacher_view(dataset, [info]), dataset)
+        check_class_order(confusion[kept.name], dataset)
     if order_note:
         warnings.insert(0, order_note)
     info = save_teacher(out, model.cpu(), info.model_copy(update={"test_accuracy": round(float(top1), 4)}),
