@@ -89,7 +89,7 @@ def run(args) -> None:
     for _, info in teachers:
         check_teacher_fits(info, dataset)
     device_type = door.device_type(spec)
-    pilot = _pilot(args, cfg, dataset, spec)
+    pilot = _pilot(args, cfg, dataset, spec, teachers)
     # The job is built, and checked, once, for the device type its door runs on, then run there.
     parts = JobParts.of(dataset, teachers, "cpu")
     job = build_job(cfg, dataset, args.dataset, parts.infos, args.out, device_type, spec.data_root)
@@ -115,9 +115,10 @@ def run(args) -> None:
     emit(args, payload, "\n".join(lines))
 
 
-def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
+def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", teachers: list):
     """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
-    left to `auto` on colour data no one measured; None otherwise."""
+    left to `auto` on colour data no one measured; None otherwise. `teachers`: the run's, loaded
+    here once ((model, TeacherInfo) pairs), which the pilot takes as they are."""
     from fadrm_ray.config import PilotConfig, parse_overrides
     from fadrm_ray.pilot import ensure_pilot
     from fadrm_ray.settings import layered
@@ -127,4 +128,4 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
     settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig),
                        flags={"budget": args.pilot_budget})
     return ensure_pilot(cfg, dataset, args.teacher, args.out, settings, device=spec.device if spec.local else None,
-                        on_line=note, progress=not args.quiet)
+                        on_line=note, progress=not args.quiet, loaded=teachers)
