@@ -235,27 +235,25 @@ def _placed(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return copy.deepcopy(model).to(device)
 
 
-def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path], store: str | Path,
-                 settings: PilotConfig | None = None, *, device: str | None = None,
-                 on_line: Callable[[str], None] = print, progress: bool = True,
-                 loaded: Sequence[tuple] | None = None) -> PilotRecord | None:
+def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[str | Path] | JobParts,
+                 store: str | Path, settings: PilotConfig | None = None, *, device: str | None = None,
+                 on_line: Callable[[str], None] = print, progress: bool = True) -> PilotRecord | None:
     """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
     pilot is run (`pilot_reason`), the cached record where one was measured with these settings
     (in this store, or on this machine for another: then kept in this store too), else measured
     now (module docstring), cached and returned. Every line for the user (the cost before it
     starts, each set as it is measured, the choice, a set below random real images) goes to
-    `on_line`; a progress bar with its ETA to stderr (`progress`). `loaded`: the teachers at
-    `teacher_paths` as the caller loaded them ((model, TeacherInfo) pairs, `models.load_teacher`),
-    which are then neither hashed nor loaded again (the caller's models stay where they are)."""
+    `on_line`; a progress bar with its ETA to stderr (`progress`). `teachers`: their checkpoint
+    paths, or the teachers the caller loaded already (`JobParts` of `dataset`), which are then
+    neither hashed nor loaded again (and stay on the caller's device)."""
     settings = settings or PilotConfig()
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
-    if loaded is not None and len(loaded) != len(teacher_paths):
-        raise ValueError(f"{len(loaded)} loaded teachers for {len(teacher_paths)} teacher paths")
+    loaded = teachers if isinstance(teachers, JobParts) else None
     fingerprint = dataset.fingerprint()
-    shas = tuple(info.sha256 for _, info in loaded) if loaded is not None else \
-        tuple(sha256_file(p) for p in teacher_paths)
+    shas = tuple(info.sha256 for info in loaded.infos) if loaded is not None else \
+        tuple(sha256_file(p) for p in teachers)
     cached = cached_pilot(store, fingerprint, shas, cfg.ipc)
     if cached is not None and cached.settings.model_copy(update={"budget": settings.budget}) == settings:
         where = Path(store) / PILOTS_DIR
@@ -271,9 +269,10 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
         on_line(record.summary())
         return record
     device = resolve_device(device)
-    teachers = [(_placed(model, device), info) for model, info in loaded] if loaded is not None else \
-        [load_teacher(p, device=device) for p in teacher_paths]
-    parts = JobParts.of(dataset, teachers, device)
+    if loaded is not None:
+        parts = JobParts(loaded.dataset, [_placed(model, device) for model in loaded.models], loaded.infos, device)
+    else:
+        parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teachers], device)
     plan = plan_pilot(cfg, parts, settings)
     recipes = plan.recipes
     common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
