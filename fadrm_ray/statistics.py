@@ -308,7 +308,7 @@ def real_conv_targets(model: nn.Module, images, in_chans: int | None = None,
     normalized real `images` (N, C, H, W), or of an iterable of batches of them, in fp64 sums so
     the result does not depend on the batching. The model must be in eval mode (BN uses its
     running statistics)."""
-    return _conv_targets([(model, in_chans)], _batches(images), device)[0]
+    return _measure([(model, in_chans)], [_conv_sums], _batches(images), device)[0][0]
 
 
 def _conv_sums(model: nn.Module):
@@ -351,12 +351,6 @@ def _measure(models: Sequence[tuple[nn.Module, int | None]], kinds: Sequence[Cal
         measured.append(parts)
     _visit_inputs(runs, batches, device)
     return [[result() for _, _, result in parts] for parts in measured]
-
-
-def _conv_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
-                  device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """`real_conv_targets` of several models over one pass of the batches."""
-    return [conv for conv, in _measure(models, [_conv_sums], batches, device)]
 
 
 def _statistics_indices(dataset, per_class: int) -> list[int]:
@@ -411,7 +405,8 @@ def real_class_bn_targets(model: nn.Module, images, labels: torch.Tensor, num_cl
     tensor, or an iterable of batches in the order of `labels`) of each image's channel mean and
     biased channel variance of the layer's input, (K, C) each, summed in fp64 so the result does
     not depend on the batching. Every class needs at least one image."""
-    return _class_bn_targets([(model, in_chans)], _batches(images), labels, num_classes, device)[0]
+    kind = _class_bn_sums(labels, _class_counts(labels, num_classes))
+    return _measure([(model, in_chans)], [kind], _batches(images), device)[0][0]
 
 
 def _class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -446,14 +441,6 @@ def _class_bn_sums(labels: torch.Tensor, counts: torch.Tensor) -> Callable:
         return layers, visit, targets
 
     return kind
-
-
-def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
-                      labels: torch.Tensor, num_classes: int,
-                      device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """`real_class_bn_targets` of several models over one pass of the batches."""
-    kind = _class_bn_sums(labels, _class_counts(labels, num_classes))
-    return [classes for classes, in _measure(models, [kind], batches, device)]
 
 
 @torch.no_grad()
