@@ -18,9 +18,8 @@ import torch.nn as nn
 from fadrm_ray.config import DistillConfig
 from fadrm_ray.errors import InputError
 from fadrm_ray.models import match_channels
+from fadrm_ray.statistics import ClassStatistics, ConvStatistics, StatisticsLoss, bn_layers, dataset_targets
 from fadrm_ray.teacher_record import TeacherRecord
-from fadrm_ray.statistics import (ClassStatistics, ConvStatistics, StatisticsLoss, bn_layers, dataset_class_targets,
-                                  dataset_conv_targets)
 
 # Layers autocast runs in its low precision, casting their weights (FrozenTeacher.weights_in).
 AUTOCAST_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -171,14 +170,13 @@ def equip_teachers(models: Sequence[nn.Module], infos: Sequence[TeacherRecord], 
     """A run's teachers for recover: each model frozen with its prior (the test accuracy its
     checkpoint records, for `committee: prior`), with `r_conv > 0` its convolution targets and
     with `bn_category > 0` its class-wise BN targets, both measured on the dataset's real images
-    (read once for all teachers). `infos` give each model's prior and input channels."""
+    (read once for all teachers and both kinds: `statistics.dataset_targets`). `infos` give each
+    model's prior and input channels."""
     if len(models) != len(infos):
         raise ValueError(f"{len(models)} teacher models against {len(infos)} teacher records")
     # Measured as the teachers run in recover: BatchNorm on its running statistics.
     pairs = [(model.eval(), info.in_chans) for model, info in zip(models, infos)]
-    conv = dataset_conv_targets(pairs, dataset, device) if cfg.r_conv > 0 else [None] * len(pairs)
-    category = dataset_class_targets(pairs, dataset, cfg.bn_category, device) if cfg.bn_category > 0 \
-        else [None] * len(pairs)
+    conv, category = dataset_targets(pairs, dataset, conv=cfg.r_conv > 0, bn_category=cfg.bn_category, device=device)
     return [FrozenTeacher(model, in_chans=in_chans, first_bn_weight=cfg.first_bn_weight,
                           prior=None if info.test_accuracy is None else float(info.test_accuracy),
                           conv_targets=targets, category=classes)

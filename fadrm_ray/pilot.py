@@ -25,6 +25,7 @@ runs in `STORE/.pilots/`, so an interrupted pilot resumes where it stopped.
 """
 from __future__ import annotations
 
+import copy
 import random
 import statistics
 import threading
@@ -225,20 +226,34 @@ class _Progress:
         self.bar.close()
 
 
-def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Sequence[str | Path], store: str | Path,
-                 settings: PilotConfig | None = None, *, device: str | None = None,
+def _placed(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """A loaded teacher on `device`: itself where it is there already, else a copy moved there
+    (`Module.to` moves in place, and the caller's teacher stays on its device)."""
+    first = next(model.parameters(), None)
+    if first is None or first.device == torch.device(device):
+        return model
+    return copy.deepcopy(model).to(device)
+
+
+def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[str | Path] | JobParts,
+                 store: str | Path, settings: PilotConfig | None = None, *, device: str | None = None,
                  on_line: Callable[[str], None] = print, progress: bool = True) -> PilotRecord | None:
     """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
     pilot is run (`pilot_reason`), the cached record where one was measured with these settings
     (in this store, or on this machine for another: then kept in this store too), else measured
     now (module docstring), cached and returned. Every line for the user (the cost before it
     starts, each set as it is measured, the choice, a set below random real images) goes to
-    `on_line`; a progress bar with its ETA to stderr (`progress`)."""
+    `on_line`; a progress bar with its ETA to stderr (`progress`). `teachers`: their checkpoint
+    paths, or the teachers the caller loaded already (`JobParts` of `dataset`), which are then
+    neither hashed nor loaded again (and stay on the caller's device)."""
     settings = settings or PilotConfig()
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
-    fingerprint, shas = dataset.fingerprint(), tuple(sha256_file(p) for p in teacher_paths)
+    loaded = teachers if isinstance(teachers, JobParts) else None
+    fingerprint = dataset.fingerprint()
+    shas = tuple(info.sha256 for info in loaded.infos) if loaded is not None else \
+        tuple(sha256_file(p) for p in teachers)
     cached = cached_pilot(store, fingerprint, shas, cfg.ipc)
     if cached is not None and cached.settings.model_copy(update={"budget": settings.budget}) == settings:
         where = Path(store) / PILOTS_DIR
@@ -254,7 +269,10 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teacher_paths: Seque
         on_line(record.summary())
         return record
     device = resolve_device(device)
-    parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teacher_paths], device)
+    if loaded is not None:
+        parts = JobParts(loaded.dataset, [_placed(model, device) for model in loaded.models], loaded.infos, device)
+    else:
+        parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teachers], device)
     plan = plan_pilot(cfg, parts, settings)
     recipes = plan.recipes
     common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))

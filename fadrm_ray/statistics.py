@@ -178,10 +178,6 @@ class StatisticsLoss:
         else:
             self._seen.append((index, LayerStatistics.apply(groups, activation)))
 
-    def add(self, index: int, mean: torch.Tensor, var: torch.Tensor) -> None:
-        """Layer `index`'s per-group statistics of this forward, (G, C) each, measured elsewhere."""
-        self._seen.append((index, (mean, var)))
-
     def clear(self) -> None:
         self._seen = []
 
@@ -312,35 +308,49 @@ def real_conv_targets(model: nn.Module, images, in_chans: int | None = None,
     normalized real `images` (N, C, H, W), or of an iterable of batches of them, in fp64 sums so
     the result does not depend on the batching. The model must be in eval mode (BN uses its
     running statistics)."""
-    return _conv_targets([(model, in_chans)], _batches(images), device)[0]
+    return _measure([(model, in_chans)], [_conv_sums], _batches(images), device)[0][0]
 
 
-def _conv_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
-                  device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """`real_conv_targets` of several models over one pass of the batches."""
-    runs, all_sums = [], []
-    for model, in_chans in models:
-        layers = conv_layers(model)
-        sums: list[list] = [[None, None, 0] for _ in layers]
+def _conv_sums(model: nn.Module):
+    """The convolutions of `model`, a visit that sums each one's input, and the targets from the sums."""
+    layers = conv_layers(model)
+    sums: list[list] = [[None, None, 0] for _ in layers]
 
-        def visit(i, a, start, sums=sums):
-            s = sums[i]
-            part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
-            s[0] = part if s[0] is None else s[0] + part
-            s[1] = part_sq if s[1] is None else s[1] + part_sq
-            s[2] += a.shape[0] * a.shape[2] * a.shape[3]
+    def visit(i, a, start):
+        s = sums[i]
+        part, part_sq = a.sum(dim=(0, 2, 3)), (a * a).sum(dim=(0, 2, 3))
+        s[0] = part if s[0] is None else s[0] + part
+        s[1] = part_sq if s[1] is None else s[1] + part_sq
+        s[2] += a.shape[0] * a.shape[2] * a.shape[3]
 
-        runs.append((model, layers, in_chans, visit))
-        all_sums.append(sums)
-    _visit_inputs(runs, batches, device)
-    out = []
-    for sums in all_sums:
-        targets = []
+    def targets():
+        out = []
         for total, total_sq, n in sums:
             mean = total / n
-            targets.append((mean.float().cpu(), (total_sq / n - mean * mean).clamp_min(0).float().cpu()))
-        out.append(targets)
-    return out
+            out.append((mean.float().cpu(), (total_sq / n - mean * mean).clamp_min(0).float().cpu()))
+        return out
+
+    return layers, visit, targets
+
+
+def _measure(models: Sequence[tuple[nn.Module, int | None]], kinds: Sequence[Callable],
+             batches: Iterable[torch.Tensor], device: str | torch.device) -> list[list]:
+    """One pass of the batches through each (model, in_chans), each model's inputs measured by
+    every kind (`kind(model)` -> its layers, their visit, its result): per model, each kind's
+    result."""
+    runs, measured = [], []
+    for model, in_chans in models:
+        parts = [kind(model) for kind in kinds]
+        route = [(visit, j) for layers, visit, _ in parts for j in range(len(layers))]
+
+        def visit(i, a, start, route=route):
+            part, j = route[i]
+            part(j, a, start)
+
+        runs.append((model, [layer for layers, _, _ in parts for layer in layers], in_chans, visit))
+        measured.append(parts)
+    _visit_inputs(runs, batches, device)
+    return [[result() for _, _, result in parts] for parts in measured]
 
 
 def _statistics_indices(dataset, per_class: int) -> list[int]:
@@ -356,14 +366,10 @@ def _real_batches(dataset, keep: list[int]) -> Iterator[torch.Tensor]:
         yield dataset.normalize(images)
 
 
-@torch.no_grad()
 def dataset_conv_targets(models: Sequence[tuple[nn.Module, int | None]], dataset,
                          device: str | torch.device = "cpu") -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The convolution targets (`real_conv_targets`) of each (model, in_chans), eval mode, on the
-    dataset's real training images (`CONV_STAT_IMAGES_PER_CLASS` per class), read once for all
-    models: what a teacher's `r_conv` term matches (frozen_teacher.equip_teachers)."""
-    keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
-    return _conv_targets(models, _real_batches(dataset, keep), device)
+    """The convolution targets of each (model, in_chans) on the dataset's real images (`dataset_targets`)."""
+    return dataset_targets(models, dataset, conv=True, bn_category=0.0, device=device)[0]
 
 
 class ClassStatistics:
@@ -399,22 +405,27 @@ def real_class_bn_targets(model: nn.Module, images, labels: torch.Tensor, num_cl
     tensor, or an iterable of batches in the order of `labels`) of each image's channel mean and
     biased channel variance of the layer's input, (K, C) each, summed in fp64 so the result does
     not depend on the batching. Every class needs at least one image."""
-    return _class_bn_targets([(model, in_chans)], _batches(images), labels, num_classes, device)[0]
+    kind = _class_bn_sums(labels, _class_counts(labels, num_classes))
+    return _measure([(model, in_chans)], [kind], _batches(images), device)[0][0]
 
 
-def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: Iterable[torch.Tensor],
-                      labels: torch.Tensor, num_classes: int,
-                      device: str | torch.device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """`real_class_bn_targets` of several models over one pass of the batches."""
+def _class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     counts = torch.bincount(labels.long(), minlength=num_classes).double()
     if counts.numel() != num_classes or (counts == 0).any():
         raise InputError("class-wise BN targets need real images of every class")
-    runs, all_sums = [], []
-    for model, in_chans in models:
+    return counts
+
+
+def _class_bn_sums(labels: torch.Tensor, counts: torch.Tensor) -> Callable:
+    """A measuring kind (`_measure`): each BN layer's per-class sums of the per-image channel
+    mean and biased variance of its input, and the class targets from them."""
+    num_classes = counts.numel()
+
+    def kind(model: nn.Module):
         layers = bn_layers(model)
         sums: list[list] = [[None, None] for _ in layers]
 
-        def visit(i, a, start, sums=sums):
+        def visit(i, a, start):
             flat = a.reshape(a.shape[0], a.shape[1], -1)
             lab = labels[start:start + a.shape[0]].long().to(a.device)
             s = sums[i]
@@ -424,20 +435,32 @@ def _class_bn_targets(models: Sequence[tuple[nn.Module, int | None]], batches: I
             s[0].index_add_(0, lab, flat.mean(dim=2))
             s[1].index_add_(0, lab, flat.var(dim=2, unbiased=False))
 
-        runs.append((model, layers, in_chans, visit))
-        all_sums.append(sums)
-    _visit_inputs(runs, batches, device)
-    return [[((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
-            for sums in all_sums]
+        def targets():
+            return [((m.cpu() / counts[:, None]).float(), (v.cpu() / counts[:, None]).float()) for m, v in sums]
+
+        return layers, visit, targets
+
+    return kind
 
 
 @torch.no_grad()
-def dataset_class_targets(models: Sequence[tuple[nn.Module, int | None]], dataset, weight: float,
-                          device: str | torch.device = "cpu") -> list[ClassStatistics]:
-    """The class-wise BN targets (`real_class_bn_targets`) of each (model, in_chans), eval mode,
-    on the dataset's real training images, read once for all models, each blended at `weight`:
-    what a teacher's `bn_category` term matches (EDC, frozen_teacher.equip_teachers)."""
+def dataset_targets(models: Sequence[tuple[nn.Module, int | None]], dataset, *, conv: bool, bn_category: float,
+                    device: str | torch.device = "cpu") -> tuple[list, list]:
+    """What each (model, in_chans), eval mode, matches on the dataset's real training images
+    (`CONV_STAT_IMAGES_PER_CLASS` per class), the images read once for all models and both kinds:
+    with `conv` its convolution targets (`real_conv_targets`: a teacher's `r_conv` term), with
+    `bn_category > 0` its class-wise BN targets (`real_class_bn_targets`) blended at that weight
+    (EDC's `bn_category` term). Returns (convolution targets, ClassStatistics), None per model
+    for a kind not asked for (frozen_teacher.equip_teachers)."""
+    none = [None] * len(models)
+    if not conv and bn_category <= 0:
+        return none, list(none)
     keep = _statistics_indices(dataset, CONV_STAT_IMAGES_PER_CLASS)
-    labels = dataset.train.labels[keep].long()
-    measured = _class_bn_targets(models, _real_batches(dataset, keep), labels, dataset.num_classes, device)
-    return [ClassStatistics(targets, weight) for targets in measured]
+    kinds = [_conv_sums] if conv else []
+    if bn_category > 0:
+        labels = dataset.train.labels[keep].long()
+        kinds.append(_class_bn_sums(labels, _class_counts(labels, dataset.num_classes)))
+    measured = _measure(models, kinds, _real_batches(dataset, keep), device)
+    conv_targets = [results[0] for results in measured] if conv else none
+    category = [ClassStatistics(results[-1], bn_category) for results in measured] if bn_category > 0 else list(none)
+    return conv_targets, category

@@ -89,6 +89,22 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
     assert set(baseline_configs(noise)) == {"random_real"}  # noise has no starting patches
 
 
+
+def test_the_configs_tell_when_the_starting_patches_are_random_real_images():
+    from fadrm_ray.evaluation.baselines import same_images
+
+    def baselines_of(recipe: str):
+        run = make_config("fadrm", overrides={"recipe": recipe, "iterations": 2}, ipc=1).resolve(16, 3, True,
+                                                                                                 channels=3)
+        return [b.resolve(16, 3, True, channels=3) for b in baseline_configs(run).values()]
+
+    assert same_images(*baselines_of("gentle"))  # random whole images: how crops would be drawn does not count
+    for recipe in ("cifar", "whole", "crops-random"):  # picked by the teacher, or cropped
+        assert not same_images(*baselines_of(recipe))
+    real, patches = baselines_of("gentle")
+    assert not same_images(real, patches.model_copy(update={"seed": 1}))
+    assert not same_images(real, patches.model_copy(update={"patch_candidates": 3}))
+
 def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=2)

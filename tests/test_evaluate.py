@@ -149,6 +149,31 @@ def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     assert c.curves != a.curves
 
 
+
+def test_the_test_split_is_decoded_once_for_every_student_of_an_evaluation(digits, labeler, monkeypatch):
+    images, labels = real_subset(digits, per_class=2)
+    decoded = []
+    real_load = digits.test.load
+
+    def counting(indices):
+        decoded.append(len(indices))
+        return real_load(indices)
+
+    monkeypatch.setattr(digits.test, "load", counting)
+    job = EvalJob(config=EvalConfig(epochs=1, seeds=3))
+    result = evaluate_images(images, labels, job, QUIET, EvalParts(dataset=digits, labeler=labeler))
+    assert len(result.top1_per_seed) == 3
+    assert sum(decoded) == len(digits.test)  # three students, one decode of the split
+    # A student trained on its own decodes it for itself; test images of other classes are refused.
+    decoded.clear()
+    train_student(images, 0, job, QUIET, EvalParts(dataset=digits, labeler=labeler))
+    assert sum(decoded) == len(digits.test)
+    from fadrm_ray.evaluation.on_device import TestImages
+
+    others = TestImages(digits.test, digits, torch.device("cpu"), classes=[0, 1])
+    with pytest.raises(ValueError, match="test images handed over"):
+        train_student(images, 0, job, QUIET, EvalParts(dataset=digits, labeler=labeler, test_images=others))
+
 def test_stored_soft_labels_reproduce_the_online_ones(digits, labeler, tmp_path):
     images, _ = real_subset(digits, per_class=4)
     spec = AugmentSpec(out_size=8, hflip=digits.hflip)

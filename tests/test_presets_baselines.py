@@ -234,8 +234,10 @@ def test_category_blend_weights_the_two_losses():
                                 (torch.zeros(2, 3), torch.ones(2, 3))], 0.25)
     matching = StatisticsLoss([(torch.tensor([1.0, 4.0]), torch.tensor([1.0, 1.0])),
                                (torch.zeros(3), torch.ones(3))], first_weight=2.0, category=category)
-    matching.add(0, torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]]))
-    matching.add(1, torch.zeros(1, 3), torch.ones(1, 3))
+    # One forward of one group, as the teacher's hooks hand the layers' inputs over: layer 0's
+    # two channels have mean (1, 0) and variance (1, 1), layer 1's three mean 0 and variance 1.
+    matching.observe(0, torch.tensor([[[[0.0, 2.0]], [[-1.0, 1.0]]]], requires_grad=True), groups=1)
+    matching.observe(1, torch.tensor([[-1.0, 1.0]] * 3).view(1, 3, 1, 2).requires_grad_(), groups=1)
     # The batch holds classes 0 and 1: layer 0's class target is mean (1, 0), var (1, 2): class
     # loss 0 + 1 = 1 against the running loss 4 + 0 = 4; layer 1 matches both.
     loss = matching.loss(torch.tensor([0, 1]))
@@ -257,6 +259,27 @@ def test_equip_teachers_brings_class_targets_for_edc_only(digits):
     assert edc.category is not None and edc.category.weight == 0.5
     assert edc.category.targets[0][0].shape == (10, edc.bn_layers[0].num_features)
 
+
+
+def test_edc_teachers_read_the_real_images_once_for_both_kinds_of_targets(digits, monkeypatch):
+    from types import SimpleNamespace
+    m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
+    keep = sorted(int(i) for c in range(10) for i in torch.nonzero(digits.train.labels == c).flatten()[:100])
+    images = digits.normalize(digits.train.load(keep))
+    read = []
+    real_load = digits.train.load
+
+    def counting(indices):
+        read.append(len(indices))
+        return real_load(indices)
+
+    monkeypatch.setattr(digits.train, "load", counting)
+    edc = equip_teachers([m], [SimpleNamespace(test_accuracy=None, in_chans=None)], digits, make_config("edc"))[0]
+    assert sum(read) == len(keep)  # one read of the images for the convolution and the class-wise targets
+    for (cm, cv), (em, ev) in zip(real_conv_targets(m, images), edc.conv.targets):
+        torch.testing.assert_close((em, ev), (cm, cv), rtol=0, atol=0)
+    for (cm, cv), (em, ev) in zip(real_class_bn_targets(m, images, digits.train.labels[keep], 10), edc.category.targets):
+        torch.testing.assert_close((em, ev), (cm, cv), rtol=0, atol=0)
 
 # ------------------------------------------------------------------ batch-specific soft labels (CV-DD)
 def test_batch_statistics_labels_use_the_batch_and_leave_the_teacher_as_it_was():

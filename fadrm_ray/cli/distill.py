@@ -16,7 +16,7 @@ from fadrm_ray.cli.common import (DATASET_HELP, SKIP_BAD_IMAGES_HELP, CLIError, 
 
 if TYPE_CHECKING:
     from fadrm_ray.config import DistillConfig
-    from fadrm_ray.runs.job import ExecutionSpec
+    from fadrm_ray.runs.job import ExecutionSpec, JobParts
 
 NAME = "distill"
 HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
@@ -89,9 +89,9 @@ def run(args) -> None:
     for _, info in teachers:
         check_teacher_fits(info, dataset)
     device_type = door.device_type(spec)
-    pilot = _pilot(args, cfg, dataset, spec)
-    # The job is built, and checked, once, for the device type its door runs on, then run there.
     parts = JobParts.of(dataset, teachers, "cpu")
+    pilot = _pilot(args, cfg, dataset, spec, parts)
+    # The job is built, and checked, once, for the device type its door runs on, then run there.
     job = build_job(cfg, dataset, args.dataset, parts.infos, args.out, device_type, spec.data_root)
     result = door.run(job, spec, parts)
 
@@ -115,9 +115,10 @@ def run(args) -> None:
     emit(args, payload, "\n".join(lines))
 
 
-def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
+def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "JobParts"):
     """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
-    left to `auto` on colour data no one measured; None otherwise."""
+    left to `auto` on colour data no one measured; None otherwise. `parts`: the run's teachers,
+    loaded here once, which the pilot takes as they are."""
     from fadrm_ray.config import PilotConfig, parse_overrides
     from fadrm_ray.pilot import ensure_pilot
     from fadrm_ray.settings import layered
@@ -126,5 +127,5 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec"):
         raise CLIError(f"--pilot-budget must be 0 (skip the pilot) or a number of seconds, got {args.pilot_budget:g}")
     settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig),
                        flags={"budget": args.pilot_budget})
-    return ensure_pilot(cfg, dataset, args.teacher, args.out, settings, device=spec.device if spec.local else None,
+    return ensure_pilot(cfg, dataset, parts, args.out, settings, device=spec.device if spec.local else None,
                         on_line=note, progress=not args.quiet)

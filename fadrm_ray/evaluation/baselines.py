@@ -9,7 +9,8 @@ A distillation is worth its compute only if its images train a better student th
 
 Where the run's patches are random whole images (the `gentle` recipe), its starting patches are
 random real images, byte for byte: they are reported once, as the same set (`same_as`), and
-their students are trained once.
+their students are trained once. Where the configs tell so (`same_images`), the starting patches
+are not distilled at all; otherwise the images, once distilled, decide.
 
 Both are ordinary store runs, distilled beside the run they judge (content-addressed, so every
 run of the same classes, IPC, seed and teachers shares them) and evaluated with the very same
@@ -100,12 +101,14 @@ def _distill(distill_job: DistillJob, parts: JobParts, spec: EvalSpec):
         return execute.run(distill_job, ExecutionSpec(local=True, device=spec.on_device(), progress=False), parts)
 
 
-def open_baseline(run: OpenedRun, bcfg: DistillConfig, job: EvalJob, spec: EvalSpec | None = None) -> OpenedRun:
+def open_baseline(run: OpenedRun, bcfg: DistillConfig, job: EvalJob, spec: EvalSpec | None = None, *,
+                  built: tuple[DistillJob, JobParts] | None = None) -> OpenedRun:
     """The baseline `bcfg` of the opened run, opened for `job` with the run's data and soft
     labels: found read-only where it is distilled already (`find_baseline`), else distilled first
-    (`distill_baseline`, under its run's writer lock)."""
+    (`distill_baseline`, under its run's writer lock). `built`: its `baseline_job`, where the
+    caller built it already."""
     spec = spec or EvalSpec()
-    distill_job, parts = baseline_job(run, bcfg, list(run.own_teachers), spec)
+    distill_job, parts = built or baseline_job(run, bcfg, list(run.own_teachers), spec)
     found = find_baseline(distill_job)
     if found is None:
         made = _distill(distill_job, parts, spec)
@@ -119,6 +122,22 @@ def open_baseline(run: OpenedRun, bcfg: DistillConfig, job: EvalJob, spec: EvalS
 def baseline_eval_job(job: EvalJob, reader: RunReader) -> EvalJob:
     """`job` as it reads the baseline run `reader`: at the IPC it was opened at, finished."""
     return job.model_copy(update={"ipc": reader.ipc, "incomplete": False})
+
+
+# What random whole images (patch_selection "whole") do not read: how a crop would be drawn
+# (patches.class_patch_images takes the image as it is).
+_WHOLE_IGNORES = ("patch_crops", "patch_crop_scale", "patch_group")
+
+
+def same_images(a: DistillConfig, b: DistillConfig) -> bool:
+    """Whether two resolved baseline configs give the very same images, decided from the configs
+    alone (nothing distilled): both random whole images, and equal in everything else that a
+    set read as it starts depends on (the preset only names them). False where the configs
+    cannot tell; the images themselves then decide (`_pixels`)."""
+    if a.patch_selection != "whole" or b.patch_selection != "whole":
+        return False
+    skip = {"preset", *_WHOLE_IGNORES}
+    return a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
 
 
 def _pixels(run: OpenedRun) -> str:
@@ -177,13 +196,21 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
             baselines[name] = BaselineScore(error=run.own_missing)
             continue
         try:
-            made = open_baseline(run, bcfg, job, spec)
+            built = baseline_job(run, bcfg, list(run.own_teachers), spec)
+            twin = next((other for other, (_, config) in opened.items() if same_images(config, built[0].config)),
+                        None)
+            if twin is not None:  # the same images as a baseline before it, known before any is distilled
+                made = opened[twin][0]
+                baselines[name] = BaselineScore(run_id=made.reader.run_id, run_dir=str(made.run_dir),
+                                                preset=bcfg.preset, same_as=twin)
+                continue
+            made = open_baseline(run, bcfg, job, spec, built=built)
             images = _pixels(made)
             if images in seen:  # the same images as a baseline before it (whole random images both)
                 baselines[name] = BaselineScore(run_id=made.reader.run_id, run_dir=str(made.run_dir),
                                                 preset=bcfg.preset, same_as=seen[images])
                 continue
-            seen[images], opened[name] = name, made
+            seen[images], opened[name] = name, (made, built[0].config)
             ev = result if made.reader.run_id == reader.run_id else evaluate_run(
                 made, baseline_eval_job(job, made.reader), spec, replace(hooks, progress_label=BASELINES[name]))
         except (EvaluationError, OSError, ValueError) as exc:
@@ -195,7 +222,7 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
     scores = None
     if ranking:
         scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, hooks, ars=ars,
-                                 random_run=opened.get("random_real"))
+                                 random_run=opened["random_real"][0] if "random_real" in opened else None)
     recipe = reader.config.recipe if reader.config is not None else ""
     warnings = [below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels),
                 weak_teacher(scores, [t.test_accuracy for t in reader.provenance.teachers])]

@@ -11,7 +11,8 @@ progress bar. Both are plain data: they cross processes and files as JSON.
 
 `EvalParts` is what a caller hands over already loaded in its process, which no JSON carries: a
 dataset and soft labeler (so nothing is loaded twice), targets that replace the teachers' soft
-labels, and where stored soft labels go. A store run is evaluated once it is opened: `OpenedRun`
+labels, where stored soft labels go, and the test images decoded once for every student of an
+evaluation. A store run is evaluated once it is opened: `OpenedRun`
 holds its reader, its images read once, its data and teachers loaded once;
 `store_run.evaluate_store_run` opens it, and every step after it (evaluate.evaluate_run,
 baselines.py, ranking.py, report.py) takes the opened run as its first argument. `EvalHooks` are
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
     from fadrm_ray.data.base import ImageDataset
     from fadrm_ray.store.reader import RunReader
+    from fadrm_ray.evaluation.on_device import TestImages
     from fadrm_ray.evaluation.relabel import SoftLabeler
     from fadrm_ray.evaluation.scores import StudentScore
 
@@ -136,6 +138,7 @@ class EvalParts:
     labeler: "SoftLabeler | None" = None       # loaded teachers; replaces EvalJob.teacher_paths
     targets: Any = None                        # training.Targets: batches and loss instead of soft labels
     soft_label_dir: str | Path | None = None   # where stored soft labels are kept
+    test_images: "TestImages | None" = None    # the test split decoded on the students' device (one per evaluation)
 
 
 @dataclass(frozen=True)

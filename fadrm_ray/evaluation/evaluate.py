@@ -22,6 +22,7 @@ from fadrm_ray.config import DistillConfig
 from fadrm_ray.evaluation.cache import EvalKey, keep
 from fadrm_ray.fileio import read_model
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.on_device import TestImages
 from fadrm_ray.evaluation.relabel import SoftLabeler
 from fadrm_ray.runtime import torch_threads, tune_allocator
 from fadrm_ray.evaluation.scores import Evaluation, StudentScore
@@ -68,7 +69,8 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
     `hooks.on_seed` sees each new student as soon as it is trained (`evaluate_run` keeps it, so
     an interrupted evaluation resumes). `job.augment=False`: students that see the images as they
     are (`train_student`). `parts.targets` replaces the teachers' soft labels (there may then be
-    no teachers).
+    no teachers). The test split is decoded once for all the students (`parts.test_images`, else
+    here).
     """
     spec, parts, hooks = spec or EvalSpec(), parts or EvalParts(), hooks or EvalHooks()
     tune_allocator()
@@ -90,12 +92,16 @@ def evaluate_images(images_uint8: torch.Tensor, labels: torch.Tensor | None, job
         labeler = parts.labeler
         if labeler is None and (targets is None or job.teacher_paths):
             labeler = _load_labeler(job.teacher_paths, dataset, spec.on_device())
-        student_job, student_parts = job.with_config(cfg), replace(parts, dataset=dataset, labeler=labeler)
-        for s in cfg.seed_list:
-            if s not in per_seed:
-                per_seed[s] = train_student(images_uint8, s, student_job, spec, student_parts, hooks)
-                if hooks.on_seed is not None:
-                    hooks.on_seed(per_seed[s])
+        todo = [s for s in cfg.seed_list if s not in per_seed]
+        test_images = parts.test_images
+        if todo and test_images is None:  # decoded once for every student of this evaluation
+            test_images = TestImages(dataset.test, dataset, torch.device(spec.on_device()), classes)
+        student_job = job.with_config(cfg)
+        student_parts = replace(parts, dataset=dataset, labeler=labeler, test_images=test_images)
+        for s in todo:
+            per_seed[s] = train_student(images_uint8, s, student_job, spec, student_parts, hooks)
+            if hooks.on_seed is not None:
+                hooks.on_seed(per_seed[s])
     per_seed = [per_seed[s] for s in cfg.seed_list]
     per_class = None
     if labels is not None:

@@ -9,10 +9,10 @@ the test split scored batch by batch as it decodes). On an accelerator (anything
 - AdamW runs fused (one kernel for the update of every parameter) on CUDA;
 - images, index tensors and labels live on the device; whatever a step needs from the host (a
   view plan, stored logits) goes over in one non-blocking copy (`relabel.to_device`);
-- the test images are decoded once per student and kept on the device (`TestImages`, which a
+- the test images are decoded once per evaluation and kept on the device (`TestImages`, which a
   CPU student uses too: the same arithmetic as `models.evaluate_top1`, without decoding the split
-  at every test), and scoring counts the correct predictions there: one read of the count per
-  test evaluation, none per batch.
+  at every test or for every seed), and scoring counts the correct predictions there: one read of
+  the count per test evaluation, none per batch.
 
 Nothing in a step reads a value back (no `.item()`, `.cpu()`, truth value of a tensor, or host
 index into a device tensor): tests/test_no_host_sync.py runs a recover stage and a student epoch
@@ -85,6 +85,7 @@ class TestImages:
         from fadrm_ray.data.parallel import prefetch
 
         self.split, self.dataset, self.device = split.of_classes(classes), dataset, torch.device(device)
+        self.classes = None if classes is None else tuple(sorted(int(c) for c in classes))
         self.columns = None if classes is None else torch.as_tensor(list(classes), dtype=torch.long).to(self.device)
         self.mean = torch.tensor(dataset.mean, device=self.device).view(1, -1, 1, 1)
         self.std = torch.tensor(dataset.std, device=self.device).view(1, -1, 1, 1)
@@ -98,6 +99,11 @@ class TestImages:
 
     def __len__(self) -> int:
         return len(self.split)
+
+    def fits(self, dataset, device: torch.device | str, classes: Sequence[int] | None) -> bool:
+        """Whether these are the test images of `dataset`'s `classes` (None: every class) on `device`."""
+        wanted = None if classes is None else tuple(sorted(int(c) for c in classes))
+        return dataset is self.dataset and torch.device(device) == self.device and wanted == self.classes
 
     def _indices(self) -> list[torch.Tensor]:
         return [torch.arange(start, stop) for start, stop in self.ranges]

@@ -39,6 +39,7 @@ import torch
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.cache import EVALUATION_CACHE_VERSION, EvalKey, digest, keep
 from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalParts, EvalSpec, OpenedRun
+from fadrm_ray.evaluation.on_device import TestImages
 from fadrm_ray.evaluation.training import epochs_for_steps, train_student
 from fadrm_ray.evaluation.evaluate import evaluate_run, run_classes
 from fadrm_ray.fileio import atomic_write_text, read_model
@@ -191,10 +192,16 @@ def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
     key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
                   test_classes=classes, device=torch.device(device).type)
     job, spec = EvalJob(config=cfg, classes=classes), EvalSpec(device=device, progress=spec.progress)
-    parts = EvalParts(dataset=dataset, targets=HardLabels(run.labels))
     hooks = EvalHooks(progress_label="the run, hard labels")
-    return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()),
-                            lambda seed=seed: train_student(run.images, seed, job, spec, parts, hooks))
+    shared: list[EvalParts] = []  # the test split decoded once, for the first student not kept
+
+    def train(seed: int) -> StudentScore:
+        if not shared:
+            shared.append(EvalParts(dataset=dataset, targets=HardLabels(run.labels),
+                                    test_images=TestImages(dataset.test, dataset, torch.device(device), classes)))
+        return train_student(run.images, seed, job, spec, shared[0], hooks)
+
+    return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()), lambda seed=seed: train(seed))
             for seed in evaluation.seeds]
 
 

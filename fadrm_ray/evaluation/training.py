@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -151,7 +151,8 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
     it as the student's intermediate result). `job.augment=False` shows the images as they are
     (no crop, flip or CutMix). `parts.targets` replaces the soft labels and their views by its own
     batches and loss (`parts.labeler` is then not read). Stored soft labels go to
-    `parts.soft_label_dir`.
+    `parts.soft_label_dir`. The student is tested on `parts.test_images` where given (they must
+    be those of `dataset`, `job.classes` and the device), else on the test split decoded here.
     """
     spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
     cfg, labeler, augment = job.config, parts.labeler, job.augment
@@ -191,8 +192,7 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
     mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
     std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
     evaluate_at = _eval_epochs(epochs, cfg.eval_every)
-    # The test images are decoded once per student, not at every test, and kept where the student is.
-    test_images = TestImages(dataset.test, dataset, device_t, classes)
+    test_images = test_images_for(parts, dataset, device_t, classes)
 
     from tqdm.auto import tqdm
 
@@ -229,6 +229,20 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
     score = StudentScore(seed=seed, final_top1=curve[-1][1], best_top1=max(v for _, v in curve), curve=curve,
                          epochs=epochs, steps=steps, seconds=time.perf_counter() - started)
     return (score, model) if return_model else score
+
+
+def test_images_for(parts: EvalParts, dataset: ImageDataset, device: torch.device,
+                    classes: Sequence[int] | None) -> TestImages:
+    """The test images students of `dataset` on `device` are scored on: `parts.test_images`,
+    decoded once for every student of an evaluation, else decoded now (and kept for every test
+    of the one student). ValueError where the given ones are another data's, classes' or device's."""
+    given = parts.test_images
+    if given is None:
+        return TestImages(dataset.test, dataset, device, classes)
+    if not given.fits(dataset, device, classes):
+        raise ValueError(f"the test images handed over are not those of {dataset.name}, classes "
+                         f"{'all' if classes is None else list(classes)}, on {device}")
+    return given
 
 
 def as_dataset(dataset: ImageDataset | str) -> ImageDataset:

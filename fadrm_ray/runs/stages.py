@@ -23,7 +23,8 @@ from fadrm_ray.frozen_teacher import FrozenTeacher, equip_teachers
 from fadrm_ray.recover import RecoverState, final_images, init_state, run_stage
 from fadrm_ray.runs.job import JobParts
 from fadrm_ray.runs.units import Unit, chunks
-from fadrm_ray.store.run_files import PackCheckpoint, PackRecord, StageCheckpoint, StageRecord, UnitStats
+from fadrm_ray.store.checkpoints import pack_states, unpack_states
+from fadrm_ray.store.run_files import PackRecord, StageCheckpoint, StageRecord, UnitStats
 from fadrm_ray.store.selections import keep_selection, kept_selections
 from fadrm_ray.store import ImageRecord, RunStore
 from fadrm_ray.errors import InputError
@@ -117,30 +118,14 @@ def distill_unit(unit: Unit, cfg: DistillConfig, dataset: ImageDataset, teachers
 
 
 def checkpoint_of(unit_id: str, states: Sequence[RecoverState]) -> tuple[StageCheckpoint, dict]:
-    """A unit's states between two stages as a stage checkpoint and its tensors by name."""
-    packs, tensors = [], {}
-    for i, state in enumerate(states):
-        tensors[f"{i}.x"], tensors[f"{i}.labels"] = state.x, state.labels
-        if state.patches is not None:
-            tensors[f"{i}.patches"] = state.patches
-        tensors.update({f"{i}.rng.{g}": rng for g, rng in enumerate(state.rng_states)})
-        packs.append(PackCheckpoint(ipc_indices=state.ipc_indices, mean=state.mean, std=state.std,
-                                    budgets=state.budgets, resolutions=state.resolutions,
-                                    total_iterations=state.total_iterations, stage=state.stage,
-                                    iteration=state.iteration, history=state.history,
-                                    has_patches=state.patches is not None))
-    return StageCheckpoint(unit_id=unit_id, stage=states[0].stage, packs=packs), tensors
+    """A unit's states between two stages as a stage checkpoint and its tensors by name
+    (`store.checkpoints.pack_states`)."""
+    return pack_states(unit_id, states[0].stage, [vars(state) for state in states])
 
 
 def states_of(checkpoint: StageCheckpoint, tensors: dict) -> list[RecoverState]:
     """The recover states a stage checkpoint holds (`checkpoint_of`, the way back)."""
-    return [RecoverState(x=tensors[f"{i}.x"], patches=tensors[f"{i}.patches"] if pack.has_patches else None,
-                         labels=tensors[f"{i}.labels"], ipc_indices=list(pack.ipc_indices), mean=list(pack.mean),
-                         std=list(pack.std), budgets=list(pack.budgets), resolutions=list(pack.resolutions),
-                         total_iterations=pack.total_iterations,
-                         rng_states=[tensors[f"{i}.rng.{g}"] for g in range(len(pack.ipc_indices))],
-                         stage=pack.stage, iteration=pack.iteration, history=[dict(h) for h in pack.history])
-            for i, pack in enumerate(checkpoint.packs)]
+    return [RecoverState(**fields) for fields in unpack_states(checkpoint, tensors)]
 
 
 def needed_classes(units: Sequence[Unit], cfg: DistillConfig) -> list[int]:

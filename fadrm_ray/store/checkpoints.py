@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -63,11 +64,12 @@ def drop_checkpoints(layout: RunLayout, unit_id: str, keep: Path | None = None) 
             old.unlink(missing_ok=True)
 
 
-def _legacy(path: Path, unit_id: str, stage: int) -> tuple[StageCheckpoint, dict[str, torch.Tensor]]:
-    """A checkpoint of the earlier format (torch.save of the states as plain dicts), as today's."""
-    data = torch.load(path, map_location="cpu", weights_only=True)
+def pack_states(unit_id: str, stage: int, states: Sequence[Mapping[str, Any]]) -> tuple[StageCheckpoint, dict]:
+    """A unit's recover states after `stage` stages as a `StageCheckpoint` and its tensors by name
+    (module docstring); each state a mapping of a recover state's fields (`recover.RecoverState`:
+    x, labels, patches or None, rng_states, and the fields `PackCheckpoint` keeps)."""
     packs, tensors = [], {}
-    for i, state in enumerate(data["states"]):
+    for i, state in enumerate(states):
         tensors[f"{i}.x"], tensors[f"{i}.labels"] = state["x"], state["labels"]
         if state["patches"] is not None:
             tensors[f"{i}.patches"] = state["patches"]
@@ -75,3 +77,20 @@ def _legacy(path: Path, unit_id: str, stage: int) -> tuple[StageCheckpoint, dict
         packs.append(PackCheckpoint(**{k: state[k] for k in PackCheckpoint.model_fields if k in state},
                                     has_patches=state["patches"] is not None))
     return StageCheckpoint(unit_id=unit_id, stage=stage, packs=packs), tensors
+
+
+def unpack_states(checkpoint: StageCheckpoint, tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """The recover states' fields a stage checkpoint holds (`pack_states`, the way back)."""
+    return [dict(x=tensors[f"{i}.x"], patches=tensors[f"{i}.patches"] if pack.has_patches else None,
+                 labels=tensors[f"{i}.labels"], ipc_indices=list(pack.ipc_indices), mean=list(pack.mean),
+                 std=list(pack.std), budgets=list(pack.budgets), resolutions=list(pack.resolutions),
+                 total_iterations=pack.total_iterations,
+                 rng_states=[tensors[f"{i}.rng.{g}"] for g in range(len(pack.ipc_indices))],
+                 stage=pack.stage, iteration=pack.iteration, history=[dict(h) for h in pack.history])
+            for i, pack in enumerate(checkpoint.packs)]
+
+
+def _legacy(path: Path, unit_id: str, stage: int) -> tuple[StageCheckpoint, dict[str, torch.Tensor]]:
+    """A checkpoint of the earlier format (torch.save of the states as plain dicts), as today's."""
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    return pack_states(unit_id, stage, data["states"])
