@@ -89,7 +89,6 @@ def test_the_baselines_are_random_real_images_and_the_starting_patches():
     assert set(baseline_configs(noise)) == {"random_real"}  # noise has no starting patches
 
 
-
 def test_the_configs_tell_when_the_starting_patches_are_random_real_images():
     from fadrm_ray.evaluation.baselines import same_images
 
@@ -105,7 +104,12 @@ def test_the_configs_tell_when_the_starting_patches_are_random_real_images():
     assert not same_images(real, patches.model_copy(update={"seed": 1}))
     assert not same_images(real, patches.model_copy(update={"patch_candidates": 3}))
 
-def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits):
+
+def test_evaluate_with_baselines_reports_each_baseline_and_the_gains(store, digits, monkeypatch):
+    from fadrm_ray.evaluation import ranking
+
+    # A short full-data student: DD-Ranking's scores are tested in test_ranking.py, the baselines here.
+    monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)
     run_dir, _ = store
     cfg = EvalConfig(epochs=2, seeds=2)
     result = with_baselines(run_dir, EvalJob(config=cfg), EvalSpec(progress=False))
@@ -147,7 +151,10 @@ def test_a_paired_gain_is_the_mean_seed_by_seed_difference_with_its_standard_err
         paired_gain([1.0, 2.0], [1.0])
 
 
-def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path):
+def test_a_baseline_whose_teacher_is_gone_is_reported_not_raised(store, tmp_path, monkeypatch):
+    from fadrm_ray.evaluation import ranking
+
+    monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)  # the short full-data student kept above
     run_dir, teacher = store
     backup = tmp_path / "teacher.pt"
     shutil.copy(teacher, backup)

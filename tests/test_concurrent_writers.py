@@ -10,7 +10,7 @@ from fadrm_ray.layout import RunLayout
 
 def test_two_identical_commands_compute_every_unit_once(digits_teacher, tmp_path):
     command = [sys.executable, "-m", "actors.cli", "distill", "--local", "--dataset", "digits", "--teacher",
-               str(digits_teacher[0]), "--ipc", "2", "--set", "iterations=120", "--set", "ipc_per_unit=1",
+               str(digits_teacher[0]), "--ipc", "2", "--set", "iterations=48", "--set", "ipc_per_unit=1",
                "--out", str(tmp_path), "--quiet", "--json", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -110,23 +110,30 @@ def test_the_fast_path_compiles_and_on_cuda_replays_graphs():
     assert cfg.identity() == DistillConfig().identity()  # speed settings: the same run
 
 
-def test_a_run_on_the_fast_path_equals_the_eager_run(teacher_model):
+@pytest.fixture(scope="module")
+def fast_packed(teacher_model):
+    """Three groups recovered together on the fast path (compiled once for the two tests below)."""
+    from fadrm_ray.runtime import torch_threads
+
+    with torch_threads(1):
+        return recovered(cfg_for(**fast_path("cpu")), FrozenTeacher(teacher_model), [0, 1, 2], patches(3))
+
+
+def test_a_run_on_the_fast_path_equals_the_eager_run(teacher_model, fast_packed):
     teacher = FrozenTeacher(teacher_model)
     p = patches(3)
     eager = recovered(cfg_for(), teacher, [0, 1, 2], p)
-    fast = recovered(cfg_for(**fast_path("cpu")), teacher, [0, 1, 2], p)
+    fast = fast_packed
     # Compiled kernels fuse and reorder float sums: equal to rounding, not bit for bit.
     assert torch.allclose(eager.x, fast.x, atol=1e-4)
     for e, f in zip(eager.history, fast.history):
         assert f["ce"] == pytest.approx(e["ce"], rel=1e-4) and f["bn"] == pytest.approx(e["bn"], rel=1e-4)
 
 
-def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path(teacher_model):
+def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path(teacher_model, fast_packed):
     teacher = FrozenTeacher(teacher_model)
-    p = patches(3)
-    cfg = cfg_for(**fast_path("cpu"))
-    packed = recovered(cfg, teacher, [0, 1, 2], p)
-    alone = recovered(cfg, teacher, [1], p)
+    packed = fast_packed
+    alone = recovered(cfg_for(**fast_path("cpu")), teacher, [1], patches(3))
     assert torch.allclose(packed.x[10:20], alone.x, atol=1e-4)
     assert not torch.allclose(packed.x[0:10], alone.x, atol=1e-2)  # the groups are different images
 

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -70,25 +71,37 @@ def test_a_split_made_here_is_said_by_each_command_and_recorded_in_the_run(tmp_p
     assert recorded.startswith("held out per class by a fixed stratified split (20% of each class)")
 
 
-def _refused_before_ray(argv: list[str]) -> tuple[int, str, bool]:
-    code = ("import json, sys; from actors.cli import main; rc = main(json.loads(sys.argv[1])); "
-            "print(json.dumps({'rc': rc, 'ray': 'ray' in sys.modules}))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
-    return said["rc"], proc.stderr, said["ray"]
+def _refused_before_ray(*argvs: list[str]) -> list[tuple[int, str, bool]]:
+    """Each command line through `fadrm`'s main in turn, in one fresh process: its status, what it
+    wrote to stderr, and whether Ray had been imported by then."""
+    code = textwrap.dedent("""
+        import contextlib, io, json, sys
+        from actors.cli import main
+        said = []
+        for argv in json.loads(sys.argv[1]):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = main(argv)
+            said.append({'rc': rc, 'err': err.getvalue(), 'ray': 'ray' in sys.modules})
+        print(json.dumps(said))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    return [(s["rc"], s["err"], s["ray"]) for s in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def test_bad_input_is_refused_before_any_ray_process_starts(digits_teacher, tmp_path):
     """The default door is Ray: a typo'd dataset path and classes the dataset has not are refused
     in one line with status 2, and Ray is never even imported."""
     teacher = str(digits_teacher[0])
-    rc, err, ray = _refused_before_ray(["distill", "--dataset", f"imagefolder:{tmp_path / 'nope'}", "--teacher",
-                                        teacher, "--out", str(tmp_path / "store"), "--quiet"])
+    (rc, err, ray), (rc2, err2, ray2) = _refused_before_ray(
+        ["distill", "--dataset", f"imagefolder:{tmp_path / 'nope'}", "--teacher", teacher, "--out",
+         str(tmp_path / "store"), "--quiet"],
+        ["distill", "--dataset", "digits", "--teacher", teacher, "--classes", "3,12", "--out", str(tmp_path / "store"),
+         "--quiet"])
     assert (rc, ray) == (2, False) and "image folder not found" in err and len(err.strip().splitlines()) == 1
-    rc, err, ray = _refused_before_ray(["distill", "--dataset", "digits", "--teacher", teacher, "--classes", "3,12",
-                                        "--out", str(tmp_path / "store"), "--quiet"])
-    assert (rc, ray) == (2, False) and "classes must be in [0, 9]" in err
+    assert (rc2, ray2) == (2, False) and "classes must be in [0, 9]" in err2 and len(err2.strip().splitlines()) == 1
 
 
 def _loads_at_most(split):
@@ -104,11 +117,15 @@ def _loads_at_most(split):
     return asked
 
 
-def test_the_full_data_reference_says_its_cost_streams_its_split_and_keeps_to_its_budget(digits, tmp_path, one_thread):
+def test_the_full_data_reference_says_its_cost_streams_its_split_and_keeps_to_its_budget(digits, tmp_path, one_thread,
+                                                                                         monkeypatch):
     from dataclasses import replace
 
+    from fadrm_ray.evaluation import ranking
     from fadrm_ray.evaluation.ranking import FULL_DATA_BATCH, full_data_student
     from fadrm_ray.config import EvalConfig
+
+    monkeypatch.setattr(ranking, "FULL_DATA_STEPS", 40)  # a short reference student: still over 10 steps
 
     train = replace(digits.train)
     asked = _loads_at_most(train)

@@ -160,13 +160,15 @@ def _frames(root, per_class: int, test_per_class: int, size: int = 16):
     return root
 
 
-PILOT_FLAGS = ["--pilot-set", "recover_share=0.05", "--pilot-set", "student_steps=300"]
+# The smallest pilot its rules allow: a few recover iterations per candidate, the shortest students,
+# two paired seeds.
+PILOT_FLAGS = ["--pilot-set", "recover_share=0.01", "--pilot-set", "student_steps=50", "--pilot-set", "seeds=2"]
 
 
 def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, capsys, one_thread):
     from fadrm_ray.store import open_run
 
-    data = f"imagefolder:{_frames(tmp_path / 'frames', 30, 20)}"
+    data = f"imagefolder:{_frames(tmp_path / 'frames', 30, 8)}"
     assert main(["squeeze", "--dataset", data, "--epochs", "4", "--set", "cutmix_prob=0", "--set", "batch_size=32",
                  "--out", str(tmp_path / "t"), "--quiet"]) == 0
     teacher, store = str(tmp_path / "t" / "teacher.pt"), str(tmp_path / "store")
@@ -186,7 +188,7 @@ def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, 
     from fadrm_ray.pilot import choose
 
     assert record.chosen == choose(record.rows)
-    assert all(row.vs_random is not None and row.vs_random.seeds == 3 for row in record.rows)
+    assert all(row.vs_random is not None and row.vs_random.seeds == 2 for row in record.rows)
     assert record.below_random is None  # pilot IPC 2: above the IPC where its verdict was checked
     assert said["recipe"].startswith(f"{record.chosen}, auto's choice for this data by its pilot")
     reader = open_run(said["run_dir"])
