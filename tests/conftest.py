@@ -95,6 +95,23 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture
+def decodes_counted(monkeypatch):
+    """`counted = decodes_counted(split)`: from then on each call of `split.load` appends the number
+    of images it decodes to `counted` (reads counted, not timed)."""
+    def count(split) -> list[int]:
+        counted, real_load = [], split.load
+
+        def counting(indices):
+            counted.append(len(indices))
+            return real_load(indices)
+
+        monkeypatch.setattr(split, "load", counting)
+        return counted
+
+    return count
+
+
 @pytest.fixture(scope="module")
 def teacher_model():
     """A small convnet-bn (10 classes, 8 px, grey) with non-trivial BatchNorm running statistics:

@@ -149,17 +149,9 @@ def test_evaluation_is_deterministic_for_a_seed(digits, digits_teacher):
     assert c.curves != a.curves
 
 
-
-def test_the_test_split_is_decoded_once_for_every_student_of_an_evaluation(digits, labeler, monkeypatch):
+def test_the_test_split_is_decoded_once_for_every_student_of_an_evaluation(digits, labeler, decodes_counted):
     images, labels = real_subset(digits, per_class=2)
-    decoded = []
-    real_load = digits.test.load
-
-    def counting(indices):
-        decoded.append(len(indices))
-        return real_load(indices)
-
-    monkeypatch.setattr(digits.test, "load", counting)
+    decoded = decodes_counted(digits.test)
     job = EvalJob(config=EvalConfig(epochs=1, seeds=3))
     result = evaluate_images(images, labels, job, QUIET, EvalParts(dataset=digits, labeler=labeler))
     assert len(result.top1_per_seed) == 3

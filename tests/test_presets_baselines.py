@@ -260,20 +260,12 @@ def test_equip_teachers_brings_class_targets_for_edc_only(digits):
     assert edc.category.targets[0][0].shape == (10, edc.bn_layers[0].num_features)
 
 
-
-def test_edc_teachers_read_the_real_images_once_for_both_kinds_of_targets(digits, monkeypatch):
+def test_edc_teachers_read_the_real_images_once_for_both_kinds_of_targets(digits, decodes_counted):
     from types import SimpleNamespace
     m = create_model("convnet-bn", num_classes=10, in_chans=1, image_size=digits.image_size, width=8).eval()
     keep = sorted(int(i) for c in range(10) for i in torch.nonzero(digits.train.labels == c).flatten()[:100])
     images = digits.normalize(digits.train.load(keep))
-    read = []
-    real_load = digits.train.load
-
-    def counting(indices):
-        read.append(len(indices))
-        return real_load(indices)
-
-    monkeypatch.setattr(digits.train, "load", counting)
+    read = decodes_counted(digits.train)
     edc = equip_teachers([m], [SimpleNamespace(test_accuracy=None, in_chans=None)], digits, make_config("edc"))[0]
     assert sum(read) == len(keep)  # one read of the images for the convolution and the class-wise targets
     for (cm, cv), (em, ev) in zip(real_conv_targets(m, images), edc.conv.targets):

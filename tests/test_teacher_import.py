@@ -112,11 +112,10 @@ def test_own_model_state_dict(digits_teacher, digits, tmp_path):
     assert torch.equal(imported(x), teacher(x))
 
 
-def test_an_import_reads_its_test_images_once_per_normalization(digits_teacher, tmp_path, monkeypatch):
+def test_an_import_reads_its_test_images_once_per_normalization(digits_teacher, tmp_path, monkeypatch,
+                                                                 decodes_counted):
     """One pass over the test sample per normalization measured: its confusion counts give the
     top-1 and, for the one kept, the class-order check (counted, not timed)."""
-    import dataclasses
-
     from fadrm_ray import teacher_import
     from fadrm_ray.teacher_import import ImportSettings, import_teacher
 
@@ -128,13 +127,14 @@ def test_an_import_reads_its_test_images_once_per_normalization(digits_teacher, 
 
     def counted(*args, **kwargs):
         split = sample(*args, **kwargs)
-        return dataclasses.replace(split, load=lambda idx: decoded.append(len(idx)) or split.load(idx))
+        decoded.append(decodes_counted(split))
+        return split
 
     monkeypatch.setattr(teacher_import, "spread_sample", counted)
     result = import_teacher(ImportSettings(model="convnet-bn", model_kwargs={"width": 32}, weights=str(weights),
                                            dataset="digits", out=str(tmp_path / "t.pt"), eval_images=100))
     assert result.record.normalization and not result.record.measured  # one normalization: the dataset's own
-    assert sum(decoded) == result.record.eval_images == 100 and result.top1 > 50
+    assert sum(map(sum, decoded)) == result.record.eval_images == 100 and result.top1 > 50
 
 
 def _refused(capsys, argv, out) -> str:
