@@ -39,7 +39,9 @@ NOT_IN_IDENTITY = (*SPEED_FIELDS, "ipc", "recipe")
 # took the small-grey values.
 LATER_FIELDS = {"bound": "clamp", "patch_group": 4, "recipe": "small-grey",
                 "r_conv": 0.0, "committee": "round-robin", "committee_temperature": 5.0,
-                "bn_category": 0.0, "cuda_graphs": False}
+                "bn_category": 0.0, "cuda_graphs": False, "mosaic": 1}
+# The largest mosaic factor, and the smallest cell side it may leave (patches.class_patch_images).
+MAX_MOSAIC, MIN_MOSAIC_CELL = 8, 4
 
 
 def without_later_fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +72,10 @@ class DistillConfig(Settings):
     patch_crop_scale: ScaleRange | Literal["auto"] = "auto"  # crop area as a fraction of the image
     patch_candidates: Index = 0          # candidate images scored per class; 0 = all of them
     patch_group: Count = 4               # images per group for patch_selection = grouped or spread
+    # RDED's stitched images: each image an f x f grid of the class's next f * f patches in the
+    # selection's order, each resized (antialiased) to a cell of about D / f; 1 = one patch per
+    # image; auto = the recipe's (docs/method.md section 2).
+    mosaic: Annotated[int, Field(strict=True, ge=1, le=MAX_MOSAIC)] | Literal["auto"] = "auto"
 
     # The optimization loop (docs/method.md section 3).
     iterations: Index | Literal["auto"] = "auto"  # T, over all stages
@@ -204,6 +210,10 @@ class DistillConfig(Settings):
         if jitter == "auto":
             jitter = 32 if image_size >= LARGE_IMAGE else min(4, max(1, image_size // 8))
         sized = self.sized(image_size, channels)
+        if image_size // sized.mosaic < MIN_MOSAIC_CELL:
+            raise ConfigError(f"mosaic {sized.mosaic} would cut {image_size}-px images into cells of "
+                              f"{image_size // sized.mosaic} px; at most {image_size // MIN_MOSAIC_CELL} here "
+                              f"(cells of at least {MIN_MOSAIC_CELL} px)", ("mosaic",))
         changes = {
             **sized.model_dump(include={*RECIPE_FIELDS, "recipe"}),
             "jitter": jitter,

@@ -5,7 +5,9 @@ crop by the teacher's cross-entropy for c, keep each image's best crop, rank the
 score and take them in rank order ("easy": lowest CE first; "medium": from the middle of the
 ranking outwards; "grouped": the best of each small group of shuffled images; "spread": the
 class's best image first, then as grouped). "random" takes one random crop of a random image,
-"whole" a random whole image (the random-real baseline).
+"whole" a random whole image (the random-real baseline). With `mosaic` f > 1 (RDED's stitched
+images), each image is an f x f grid of the next f * f patches in that order, each resized to a
+cell of about D / f, so one image carries several real views of its class.
 
 The patch of (class c, IPC index i) is a function of the dataset, the teacher(s), the config and
 the seed only: not of the IPC asked for, nor of the worker that computes it. So a run can grow
@@ -77,21 +79,42 @@ def draw_boxes(gen: torch.Generator, count: int, scale: tuple[float, float], h: 
     return boxes
 
 
-def cut(images: torch.Tensor, boxes: Sequence[Box], size: int, per_image: int = 1) -> torch.Tensor:
-    """uint8 crops (len(boxes), C, size, size): box j cut from images[j // per_image] and resized
-    (bilinear, antialiased), rounded to uint8. Crops of one side are resized in one call; the
-    resize treats every image on its own, so a crop is the same whether it is cut alone or with
-    others."""
-    out = torch.empty((len(boxes), images.shape[1], size, size), dtype=torch.uint8)
+def cut(images: torch.Tensor, boxes: Sequence[Box], size: int | tuple[int, int], per_image: int = 1) -> torch.Tensor:
+    """uint8 crops (len(boxes), C, H, W), (H, W) = `size` (an int: square): box j cut from
+    images[j // per_image] and resized (bilinear, antialiased), rounded to uint8. Crops of one side
+    are resized in one call; the resize treats every image on its own, so a crop is the same
+    whether it is cut alone or with others."""
+    h, w = (size, size) if isinstance(size, int) else size
+    out = torch.empty((len(boxes), images.shape[1], h, w), dtype=torch.uint8)
     by_side: dict[int, list[int]] = {}
     for j, (_, _, side) in enumerate(boxes):
         by_side.setdefault(side, []).append(j)
     for side, rows in by_side.items():
         batch = torch.stack([images[j // per_image, :, boxes[j][0]:boxes[j][0] + side, boxes[j][1]:boxes[j][1] + side]
                              for j in rows]).float()
-        if side != size:
-            batch = F.interpolate(batch, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        if (side, side) != (h, w):
+            batch = F.interpolate(batch, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
         out[rows] = batch.round().clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def mosaic_edges(size: int, factor: int) -> list[int]:
+    """Where the cells of a `factor` x `factor` mosaic of `size` px begin and end along one axis:
+    `factor` + 1 edges, the cells as even as whole pixels allow (32 px in 3: 11, 10, 11)."""
+    return [round(size * j / factor) for j in range(factor + 1)]
+
+
+def tile(images: torch.Tensor, boxes: Sequence[Box], size: int, factor: int) -> torch.Tensor:
+    """uint8 (len(boxes) // factor**2, C, size, size): each run of factor**2 sources (box j of
+    images[j]) stitched into one image, row by row, each source cut and resized (bilinear,
+    antialiased) straight to its cell, so a cell is one resampling of the real pixels."""
+    edges, per = mosaic_edges(size, factor), factor * factor
+    out = torch.empty((len(boxes) // per, images.shape[1], size, size), dtype=torch.uint8)
+    for r in range(factor):
+        for c in range(factor):
+            j = r * factor + c
+            out[:, :, edges[r]:edges[r + 1], edges[c]:edges[c + 1]] = cut(
+                images[j::per], boxes[j::per], (edges[r + 1] - edges[r], edges[c + 1] - edges[c]))
     return out
 
 
@@ -164,11 +187,25 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
                        selection: ClassSelection | None = None) -> torch.Tensor:
     """uint8 (len(ipc_indices), C, D, D): the patches of these IPC indices of class `label`.
 
-    Scored modes need the class's `selection`; "random" and "whole" need nothing but the data.
+    With `mosaic` f > 1, IPC index i is an f x f mosaic (`tile`) of the patches the selection
+    would give the indices i * f * f to i * f * f + f * f - 1 (as a function of i alone, as every
+    patch is). Scored modes need the class's `selection`; "random" and "whole" need nothing but
+    the data.
     """
-    indices = [int(i) for i in ipc_indices]
     size = dataset.image_size
     cfg = cfg.sized(size, dataset.channels)
+    per = cfg.mosaic * cfg.mosaic
+    sources = [int(i) * per + j for i in ipc_indices for j in range(per)]
+    images, boxes = _patch_sources(dataset, label, sources, cfg, selection)
+    if cfg.mosaic > 1:
+        return tile(images, boxes or [(0, 0, size)] * len(sources), size, cfg.mosaic)
+    return images if boxes is None else cut(images, boxes, size)
+
+
+def _patch_sources(dataset: ImageDataset, label: int, indices: list[int], cfg: DistillConfig,
+                   selection: ClassSelection | None) -> tuple[torch.Tensor, list[Box] | None]:
+    """The real images of the patches of these selection indices of class `label` and the box of
+    each (None: the whole images, `whole`), for a config `sized` for the data."""
     if cfg.patch_selection in SCORED:
         if selection is None:
             raise ValueError(f"patch_selection {cfg.patch_selection!r} needs the class's scores (score_class)")
@@ -180,15 +217,15 @@ def class_patch_images(dataset: ImageDataset, label: int, ipc_indices: Sequence[
         else:
             positions = [rank_position(cfg.patch_selection, i, n) for i in indices]
         images = dataset.train.load(torch.tensor([selection.ranked[p] for p in positions], dtype=torch.long))
-        return cut(images, [selection.boxes[p] for p in positions], size)
+        return images, [selection.boxes[p] for p in positions]
     candidates, gen = _candidates(dataset, label, cfg)
     n = candidates.numel()
     images = dataset.train.load(candidates[[i % n for i in indices]])
     if cfg.patch_selection == "whole":
-        return images
-    # random: IPC index i gets the i-th box drawn after the shuffle, whatever else is asked for.
+        return images, None
+    # random: index i gets the i-th box drawn after the shuffle, whatever else is asked for.
     boxes = draw_boxes(gen, max(indices) + 1 if indices else 0, cfg.patch_crop_scale, images.shape[-2], images.shape[-1])
-    return cut(images, [boxes[i] for i in indices], size)
+    return images, [boxes[i] for i in indices]
 
 
 def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: Sequence[int],

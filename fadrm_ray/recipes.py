@@ -21,7 +21,7 @@ _NOISE = {"init": "noise", "patch_selection": "easy"}
 _RDED_PATCHES = {"patch_crop_scale": (0.5, 1.0), "patch_crops": 5, "patch_selection": "easy"}
 # The released FADRM scripts' recover settings: lr 0.25, crops down to 8% of the image, the clamp,
 # "medium" RDED patches, T = 2000 (docs/method.md section 7b).
-_RELEASED = {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 2000}
+_RELEASED = {**_PUBLISHED_STEP, **_RDED_PATCHES, "patch_selection": "medium", "iterations": 2000, "mosaic": 1}
 PRESETS: dict[str, dict[str, Any]] = {
     "fadrm": {},
     "fadrm+": {},  # several teachers in round robin; the teachers come from the command line
@@ -69,9 +69,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # nothing was measured here (colour images, or images of 64 px and more), the published evidence
 # is the only evidence, so it decides. The families differ in what follows the image size in
 # `resolve` (jitter 4 below 128 px and 32 from there, MRO 200/224 from 128 px), not in these fields.
-RECIPE_FIELDS = ("lr", "crop_scale_min", "patch_crop_scale", "patch_crops", "bound", "iterations", "patch_selection")
+RECIPE_FIELDS = ("lr", "crop_scale_min", "patch_crop_scale", "patch_crops", "bound", "iterations", "patch_selection",
+                 "mosaic")
 _MEASURED_SMALL_GREY = {"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                        "bound": "sigmoid", "iterations": 500, "patch_selection": "spread"}
+                        "bound": "sigmoid", "iterations": 500, "patch_selection": "spread", "mosaic": 1}
 
 
 class Recipe(NamedTuple):
@@ -93,11 +94,11 @@ RECIPES: dict[str, Recipe] = {
     "crops-random": Recipe({**_RELEASED, "patch_selection": "random"},
                            "the released recipe with its crops drawn at random instead of picked by the teacher"),
     "whole": Recipe({**_RELEASED, "lr": 0.05, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                     "patch_selection": "grouped", "iterations": 1000},
+                     "patch_selection": "grouped", "iterations": 1000, "mosaic": 1},
                     "whole images picked by the teacher (`grouped`), a smaller step (lr 0.05), views of at least half "
                     "the image, T = 1000"),
     "gentle": Recipe({"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
-                      "bound": "sigmoid", "iterations": 300, "patch_selection": "whole"},
+                      "bound": "sigmoid", "iterations": 300, "patch_selection": "whole", "mosaic": 1},
                      "a gentle recovery from random whole images (lr 0.01, T = 300, the sigmoid bound): it starts "
                      "from random real images and stays near them"),
 }

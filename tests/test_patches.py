@@ -162,3 +162,113 @@ def test_spread_starts_with_the_easy_patch_and_goes_on_with_the_groups(digits, t
     assert torch.equal(spread[0], easy[0])  # IPC 1: the class's most typical image
     rest = [p for p in grouped if not torch.equal(p, easy[0])]
     assert all(torch.equal(a, b) for a, b in zip(spread[1:], rest))
+
+
+# ------------------------------------------------------------------ mosaics (RDED's stitched images)
+def test_mosaic_1_is_the_default_and_changes_no_run_id_and_no_patch(digits, teacher):
+    from fadrm_ray.config import make_config
+    from fadrm_ray.runs.job import make_run_id
+
+    for preset in ("fadrm", "rded", "random-real", "fadrm-paper"):
+        auto = make_config(preset).resolve(8, 10, channels=1)
+        pinned = make_config(preset, overrides={"mosaic": 1}).resolve(8, 10, channels=1)
+        assert auto.mosaic == pinned.mosaic == 1
+        assert "mosaic" not in auto.identity() and make_run_id(auto, "d", ["t"]) == make_run_id(pinned, "d", ["t"])
+    for selection in ("easy", "spread", "random", "whole"):
+        cfg = DistillConfig(ipc=3, patch_selection=selection)
+        assert torch.equal(class_patches(digits, 4, cfg, [teacher]),
+                           class_patches(digits, 4, cfg.model_copy(update={"mosaic": 1}), [teacher]))
+
+
+def test_a_mosaic_of_whole_images_is_the_next_four_images_each_resized_to_its_quarter(digits):
+    single = class_patches(digits, 7, DistillConfig(ipc=8, patch_selection="whole"))  # indices 0-7, as they are
+    mosaic = class_patches(digits, 7, DistillConfig(ipc=2, patch_selection="whole", mosaic=2))
+    assert mosaic.shape == (2, 1, 8, 8) and mosaic.dtype == torch.uint8
+    for i in range(2):
+        for r in range(2):
+            for c in range(2):
+                source = single[4 * i + 2 * r + c:4 * i + 2 * r + c + 1].float()
+                quarter = F.interpolate(source, size=(4, 4), mode="bilinear", align_corners=False, antialias=True)
+                assert torch.equal(mosaic[i, :, 4 * r:4 * r + 4, 4 * c:4 * c + 4],
+                                   quarter.round().clamp(0, 255).to(torch.uint8)[0])
+
+
+def test_a_mosaic_of_scored_crops_cuts_each_crop_straight_to_its_cell(digits, teacher):
+    from fadrm_ray.patches import tile
+
+    cfg = DistillConfig(ipc=2, patch_selection="easy", mosaic=2, patch_crops=3, patch_crop_scale=(0.5, 1.0))
+    selection = score_class(digits, 5, cfg.sized(8, 1), [teacher])
+    mosaic = class_patches(digits, 5, cfg, [teacher])
+    images = digits.train.load(torch.tensor(selection.ranked[:8]))
+    assert torch.equal(mosaic, tile(images, list(selection.boxes[:8]), 8, 2))  # easy: ranks 0-3, then 4-7
+    # each cell is one resampling of the real crop, not a resize of a full-size patch
+    assert torch.equal(mosaic[1, :, 4:, :4], cut(images[6:7], [selection.boxes[6]], 4)[0])
+
+
+@pytest.mark.parametrize("selection", ["easy", "medium", "spread", "random", "whole"])
+def test_the_mosaic_of_an_ipc_index_does_not_depend_on_the_ipc_or_the_unit(digits, teacher, selection):
+    small = class_patches(digits, 3, DistillConfig(ipc=2, patch_selection=selection, mosaic=2), [teacher])
+    large = class_patches(digits, 3, DistillConfig(ipc=5, patch_selection=selection, mosaic=2), [teacher])
+    assert torch.equal(small, large[:2])
+    unit = select_patches(digits, [1, 3], [4], DistillConfig(ipc=5, patch_selection=selection, mosaic=2), [teacher])
+    assert torch.equal(unit[0, 1], large[4])
+
+
+def test_mosaic_cells_split_any_size_as_evenly_as_pixels_allow():
+    from fadrm_ray.patches import mosaic_edges, tile
+
+    assert mosaic_edges(32, 2) == [0, 16, 32] and mosaic_edges(32, 3) == [0, 11, 21, 32]
+    assert mosaic_edges(28, 3) == [0, 9, 19, 28]
+    flat = torch.stack([torch.full((3, 32, 32), 10 * j, dtype=torch.uint8) for j in range(9)])
+    stitched = tile(flat, [(0, 0, 32)] * 9, 32, 3)
+    assert stitched.shape == (1, 3, 32, 32)
+    assert stitched[0, 0, 0, 0] == 0 and stitched[0, 0, 0, 31] == 20 and stitched[0, 0, 31, 31] == 80
+    assert stitched[0, 0, 15, 15] == 40 and stitched[0, 0, 10, 11] == 10  # row 0 ends at 11 px, column 1 begins
+
+
+def test_a_mosaic_too_fine_for_the_images_is_refused_naming_the_field():
+    from fadrm_ray.config import ConfigError, make_config
+
+    with pytest.raises(ConfigError, match="mosaic 4 would cut 8-px images into cells of 2 px; at most 2") as err:
+        make_config("fadrm", overrides={"mosaic": 4}).resolve(8, 10, channels=1)
+    assert err.value.loc == ("mosaic",)
+    with pytest.raises(ConfigError, match="mosaic"):
+        make_config("fadrm", overrides={"mosaic": 9})
+    assert make_config("fadrm", overrides={"mosaic": 8}).resolve(32, 10, channels=3).mosaic == 8
+
+
+def test_the_starting_patches_of_a_mosaic_run_are_its_mosaics_and_random_real_images_are_not():
+    from fadrm_ray.evaluation.baselines import baseline_configs
+
+    run = DistillConfig(ipc=1, mosaic=2, patch_selection="whole").resolve(32, 10, channels=3)
+    baselines = baseline_configs(run)
+    assert baselines["starting_patches"].mosaic == 2
+    assert baselines["random_real"].resolve(32, 10, channels=3).mosaic == 1
+
+
+def test_a_mosaic_run_starts_from_its_mosaics_recovers_them_and_stores_ordinary_images(digits, digits_teacher,
+                                                                                       tmp_path, one_thread):
+    from fadrm_ray.config import make_config
+    from fadrm_ray.runs import execute
+    from fadrm_ray.runs.job import ExecutionSpec, prepare_job
+    from fadrm_ray.store import open_run
+
+    spec = ExecutionSpec(local=True, device="cpu", progress=False)
+    common = {"ipc": 2, "classes": [0, 1, 2], "mosaic": 2, "precision": "fp32"}
+
+    def distilled(preset, **overrides):
+        job, parts = prepare_job(make_config(preset, overrides={**common, **overrides}), digits, "digits",
+                                 [digits_teacher[0]], tmp_path / "store", device_type="cpu")
+        images, labels, ipc = open_run(execute.run(job, spec, parts).run_dir).read()
+        assert images.shape == (6, 1, 8, 8) and images.dtype == torch.uint8
+        return images, labels, ipc, job.config
+
+    start, labels, ipc, cfg = distilled("patches")
+    expected = select_patches(digits, [0, 1, 2], [0, 1], cfg, [FrozenTeacher(load_teacher(digits_teacher[0])[0])])
+    for image, label, i in zip(start, labels.tolist(), ipc.tolist()):
+        assert torch.equal(image, expected[i, label])
+    recovered, labels2, ipc2, cfg2 = distilled("fadrm", iterations=8, k=1)
+    assert cfg2.mosaic == 2 and cfg2.identity()["mosaic"] == 2
+    assert torch.equal(labels2, labels) and torch.equal(ipc2, ipc)
+    change = (recovered.float() - start.float()).abs()
+    assert 0 < change.mean() < 20  # recovered from the mosaics, near them at the small-image step

@@ -44,7 +44,7 @@ def test_the_pilot_runs_only_where_auto_would_guess_on_colour_data_no_one_measur
     assert "published" in pilot_reason(auto, _colour("imagefolder:imagenet"))
     assert "sets its own" in pilot_reason(make_config("random-real"), _colour())
     every = {"lr": 0.1, "crop_scale_min": 0.5, "patch_crop_scale": [1, 1], "patch_crops": 1, "bound": "clamp",
-             "iterations": 10, "patch_selection": "easy"}
+             "iterations": 10, "patch_selection": "easy", "mosaic": 1}
     assert "every value" in pilot_reason(make_config("fadrm", overrides=every), _colour())
 
 

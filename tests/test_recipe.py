@@ -25,7 +25,7 @@ def test_distill_and_info_name_the_recipe(digits_teacher, tmp_path, capsys):
     recipe = next(line for line in out.splitlines() if line.startswith("recipe: "))
     assert recipe.startswith("recipe: small-grey, auto's choice for 1-channel 8-px images: measured")
     # iterations was given: the recipe gave the other values only.
-    assert recipe.endswith("it gave lr, crop_scale_min, patch_crop_scale, patch_crops, bound, patch_selection")
+    assert recipe.endswith("it gave lr, crop_scale_min, patch_crop_scale, patch_crops, bound, patch_selection, mosaic")
     run_dir = next(p for p in store.iterdir() if p.is_dir())
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["recipe"] == "small-grey"
     assert main(["info", "--run", str(run_dir), "--json"]) == 0

@@ -44,7 +44,7 @@ from fadrm_ray.store import StoreError, open_run
 from fadrm_ray.store.reader import RunReader
 
 BASELINES = {"random_real": "random real images", "starting_patches": "its starting patches"}
-_PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group")
+_PATCH_KEYS = ("patch_selection", "patch_crops", "patch_crop_scale", "patch_candidates", "patch_group", "mosaic")
 
 
 def baseline_configs(run_config: DistillConfig, ipc: int | None = None) -> dict[str, DistillConfig]:
