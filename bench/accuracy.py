@@ -43,7 +43,8 @@ docs/benchmarks/accuracy.md is
         --methods random-real,patches,rded,sre2l++,fadrm,fadrm+,fadrm-paper
 
 Writes DIR/accuracy.json, DIR/accuracy.md and DIR/accuracy.png; prints the Markdown table and,
-below it, fadrm minus every other row seed by seed (or, with --json, one JSON object). Teachers,
+below it, fadrm minus every other row seed by seed and every row minus random real images seed
+by seed, with each seed's top-1 (or, with --json, one JSON object). Teachers,
 distilled runs (the store) and evaluations (inside each run, student by student) are cached, so a
 rerun only computes what changed, and a rerun with more --seeds trains only the new students.
 """
@@ -332,6 +333,29 @@ def paired_markdown(results: list[dict], methods: list[str], against: str = "fad
     return "\n".join(lines)
 
 
+def versus_markdown(results: list[dict], methods: list[str], baseline: str = "random-real") -> str:
+    """Every row minus `baseline`, seed by seed (mean ± standard error, seeds on which the row is
+    higher), one line per row with its top-1 and each seed's: the table that says which sets beat
+    random real images of the same size. Empty where `baseline` is not in the table."""
+    cells = [c for c in _cells(results) if baseline in c[2]]
+    if not cells:
+        return ""
+    lines = [f"each row minus {baseline}, seed by seed: mean ± standard error (seeds on which the row is higher)",
+             "", f"| dataset | IPC | row | top-1 | top-1 per seed | − {baseline} |", "|---|---|---|---|---|---|"]
+    for ipc, name, rows in cells:
+        for m in _columns(results, methods):
+            if m not in rows:
+                continue
+            row = rows[m]
+            seeds = " / ".join(f"{v:.2f}" for v in row["top1_per_seed"])
+            gain = ""
+            if m != baseline:
+                g = paired_gain(row["top1_per_seed"], rows[baseline]["top1_per_seed"])
+                gain = f"{gain_text(g, seeds=False)} ({g.higher}/{g.seeds})"
+            lines.append(f"| {name} | {ipc} | {m} | {row['top1_mean']:.2f} ± {row['top1_std']:.2f} | {seeds} | {gain} |")
+    return "\n".join(lines)
+
+
 def bar_chart(results: list[dict], path: Path) -> None:
     plt = pyplot()
     cells = _cells(results)
@@ -421,8 +445,8 @@ def main(argv=None) -> dict:
                               teacher=args.teacher, teacher_model=args.teacher_model,
                               teacher_epochs=args.teacher_epochs))
     table = markdown(grid["results"], methods)
-    paired = paired_markdown(grid["results"], methods)
-    table += f"\n\n{paired}" if paired else ""
+    for extra in (paired_markdown(grid["results"], methods), versus_markdown(grid["results"], methods)):
+        table += f"\n\n{extra}" if extra else ""
     report = {"mode": mode, "datasets": datasets, "image_size": args.image_size, "ipc": ipcs, "methods": methods,
               "variants": variants, "seeds": args.seeds, "threads": args.threads, "jobs": jobs,
               "recover_overrides": recover_overrides, "budgets": {d: per_dataset(BUDGETS, mode, d) for d in datasets},

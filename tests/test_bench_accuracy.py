@@ -1,7 +1,7 @@
 """The tables `bench.accuracy` prints, on hand-made rows (the grid itself is a benchmark, not a test)."""
 from __future__ import annotations
 
-from bench.accuracy import markdown, paired_markdown
+from bench.accuracy import markdown, paired_markdown, versus_markdown
 
 
 def _row(method: str, ipc: int, per_seed: list[float]) -> dict:
@@ -20,3 +20,14 @@ def test_the_tables_name_the_dataset_and_pair_fadrm_with_every_row_seed_by_seed(
     assert paired[-1] == "| parquet:fashion-sample-500 | 10 | +0.33 ± 0.44 (2/3) | +1.33 ± 0.17 (3/3) |"
     assert paired[-2].startswith("| parquet:fashion-sample-500 | 1 | - | - |")
     assert paired_markdown(rows, ["random-real", "patches"], against="sre2l") == ""  # no such row: no table
+
+
+def test_every_row_is_set_against_random_real_images_seed_by_seed_with_its_seeds():
+    rows = [_row("random-real", 1, [40.0, 42.0, 41.0]), _row("mosaic", 1, [45.0, 44.0, 47.0]),
+            _row("fadrm", 1, [39.0, 42.5, 40.0]), _row("fadrm", 10, [80.0, 81.0, 82.0])]
+    lines = versus_markdown(rows, ["random-real", "fadrm", "mosaic"]).splitlines()
+    # mosaic - random-real: 5, 2, 6 -> mean 4.33, s.e. 1.20, higher on 3 of 3; IPC 10 has no random-real row.
+    assert lines[-1] == "| parquet:fashion-sample-500 | 1 | mosaic | 45.33 ± 0.50 | 45.00 / 44.00 / 47.00 | +4.33 ± 1.20 (3/3) |"
+    assert lines[-2].endswith("| 39.00 / 42.50 / 40.00 | -0.50 ± 0.50 (1/3) |")
+    assert lines[-3].endswith("| random-real | 41.00 ± 0.50 | 40.00 / 42.00 / 41.00 |  |")
+    assert versus_markdown(rows, ["fadrm"], baseline="patches") == ""
