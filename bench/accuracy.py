@@ -16,9 +16,11 @@ settings change:
   t1, t2, t3 in round robin and relabels with their averaged logits (section 5). Small ConvNets
   stand in for the paper's ResNet-18 / DenseNet / ShuffleNet / MobileNet pool, which is too slow
   on a 2-core CPU. G-VBSM, EDC and CV-DD use the same three teachers (SEVERAL_TEACHERS), and
-  CV-DD's students are relabelled with batch statistics (METHOD_EVALUATION). An optional control
-  row (--control), "fadrm+ (t1 labels)", evaluates the FADRM+ images with t1's labels only, to
-  separate better images from better soft labels.
+  CV-DD's students are relabelled with batch statistics (METHOD_EVALUATION). Optional control
+  rows (--control): "fadrm+ (t1 labels)" evaluates the FADRM+ images with t1's labels only, to
+  separate better images from better soft labels, and, where the grid has several teachers,
+  "random-real (t1-t3 labels)" evaluates the random real images with the three teachers'
+  averaged labels, the baseline of every row that relabels with them.
 
 Budgets keep the published ratios (docs/method.md section 7: FADRM 2000, SRe2L++, G-VBSM and
 CV-DD 4000, SRe2L and EDC 1000), scaled down to T for FADRM/FADRM+, 2T for SRe2L++, G-VBSM and
@@ -81,6 +83,9 @@ from fadrm_ray.squeeze import ensure_teacher
 METHODS = ["random-real", "patches", "rded", "sre2l", "sre2l++", "fadrm", "fadrm+", "fadrm-paper",
            "g-vbsm", "edc", "cv-dd"]
 CONTROL = "fadrm+ (t1 labels)"
+RANDOM_CONTROL = "random-real (t1-t3 labels)"
+# The control row of a cell's method, and the teachers it is relabelled with.
+CONTROLS = {"fadrm+": (CONTROL, ("t1",)), "random-real": (RANDOM_CONTROL, ("t1", "t2", "t3"))}
 # Presets that recover (and relabel) with every teacher, t1-t3; the others use t1 alone.
 SEVERAL_TEACHERS = ("fadrm+", "g-vbsm", "edc", "cv-dd")
 # Evaluation settings that are part of a method: CV-DD relabels with the teachers' BatchNorm
@@ -180,8 +185,9 @@ def _teacher_job(out: Path, dataset_name: str, image_size: int | None, tname: st
 
 
 def _cell_job(cell: dict) -> list[dict]:
-    """Distill one (dataset, IPC, method) and evaluate it; FADRM+ also gets its control row here,
-    so that the one run it shares is never distilled by two processes at once."""
+    """Distill one (dataset, IPC, method) and evaluate it; FADRM+ and random real images also get
+    their control row here (CONTROLS), so that the one run it shares is never distilled by two
+    processes at once."""
     dataset, paths = bench_dataset(cell["dataset"], cell["image_size"]), cell["teachers"]
     ipc = cell["ipc"]
     cfg = method_config(cell["method"], ipc, cell["t"], cell["recover_overrides"], cell["variants"])
@@ -193,8 +199,9 @@ def _cell_job(cell: dict) -> list[dict]:
     run = execute.run(distill_job, spec, parts)
     distill_s = time.perf_counter() - started
     rows = []
-    for method in [cell["method"]] + ([CONTROL] if cell["control"] else []):
-        eval_teachers = [paths["t1"]] if method == CONTROL else teacher_paths
+    control, control_teachers = CONTROLS.get(cell["method"], (None, ()))
+    for method in [cell["method"]] + ([control] if cell["control"] else []):
+        eval_teachers = [paths[t] for t in control_teachers] if method == control else teacher_paths
         # evaluate_run caches every evaluation inside its run: a rerun of the grid reads them back.
         # At this IPC: the run may hold more (its IPCs share one run, written one command at a time).
         evaluation = cell["evaluation"].model_copy(update=METHOD_EVALUATION.get(cfg.preset, {}))
@@ -222,7 +229,7 @@ class Grid(BaseModel):
     methods: list[str]
     evaluation: EvalConfig
     mode: Literal["quick", "full"] = "full"
-    control: bool = False                 # add the CONTROL row beside fadrm+
+    control: bool = False                 # add the CONTROLS rows beside fadrm+ and random-real
     jobs: int = 1                         # processes at a time
     threads: int = 1                      # torch threads of each
     recover_overrides: dict[str, Any] = {}
@@ -267,7 +274,8 @@ def run_grid(out: Path, grid: Grid) -> dict:
                 for method in methods:
                     cells.append({"dataset": d, "image_size": image_size, "ipc": ipc, "method": method,
                                   "t": per_dataset(BUDGETS, mode, d), "teachers": paths[d], "store": store, "out": out,
-                                  "evaluation": cell_eval, "control": grid.control and method == "fadrm+",
+                                  "evaluation": cell_eval,
+                                  "control": grid.control and (method == "fadrm+" or (method == "random-real" and several)),
                                   "recover_overrides": dict(grid.recover_overrides), "variants": variants})
         # Longest first, so the last cells to finish are short ones and the processes stay busy.
         order = sorted(range(len(cells)), key=lambda i: -_cost(cells[i]))
@@ -290,7 +298,7 @@ def _cost(cell: dict) -> float:
 
 def _columns(results: list[dict], methods: list[str]) -> list[str]:
     return [m for m in methods if any(r["method"] == m for r in results)] + \
-        ([CONTROL] if any(r["method"] == CONTROL for r in results) else [])
+        [c for c, _ in CONTROLS.values() if any(r["method"] == c for r in results)]
 
 
 def _cells(results: list[dict]) -> list[tuple[int, str, dict[str, dict]]]:
@@ -334,24 +342,29 @@ def paired_markdown(results: list[dict], methods: list[str], against: str = "fad
 
 
 def versus_markdown(results: list[dict], methods: list[str], baseline: str = "random-real") -> str:
-    """Every row minus `baseline`, seed by seed (mean ± standard error, seeds on which the row is
-    higher), one line per row with its top-1 and each seed's: the table that says which sets beat
-    random real images of the same size. Empty where `baseline` is not in the table."""
+    """Every row minus `baseline` relabelled by the same teachers, seed by seed (mean ± standard
+    error, seeds on which the row is higher), one line per row with its top-1 and each seed's:
+    the table that says which sets beat random real images of the same size. A row relabelled by
+    several teachers is set against the RANDOM_CONTROL row where the grid has it (--control).
+    Empty where `baseline` is not in the table."""
     cells = [c for c in _cells(results) if baseline in c[2]]
     if not cells:
         return ""
-    lines = [f"each row minus {baseline}, seed by seed: mean ± standard error (seeds on which the row is higher)",
-             "", f"| dataset | IPC | row | top-1 | top-1 per seed | − {baseline} |", "|---|---|---|---|---|---|"]
+    lines = [f"each row minus {baseline} (relabelled by the same teachers), seed by seed: mean ± standard error "
+             "(seeds on which the row is higher)", "",
+             f"| dataset | IPC | row | top-1 | top-1 per seed | − {baseline} |", "|---|---|---|---|---|---|"]
     for ipc, name, rows in cells:
         for m in _columns(results, methods):
             if m not in rows:
                 continue
             row = rows[m]
             seeds = " / ".join(f"{v:.2f}" for v in row["top1_per_seed"])
+            against = RANDOM_CONTROL if len(row.get("teachers", ())) > 1 and RANDOM_CONTROL in rows else baseline
             gain = ""
-            if m != baseline:
-                g = paired_gain(row["top1_per_seed"], rows[baseline]["top1_per_seed"])
-                gain = f"{gain_text(g, seeds=False)} ({g.higher}/{g.seeds})"
+            if m != against:
+                g = paired_gain(row["top1_per_seed"], rows[against]["top1_per_seed"])
+                gain = f"{gain_text(g, seeds=False)} ({g.higher}/{g.seeds})" + \
+                    (f" against {against}" if against != baseline else "")
             lines.append(f"| {name} | {ipc} | {m} | {row['top1_mean']:.2f} ± {row['top1_std']:.2f} | {seeds} | {gain} |")
     return "\n".join(lines)
 
@@ -396,7 +409,8 @@ def main(argv=None) -> dict:
                         help="student schedule: short (--student-steps steps, full cosine) or published "
                              "(300 epochs, 1000 at IPC 1, stretched cosine)")
     parser.add_argument("--control", action="store_true",
-                        help=f"add the '{CONTROL}' row (FADRM+ images, single-teacher labels)")
+                        help=f"add the '{CONTROL}' row (FADRM+ images, single-teacher labels) and, with several "
+                             f"teachers, the '{RANDOM_CONTROL}' row (random real images, the teachers' averaged labels)")
     parser.add_argument("--cosine-stretch", type=float, default=None,
                         help="student schedule stretch (default: the protocol's)")
     parser.add_argument("--student-steps", type=int, default=None,

@@ -31,3 +31,9 @@ def test_every_row_is_set_against_random_real_images_seed_by_seed_with_its_seeds
     assert lines[-2].endswith("| 39.00 / 42.50 / 40.00 | -0.50 ± 0.50 (1/3) |")
     assert lines[-3].endswith("| random-real | 41.00 ± 0.50 | 40.00 / 42.00 / 41.00 |  |")
     assert versus_markdown(rows, ["fadrm"], baseline="patches") == ""
+    # A row relabelled by three teachers is set against random real images relabelled by them.
+    several = [*rows, {**_row("fadrm+", 1, [46.0, 45.0, 47.0]), "teachers": ["t1", "t2", "t3"]},
+               {**_row("random-real (t1-t3 labels)", 1, [44.0, 44.0, 44.0]), "teachers": ["t1", "t2", "t3"]}]
+    lines = versus_markdown(several, ["random-real", "fadrm+"]).splitlines()
+    assert lines[-2].endswith("| +2.00 ± 0.58 (3/3) against random-real (t1-t3 labels) |")
+    assert lines[-1].endswith("| 44.00 / 44.00 / 44.00 |  |")
