@@ -7,16 +7,17 @@ measures, at a small and bounded size:
 
 1. a sample of the classes (`PilotConfig.classes`, drawn by the data's content hash), a few
    images per class (`ipc`, the run's where smaller);
-2. random real images, the size family's released recipe and the candidates of
-   `recipes.PILOT_CANDIDATES` (random crops, whole teacher-picked images with a smaller step, a
-   gentle recovery from random whole images), each distilled with its recover budget cut to
-   `recover_share` of its recipe's;
+2. random real images, the size family's released recipe and the candidates of the run's IPC
+   (`recipes.pilot_candidates`: the gentle recovery from random whole images and the mosaics of
+   random whole images), each distilled with its recover budget cut to `recover_share` of its
+   recipe's;
 3. students of the first `student_steps` steps of the published schedule (`student_schedule`)
    with paired seeds on each set, under the teachers' soft labels, tested on the sampled classes.
 
-It keeps the candidate with the best mean top-1 where it is clearly above the gentle one, else
-the gentle one (`choose`), with each one's paired gain over random real images, and says in one
-line when the one it keeps is not level with them. Its cost is estimated from a timed
+It keeps the candidate with the best mean top-1 where it is clearly above the IPC's safe one
+(the mosaics at IPC 1, the gentle recovery above it), else the safe one (`choose`), with each
+one's paired gain over random real images, and says in one line when the one it keeps is not
+level with them. Its cost is estimated from a timed
 probe of this device and printed before it starts; it may always spend `free_seconds`, and above
 that at most `max_share` of the run's estimated recover time: its sizes are scaled down to fit,
 or, below `min_scale`, it is skipped and says so. The record is cached in the store
@@ -37,7 +38,7 @@ import torch
 
 from fadrm_ray.paired import paired_gain
 from fadrm_ray.config import DistillConfig, EvalConfig, PilotConfig, make_config
-from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES, auto_recipe
+from fadrm_ray.recipes import RECIPES, auto_recipe, pilot_candidates
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
@@ -52,12 +53,12 @@ from fadrm_ray.runs.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
 
 _MIN_STEPS = 50
-SAFE_RECIPE = "gentle"
 
 
-def candidates(image_size: int, channels: int) -> list[str]:
-    """The recipes a pilot tries on such images: the size family's released one first."""
-    return [auto_recipe(image_size, channels), *PILOT_CANDIDATES]
+def candidates(image_size: int, channels: int, ipc: int) -> list[str]:
+    """The recipes a pilot tries on such images for a run at `ipc`: the size family's released
+    one first, then `recipes.pilot_candidates`."""
+    return [auto_recipe(image_size, channels), *pilot_candidates(ipc).recipes]
 
 
 def _timed(fn: Callable[[], None], repeats: int = 5) -> float:
@@ -116,16 +117,17 @@ def probe_rates(parts: JobParts, student: str, batch: int, cfg: DistillConfig | 
         frozen.remove_hooks()
 
 
-def choose(rows: Sequence[PilotRow]) -> str:
+def choose(rows: Sequence[PilotRow], safe: str) -> str:
     """The recipe the pilot keeps: the best mean top-1 where it is clearly above (by more than two
-    paired standard errors) the gentle recovery, which starts from random real images and stays
-    near them; the gentle one where the pilot cannot tell them apart, since a wrong guess there
-    costs little and a wrong guess the other way can cost many points."""
+    paired standard errors) the `safe` one (`recipes.pilot_candidates`: the one the full-size
+    grids found best at such IPCs, the gentle recovery from IPC 2, which starts from random real
+    images and stays near them); the safe one where the pilot cannot tell them apart, since a
+    wrong guess there costs little and a wrong guess the other way can cost many points."""
     best = max(rows, key=lambda r: r.top1_mean)
-    gentle = next((r for r in rows if r.recipe == SAFE_RECIPE), None)
-    if gentle is None or best is gentle:
+    kept = next((r for r in rows if r.recipe == safe), None)
+    if kept is None or best is kept:
         return best.recipe
-    return best.recipe if paired_gain(best.top1_per_seed, gentle.top1_per_seed).clearly_above else gentle.recipe
+    return best.recipe if paired_gain(best.top1_per_seed, kept.top1_per_seed).clearly_above else kept.recipe
 
 
 def student_schedule(images: int, ipc: int, steps: int, seeds: int) -> EvalConfig:
@@ -185,7 +187,7 @@ def plan_pilot(cfg: DistillConfig, parts: JobParts, settings: PilotConfig) -> Pi
     """The pilot of a run of `cfg` on `parts.dataset`, sized to its bound by a probe of this device."""
     dataset = parts.dataset
     rates = probe_rates(parts, EvalConfig().student, min(settings.classes, dataset.num_classes), cfg)
-    return PilotPlan(settings, candidates(dataset.image_size, dataset.channels), cfg, dataset, rates)
+    return PilotPlan(settings, candidates(dataset.image_size, dataset.channels, cfg.ipc), cfg, dataset, rates)
 
 
 class _Progress:
@@ -264,7 +266,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         return cached
     common = dict(dataset=dataset.name, dataset_fingerprint=fingerprint, teachers=shas, ipc=cfg.ipc, settings=settings)
     if settings.budget == 0:
-        record = PilotRecord(**common, chosen=candidates(dataset.image_size, dataset.channels)[0],
+        record = PilotRecord(**common, chosen=candidates(dataset.image_size, dataset.channels, cfg.ipc)[0],
                              skipped="--pilot-budget 0")
         on_line(record.summary())
         return record
@@ -322,7 +324,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
                                                                         random_real.top1_per_seed)}))
     finally:
         bar.close()
-    chosen = choose(rows)
+    chosen = choose(rows, pilot_candidates(cfg.ipc).safe)
     record = PilotRecord(**common, classes=plan.classes, pilot_ipc=plan.ipc, scale=round(plan.scale, 3), rows=rows,
                          random_real=random_real, chosen=chosen, seconds=round(time.perf_counter() - started, 1))
     keep_pilot(store, record)

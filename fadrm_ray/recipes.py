@@ -101,10 +101,38 @@ RECIPES: dict[str, Recipe] = {
                       "bound": "sigmoid", "iterations": 300, "patch_selection": "whole", "mosaic": 1},
                      "a gentle recovery from random whole images (lr 0.01, T = 300, the sigmoid bound): it starts "
                      "from random real images and stays near them"),
+    # One image per class carries four real views: RDED's stitched images (its factor 2) of random
+    # whole images, recovered with the gentle step for four times as long. Measured at IPC 1 on
+    # the colour sets here (docs/benchmarks/accuracy.md, "IPC 1: every candidate").
+    "mosaic": Recipe({"lr": 0.01, "crop_scale_min": 0.5, "patch_crop_scale": (1.0, 1.0), "patch_crops": 1,
+                      "bound": "sigmoid", "iterations": 1200, "patch_selection": "whole", "mosaic": 2},
+                     "2 x 2 mosaics of random whole images (RDED's factor 2: four real views in each image), "
+                     "recovered with the gentle step for longer (lr 0.01, T = 1200, the sigmoid bound); above random "
+                     "real images at IPC 1 on the colour sets measured"),
 }
-# What the pilot tries on colour data no one measured, beside random real images; the released
-# recipe of the images' size family (`auto_recipe`) is always the first.
-PILOT_CANDIDATES = ("crops-random", "whole", "gentle")
+
+
+class PilotCandidates(NamedTuple):
+    """What the pilot measures for runs up to an IPC, beside random real images and the size
+    family's released recipe (`auto_recipe`, always first), and the recipe it keeps unless
+    another is clearly above it (`pilot.choose`)."""
+
+    up_to_ipc: int | None      # None: every larger IPC
+    recipes: tuple[str, ...]
+    safe: str
+
+
+# By the IPC of the run, from the grids of docs/benchmarks/accuracy.md ("The pilot", "IPC 1: every
+# candidate"): at IPC 1 the mosaics were above random real images on every colour set and the
+# gentle recovery below them; from IPC 10 the gentle recovery was the best row of every grid.
+# Candidates that no grid found best at an IPC are not measured there.
+PILOT_CANDIDATES = (PilotCandidates(1, ("gentle", "mosaic"), "mosaic"),
+                    PilotCandidates(None, ("gentle", "mosaic"), "gentle"))
+
+
+def pilot_candidates(ipc: int) -> PilotCandidates:
+    """What the pilot of a run at `ipc` images per class measures (PILOT_CANDIDATES)."""
+    return next(c for c in PILOT_CANDIDATES if c.up_to_ipc is None or ipc <= c.up_to_ipc)
 SMALL_IMAGE = 64     # below it: small-grey for one channel, cifar for more
 LARGE_IMAGE = 128    # from it: imagenet (MRO and jitter 32 start here too)
 

@@ -22,6 +22,7 @@ from fadrm_ray.cli import main
 from fadrm_ray.config import make_config
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.pilot_record import PilotRecord, PilotRow, cached_pilot, keep_pilot, pilot_reason
+from fadrm_ray.recipes import pilot_candidates
 from fadrm_ray.evaluation.scores import PairedGain
 from fadrm_ray.config import PilotConfig
 
@@ -128,9 +129,9 @@ def test_the_pilot_keeps_the_gentle_recipe_unless_another_is_clearly_above_it():
                         seconds=1.0)
 
     gentle = row("gentle", [80.0, 81.0, 79.0])
-    assert choose([row("cifar", [60.0, 61.0, 59.5]), row("whole", [81.0, 80.5, 79.2]), gentle]) == "gentle"
-    assert choose([row("whole", [90.0, 91.0, 89.5]), gentle]) == "whole"  # above it on every seed, by far
-    assert choose([row("cifar", [50.0, 40.0, 45.0])]) == "cifar"  # no gentle row: the best
+    assert choose([row("cifar", [60.0, 61.0, 59.5]), row("whole", [81.0, 80.5, 79.2]), gentle], "gentle") == "gentle"
+    assert choose([row("whole", [90.0, 91.0, 89.5]), gentle], "gentle") == "whole"  # above it on every seed, by far
+    assert choose([row("cifar", [50.0, 40.0, 45.0])], "gentle") == "cifar"  # no gentle row: the best
 
 
 FRAME_COLOURS = [(200, 40, 40), (40, 170, 40), (40, 40, 200), (200, 190, 30)]
@@ -182,12 +183,12 @@ def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, 
     said = json.loads(out)
     record = PilotRecord.model_validate(said["pilot"]["record"])
     rows = {row.recipe: row for row in record.rows}
-    assert list(rows) == ["cifar", "crops-random", "whole", "gentle"]
+    assert list(rows) == ["cifar", *pilot_candidates(2).recipes]
     # What it chose follows its rule from what it measured (the measurements themselves move with
     # the CPU's arithmetic: no test here asserts a small run's accuracy within its noise).
     from fadrm_ray.pilot import choose
 
-    assert record.chosen == choose(record.rows)
+    assert record.chosen == choose(record.rows, pilot_candidates(2).safe)
     assert all(row.vs_random is not None and row.vs_random.seeds == 2 for row in record.rows)
     assert record.below_random is None  # pilot IPC 2: above the IPC where its verdict was checked
     assert said["recipe"].startswith(f"{record.chosen}, auto's choice for this data by its pilot")
@@ -294,7 +295,27 @@ def test_the_pilot_keeps_the_best_only_where_it_is_clearly_above_the_gentle_reco
 
     gentle = row("gentle", 81.2, 73.5, 86.2)
     # The best by its mean, within the seeds' noise of the gentle one: the gentle one.
-    assert choose([row("cifar", 63.5, 59.5, 59.2), row("whole", 82.2, 84.5, 75.8), gentle]) == "gentle"
+    assert choose([row("cifar", 63.5, 59.5, 59.2), row("whole", 82.2, 84.5, 75.8), gentle], "gentle") == "gentle"
     # Clearly above it on every seed: the best.
-    assert choose([row("cifar", 90.0, 84.0, 95.0), row("whole", 82.2, 84.5, 75.8), gentle]) == "cifar"
-    assert choose([row("cifar", 60.0, 61.0, 62.0), row("whole", 70.0, 70.5, 71.0)]) == "whole"  # no gentle row
+    assert choose([row("cifar", 90.0, 84.0, 95.0), row("whole", 82.2, 84.5, 75.8), gentle], "gentle") == "cifar"
+    assert choose([row("cifar", 60.0, 61.0, 62.0), row("whole", 70.0, 70.5, 71.0)], "gentle") == "whole"  # no gentle
+
+
+def test_each_ipc_has_its_candidates_and_its_safe_recipe():
+    from fadrm_ray.pilot import candidates, choose
+    from fadrm_ray.recipes import PILOT_CANDIDATES, RECIPES
+
+    for entry in PILOT_CANDIDATES:
+        assert entry.safe in entry.recipes and all(r in RECIPES for r in entry.recipes)
+    assert PILOT_CANDIDATES[-1].up_to_ipc is None  # every IPC has its entry
+    assert pilot_candidates(1).safe == "mosaic" and pilot_candidates(10).safe == "gentle"
+    assert candidates(32, 3, 1)[0] == "cifar" and candidates(96, 3, 50)[0] == "tiny-imagenet"
+
+    def row(recipe, *top1):
+        return PilotRow(recipe=recipe, run_id=recipe, top1_per_seed=list(top1), top1_mean=sum(top1) / len(top1),
+                        seconds=1.0)
+
+    # At IPC 1 the mosaics stay unless another recipe is clearly above them.
+    rows = [row("cifar", 41.0, 44.0, 40.0), row("gentle", 42.0, 43.5, 44.0), row("mosaic", 43.0, 40.0, 42.5)]
+    assert choose(rows, pilot_candidates(1).safe) == "mosaic"
+    assert choose(rows, pilot_candidates(10).safe) == "gentle"
