@@ -8,9 +8,10 @@ measures, at a small and bounded size:
 1. a sample of the classes (`PilotConfig.classes`, drawn by the data's content hash), a few
    images per class (`ipc`, the run's where smaller);
 2. random real images, the size family's released recipe and the candidates of the run's IPC
-   (`recipes.pilot_candidates`: the gentle recovery from random whole images and the mosaics of
-   random whole images), each distilled with its recover budget cut to `recover_share` of its
-   recipe's;
+   (`recipes.pilot_candidates`: at IPC 1 the gentle recovery from random whole images and the
+   mosaics of random whole images; above it random crops, whole teacher-picked images with a
+   smaller step and the gentle recovery), each distilled with its recover budget cut to
+   `recover_share` of its recipe's;
 3. students of the first `student_steps` steps of the published schedule (`student_schedule`)
    with paired seeds on each set, under the teachers' soft labels, tested on the sampled classes.
 

@@ -310,6 +310,8 @@ def test_each_ipc_has_its_candidates_and_its_safe_recipe():
     assert PILOT_CANDIDATES[-1].up_to_ipc is None  # every IPC has its entry
     assert pilot_candidates(1).safe == "mosaic" and pilot_candidates(10).safe == "gentle"
     assert candidates(32, 3, 1)[0] == "cifar" and candidates(96, 3, 50)[0] == "tiny-imagenet"
+    # From IPC 2, the pilot whose verdicts were checked at IPC 10 (accuracy.md), unchanged.
+    assert candidates(32, 3, 10) == ["cifar", "crops-random", "whole", "gentle"] == candidates(32, 3, 2)
 
     def row(recipe, *top1):
         return PilotRow(recipe=recipe, run_id=recipe, top1_per_seed=list(top1), top1_mean=sum(top1) / len(top1),
