@@ -35,19 +35,21 @@ def test_nothing_below_experiments_imports_it():
             assert name.split(".")[0] != "experiments", f"{path.relative_to(ROOT)} imports {name}"
 
 
-def library_import_graph(type_checking: bool = False) -> dict[str, set[str]]:
-    """Module -> the library modules it imports, at the top or inside a function (an import in a
-    function is still a dependency: it only moves the cycle to run time); imports for type
-    checking alone (`if TYPE_CHECKING:`) only with `type_checking` (a name a module's signatures
-    use is a dependency of its meaning, if not of its loading)."""
-    root = Path(fadrm_ray.__file__).parent
+def import_graph(package: str = "fadrm_ray", type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of `package` (a top-level folder of the repository: fadrm_ray, actors,
+    tune, api, ...) it imports, at the top or inside a function (an import in a function is still
+    a dependency: it only moves the cycle to run time); imports for type checking alone (`if
+    TYPE_CHECKING:`) only with `type_checking` (a name a module's signatures use is a dependency
+    of its meaning, if not of its loading)."""
+    root = ROOT / package
     modules = {}
     for path in root.rglob("*.py"):
         parts = path.relative_to(root.parent).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        is_package = path.name == "__init__.py"
+        package_name = name if is_package else name.rpartition(".")[0]
         edges = set()
         tree = ast.parse(path.read_text(), filename=str(path))
         typing_only = set() if type_checking else {
@@ -61,13 +63,43 @@ def library_import_graph(type_checking: bool = False) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    parts = package_name.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
             else:
                 continue
             edges.update(t for t in targets if t in modules and t != name)
         graph[name] = edges
     return graph
+
+
+def library_import_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """The import graph of the library, fadrm_ray (`import_graph`)."""
+    return import_graph("fadrm_ray", type_checking)
+
+
+def private_names_crossing(package: str) -> list[str]:
+    """`file: name` for every private name (`_name`, not a dunder) of a module of `package` that
+    another module of it imports, or reads as an attribute of the module it imported."""
+    root = ROOT / package
+
+    def ours(module: str | None, level: int = 0) -> bool:
+        return level > 0 or (module or "").split(".")[0] == package
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        modules = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names if ours(alias.name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and ours(node.module, node.level):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Attribute) and ast.unparse(node.value) in modules:
+                names = [node.attr]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -171,3 +203,19 @@ def test_no_library_module_is_over_500_lines():
     assert sizes["recover.py"] > 100  # the files are read
     long = {name: lines for name, lines in sizes.items() if lines > MAX_LINES}
     assert long == {}, f"split these modules: {long}"
+
+
+def test_tune_has_no_import_cycle_even_through_function_level_and_type_checking_imports():
+    """tune/ from its bottom (settings: the sweep's constants and shared records) to its top (sweep,
+    the driver, which only the command imports)."""
+    graph, typed = import_graph("tune"), import_graph("tune", type_checking=True)
+    assert "tune.trainable" in graph["tune.sweep"]  # imports inside functions are edges
+    assert "tune.prepare" in typed["tune.results"] - graph["tune.results"]  # typing-only, counted too
+    assert cycles(typed) == []
+    assert typed["tune.settings"] == set(), "tune.settings is the bottom: it imports no other module of tune/"
+    importers = sorted(name for name, edges in typed.items() if "tune.sweep" in edges)
+    assert importers == ["tune.sweep_command"], f"only the command imports the sweep's driver: {importers}"
+
+
+def test_no_private_name_crosses_the_modules_of_tune():
+    assert private_names_crossing("tune") == []
