@@ -119,7 +119,10 @@ class DriverSupervisor:
         if self.local.record.exists():
             log.warning("the local Ray head is gone; starting a new one")
         for job in self.db.in_state("running"):  # their drivers' head is gone: they cannot go on
-            self._end(job, "failed", HEAD_LOST)
+            # A driver that ended first (while no service ran: its head's lifeline stopped the head
+            # once it had) is settled by its outcome; one still running has lost its head.
+            if not self._settle(job):
+                self._end(job, "failed", HEAD_LOST)
         self.local.address()
         return True
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from api.local_ray import RayHead, members, processes
+from api.local_ray import LEASE, RayHead, RayLease, members, processes
 from fadrm_ray.evaluation.soft_labels import DIGESTS, EpochDigests, recorded_digests
 from fadrm_ray.layout import RunLayout
 from tests.api_helpers import REPO, TEACHER, ApiServer, request, running_service
@@ -287,6 +287,42 @@ def test_a_dead_heads_folder_goes_and_a_sigkilled_server_takes_its_head_with_it(
                  timeout=60, interval=0.5)
         print(f"the head's processes were gone {time.monotonic() - killed:.1f} s after the server's SIGKILL")
         assert not Path(head.temp_dir).exists() and not record.exists()
+    finally:
+        server.stop()
+        server.stop_ray()
+
+
+def test_a_server_killed_while_a_job_runs_leaves_the_head_to_its_driver(digits_teacher, tmp_path):
+    """SIGKILL while a job runs: its driver holds the head's lease, so the head stays until the
+    driver has finished the job, then goes; the service started again reports the job succeeded."""
+    server = ApiServer(tmp_path)
+    server.store.mkdir(parents=True)
+    server.teachers.mkdir(parents=True)
+    shutil.copy(digits_teacher[0], server.teachers / f"{TEACHER}.pt")
+    record = server.store / ".fadrm-api" / "ray-head.json"
+    server.start()
+    try:
+        with server.client() as http:
+            wait_for(lambda: http.get("/readyz").status_code == 200, timeout=240, interval=0.5)
+            job = http.post("/v1/distillations", json=request(classes=[4, 9], seed=71, iterations=400)).json()
+            wait_for(lambda: http.get(f"/v1/distillations/{job['id']}").json()["state"] == "running", timeout=120)
+        lease = server.store / ".fadrm-api" / LEASE
+        wait_for(lambda: RayLease.model_validate_json(lease.read_text()).drivers, timeout=30)  # the driver holds it
+        head = RayHead.model_validate_json(record.read_text())
+        outcome = server.store / ".fadrm-api" / "jobs" / job["id"] / "outcome.json"
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(30)
+        wait_for(outcome.is_file, timeout=300, interval=0.5)  # the driver went on, on the head it held
+        wait_for(lambda: not members(head.pid) and not _alive(head.lifeline_pid), timeout=60, interval=0.5)
+        server.start()
+        with server.client() as http:
+            done = http.get(f"/v1/distillations/{job['id']}").json()
+            deadline = time.time() + 60
+            while done["state"] == "running" and time.time() < deadline:
+                time.sleep(0.5)
+                done = http.get(f"/v1/distillations/{job['id']}").json()
+            assert done["state"] == "succeeded", done
+            assert http.get(f"/v1/distillations/{job['id']}/dataset").status_code == 200
     finally:
         server.stop()
         server.stop_ray()
