@@ -38,6 +38,8 @@ BUFFER_BYTES = 2 << 20    # of the rows gathered into one row group (at most PAC
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` in `schema`'s columns and types (a column it lacks as nulls), as a permissive
     concatenation of the epoch tables would have it."""
+    if table.schema.equals(schema):  # the common case: the epochs of a folder share one schema
+        return table
     columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
                for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
