@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from bench.api_probes import __doc__ as DOC
 from bench.api_probes import limits, probes, store, strings
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     health.add_argument("--seconds", type=float, default=20.0)
     health.add_argument("--interval", type=float, default=0.0, help="seconds each poller waits between requests")
     health.add_argument("--iterations", type=int, default=4000, help="recover iterations of the job running meanwhile")
+    health.add_argument("--code", default=None, help="run the service of this checkout instead (code before a change)")
     sub.add_parser("catalog", parents=[common], help="the first GET /v1/datasets after a start")
     labels = sub.add_parser("soft-labels", parents=[common], help="the first soft-label download of many epochs")
     labels.add_argument("--epochs", type=int, nargs="+", default=[300, 1000, 2000])
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"floods": lambda: limits.floods(root, args.seconds),
                   "strings": lambda: strings.run_all(root, args.bursts, args.idle, args.teacher_mb),
                   "store": lambda: store.run_all(root, args.seconds, args.records, args.soft_label_mib),
-                  "health": lambda: probes.health(root, args.pollers, args.seconds, args.interval, args.iterations),
+                  "health": lambda: probes.health(root, args.pollers, args.seconds, args.interval, args.iterations,
+                                                  Path(args.code) if args.code else None),
                   "catalog": lambda: probes.catalog(root),
                   "soft-labels": lambda: probes.soft_labels(root, args.epochs)}[args.probe]()
     print(json.dumps(result, indent=None if args.json else 1))

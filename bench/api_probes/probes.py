@@ -1,12 +1,14 @@
 """The probes, the catalog and the soft-label download under load, each on a `fadrm serve` of its
 own (default limits: 20 requests a second per token):
 
-- `health`: `--pollers` clients (one keep-alive connection each) ask `/healthz` and `/readyz` in
+- `health`: `--pollers` clients (one keep-alive connection each, raw HTTP/1.1 on asyncio streams:
+  a client that costs little beside the server, on the same cores) ask `/healthz` and `/readyz` in
   turn, back to back (`--interval` 0) or with a pause, for `--seconds`, while a distill job runs and
-  another thread sends 40 requests a second with the same token to `/v1/teachers`, so the token is
+  another thread sends requests back to back with the same token to `/v1/teachers`, so the token is
   rate limited throughout. Prints each probe's latency percentiles, the probes that were not 200,
   how many of the token's other requests were 429, the server's CPU time per request (the
-  probes' and the token's others), and the machine's load average (the pollers share it);
+  probes' and the token's others), and the machine's load average (the pollers share it).
+  `--code DIR` runs the service of another checkout (the code before a change) the same way;
 - `catalog`: the first `GET /v1/datasets` after a start, as soon as `/healthz` answers (a 503 with
   Retry-After while the service still reads its datasets), and the first 200;
 - `soft-labels`: jobs whose evaluations store the soft labels of `--epochs` epochs each (2 images,
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.api_load import poll_load
+from bench.api_load import TOKEN
 from bench.api_probes.server import BASE, Server, done
 
 
@@ -40,8 +42,53 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def health(root: Path, pollers: int, seconds: float, interval: float, iterations: int) -> dict:
-    server = Server(root, max_running=1)
+async def probe_load(port: int, paths: list[str], pollers: int, seconds: float, interval: float) -> dict:
+    """`pollers` keep-alive connections asking `paths` in turn for `seconds` (module docstring):
+    each path's latency percentiles (ms), and the answers other than 200."""
+    latencies: dict[str, list[float]] = {path: [] for path in paths}
+    errors: dict[str, int] = {}
+    requests = {path: (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").encode()
+                for path in paths}
+
+    async def poller(k: int, start: float, stop_at: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        i = k
+        try:
+            while time.perf_counter() < stop_at:
+                path = paths[i % len(paths)]
+                began = time.perf_counter()
+                writer.write(requests[path])
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                latencies[path].append(time.perf_counter() - began)
+                if (status := head[9:12].decode()) != "200":
+                    errors[status] = errors.get(status, 0) + 1
+                i += 1
+                if interval:
+                    await asyncio.sleep(interval)
+        finally:
+            writer.close()
+
+    start = time.perf_counter() + 2.0  # every connection open first
+    await asyncio.gather(*(poller(k, start, start + seconds) for k in range(pollers)))
+
+    def summary(values: list[float]) -> dict:
+        values = sorted(values)
+        pct = [round(1000 * values[min(len(values) - 1, int(p * len(values)))], 1) if values else None
+               for p in (0.5, 0.95, 0.99, 1.0)]
+        return {"requests": len(values), "p50_ms": pct[0], "p95_ms": pct[1], "p99_ms": pct[2], "max_ms": pct[3]}
+
+    return {**{path: summary(values) for path, values in latencies.items()},
+            "requests": sum(map(len, latencies.values())), "rate_per_s": round(
+                sum(map(len, latencies.values())) / seconds, 1), "not_200": errors}
+
+
+def health(root: Path, pollers: int, seconds: float, interval: float, iterations: int,
+           code: Path | None = None) -> dict:
+    server = Server(root, code=code, max_running=1)
     out: dict = {"before": machine()}
     try:
         server.ready()
@@ -61,8 +108,7 @@ def health(root: Path, pollers: int, seconds: float, interval: float, iterations
         flood.start()
         cpu = process_cpu_s(server.proc.pid)
         try:
-            load = asyncio.run(poll_load(server.url, {"healthz": "/healthz", "readyz": "/readyz"}, pollers, seconds,
-                                         interval))
+            load = asyncio.run(probe_load(server.port, ["/healthz", "/readyz"], pollers, seconds, interval))
         finally:
             stop.set()
             flood.join()

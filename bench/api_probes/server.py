@@ -43,15 +43,16 @@ def tmpfs_allowed(root: Path) -> bool:
 
 class Server:
     """`fadrm serve` on a port of its own, with these FADRM_* `settings`; its store a tmpfs where
-    `tmpfs` (then the server's own mount namespace holds it: `seen` is the store as it sees it)."""
+    `tmpfs` (then the server's own mount namespace holds it: `seen` is the store as it sees it);
+    the service's code this checkout's, or `code`'s (another checkout, to measure a change against)."""
 
-    def __init__(self, root: Path, tmpfs: bool = False, **settings):
+    def __init__(self, root: Path, tmpfs: bool = False, code: Path | None = None, **settings):
         self.root, self.tmpfs, self.port = root, tmpfs, _free_port()
         self.store = root / "store"
         self.store.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(self.store),
                     "FADRM_TEACHERS": str(root / "teachers"), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
-                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                    "PYTHONPATH": os.pathsep.join([str(code or REPO), os.environ.get("PYTHONPATH", "")]),
                     **{f"FADRM_{k.upper()}": str(v) for k, v in settings.items()}}
         command = [sys.executable, "-m", "actors.cli", "serve", "--port", str(self.port)]
         if tmpfs:
