@@ -85,9 +85,9 @@ class Probes:
         path = scope.get("path")
         if scope["type"] != "http" or path not in (HEALTHZ, READYZ) or scope["method"] not in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        query = scope.get("query_string", b"")
-        if query:
-            status, body = 422, json.dumps(query_problems(query.decode("latin-1"), {})).encode()
+        refused = query_problems(scope.get("query_string", b"").decode("latin-1"), {})
+        if refused is not None:  # a probe takes no parameter
+            status, body = 422, json.dumps(refused).encode()
         elif path == HEALTHZ:
             status, body = 200, ALIVE
         else:
