@@ -174,19 +174,20 @@ def query_problems(query: str, fields: dict[str, bool]) -> dict | None:
     `fields` maps each parameter the endpoint takes to whether it is an integer. The rule, one for
     every endpoint (`strict_query`, and the probes of api.probes): a parameter the endpoint does
     not take is refused by name (a query string is as strict as a body: `?dry_run=1`, `?Format=`,
-    `?format[]=`), so is one given twice (no value silently wins), and an integer is plain
-    digits (` 1`, `+1`, `1.0`, `1_0` are refused; a sign only for a negative number)."""
+    `?format[]=`), its value never quoted (a token put there is not sent back), so is one given
+    twice (no value silently wins), and an integer is plain digits (` 1`, `+1`, `1.0`, `1_0` are
+    refused; a sign only for a negative number)."""
     pairs = parse_qsl(query, keep_blank_values=True)
     errors, seen = [], {}
     for name, value in pairs:
         seen[name] = seen.get(name, 0) + 1
-        if name not in fields:
+        if name not in fields:  # its value is not quoted back: a client may have put its token there
             takes = ", ".join(sorted(fields)) or "none"
-            errors.append({"type": "extra_forbidden", "loc": ("query", name), "input": value,
+            errors.append({"type": "extra_forbidden", "loc": ("query", name),
                            "msg": f"unknown query parameter; this endpoint takes: {takes}"})
         elif seen[name] == 2:
             count = sum(1 for other, _ in pairs if other == name)
-            errors.append({"type": "repeated", "loc": ("query", name), "input": value,
+            errors.append({"type": "repeated", "loc": ("query", name),
                            "msg": f"given {count} times; give each query parameter once"})
         elif seen[name] == 1 and fields[name] and not PLAIN_INTEGER.fullmatch(value):
             errors.append({"type": "int_parsing", "loc": ("query", name), "input": value,
