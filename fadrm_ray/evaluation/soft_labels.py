@@ -13,7 +13,9 @@ How much is kept is a `LabelStorage`:
 - `epochs`: only E epochs are kept; training epoch e reads stored epoch e mod E.
 
 A run keeps its labels in a folder per key (`<dir>/<key>/epoch=NNNNN.parquet`, each written
-atomically, and `meta.json`, a `SoftLabelMeta`); a rerun fills in only what is missing.
+atomically, `meta.json`, a `SoftLabelMeta`, and `sha256.json`, the sha256 of each epoch file as
+written: `EpochDigests`, what `fadrm verify` checks them against); a rerun fills in only what is
+missing.
 `pack_soft_labels` puts the folders of one or more student seeds in one Parquet file (a row
 row per view with its seed and epoch, the metas in the schema metadata): what `fadrm export --soft-labels`
 ships and `fadrm train-student --soft-labels` reads. `StoredSoftLabels` reads either.
@@ -75,6 +77,25 @@ class SoftLabelMeta(BaseModel):
     temperature: float | None = None   # the KD temperature of the top-k values
     teacher_bn: Literal["running", "batch"] = "running"  # how the teachers' BatchNorm layers labelled
     epochs_kept: int | None = None     # LabelStorage.epochs: None, a folder training epochs add to
+
+
+class EpochDigests(BaseModel):
+    """The sha256 of each epoch file of a folder (`DIGESTS`), by file name, as it was written."""
+
+    model_config = ConfigDict(extra="ignore")
+    format: Literal["fadrm-soft-label-digests"] = "fadrm-soft-label-digests"
+    files: dict[str, str] = {}
+
+
+DIGESTS = "sha256.json"
+
+
+def recorded_digests(folder: Path) -> dict[str, str]:
+    """The digests recorded in `folder` ({} where none are, or the file does not read)."""
+    try:
+        return dict(EpochDigests.model_validate_json((Path(folder) / DIGESTS).read_bytes()).files)
+    except (OSError, ValueError):
+        return {}
 
 
 class PackPart(BaseModel):
@@ -185,15 +206,21 @@ def precompute_soft_labels(source: OnlineSoftLabels, epochs: int, directory: str
     out.mkdir(parents=True, exist_ok=True)
     keep = min(int(epochs), storage.epochs or int(epochs))
     num_classes = None
+    digests = recorded_digests(out)
     for epoch in tqdm(range(keep), desc="relabel", unit="epoch", disable=not progress):
         path = _epoch_file(out, epoch)
         if path.is_file():
+            if path.name not in digests:  # written by a run stopped before it recorded them
+                digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
             continue
         steps = list(source.epoch(epoch))
         num_classes = steps[0].logits.shape[1]
         sink = pa.BufferOutputStream()
         pq.write_table(_plan_table(steps, storage), sink, compression="zstd")
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        atomic_write_bytes(path, data)
+        digests[path.name] = hashlib.sha256(data).hexdigest()
+    atomic_write_text(out / DIGESTS, EpochDigests(files=dict(sorted(digests.items()))).model_dump_json())
     if num_classes is None:  # every epoch was there: the classes are the stored ones
         num_classes = StoredSoftLabels(out, source.images_uint8).num_classes
     images = source.images_uint8
