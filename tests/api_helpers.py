@@ -148,7 +148,7 @@ def wait_state(client: httpx.Client, job_id: str, states=("succeeded", "failed",
 
 def raylet_children(server: ApiServer, title: str) -> list[int]:
     """Pids of this service's Ray worker processes whose title holds `title` (e.g. DistillWorker)."""
-    from api.local_ray import RayHead
+    from api.jobs.local_ray import RayHead
 
     head = RayHead.model_validate_json((server.store / ".fadrm-api" / "ray-head.json").read_text())
     members = set()

@@ -49,7 +49,7 @@ def limited(digits_teacher, tmp_path_factory):
 
 
 def test_a_weak_token_refuses_to_start_with_one_line_saying_how_to_make_one(api_service, tmp_path):
-    from api.config import token_weakness
+    from api.planning.service_settings import token_weakness
 
     weak = "a" * 20
     result = _serve({**api_service.env, "FADRM_STORE": str(tmp_path / "store"), "FADRM_API_TOKEN": weak})

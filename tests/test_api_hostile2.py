@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from api.local_ray import RayHead
+from api.jobs.local_ray import RayHead
 from bench.api_probes.server import raw_exchange
 from tests.api_helpers import REPO, TOKEN, request, running_service, wait_state
 from tests.ray_helpers import wait_for
@@ -302,7 +302,7 @@ def test_a_drivers_output_is_rotated_at_its_cap(tmp_path):
     log = tmp_path / "driver.log"
     script = ("import os, sys\n"
               "from pathlib import Path\n"
-              "from api.runner import bounded_output\n"
+              "from api.jobs.runner import bounded_output\n"
               f"pump = bounded_output(Path({str(log)!r}), 10_000)\n"
               "for i in range(3000):\n"
               "    print(f'line {i:05d} ' + 'x' * 40, flush=True)\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.probes import READY_EVERY_S
+from api.web.probes import READY_EVERY_S
 from tests.api_helpers import ApiServer, request, running_service, wait_state
 from tests.ray_helpers import wait_for
 
@@ -56,7 +56,7 @@ class TmpfsServer(ApiServer):
         lives in the tmpfs, which goes with the server's namespace)."""
         import signal
 
-        from api.local_ray import RayHead, alive, signal_group
+        from api.jobs.local_ray import RayHead, alive, signal_group
 
         head = None
         if self.process is not None and self.process.poll() is None:

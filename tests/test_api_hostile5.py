@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from api.local_ray import LEASE, RayHead, RayLease, members, processes
+from api.jobs.local_ray import LEASE, RayHead, RayLease, members, processes
 from fadrm_ray.evaluation.soft_labels import DIGESTS, EpochDigests, recorded_digests
 from fadrm_ray.layout import RunLayout
 from tests.api_helpers import REPO, TEACHER, ApiServer, request, running_service

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from api.limits import OverLimit, RequestLimits, check_totals
+from api.planning.limits import OverLimit, RequestLimits, check_totals
 from bench.api_probes.limits import PROBES, post_raw, probe_body
 from tests.api_helpers import request
 
@@ -75,7 +75,7 @@ def test_the_totals_bound_what_the_counts_do_together():
 
 
 def test_the_documented_limits_are_the_defaults():
-    """docs/service.md's table of limits names every limit with its default (api.limits owns them)."""
+    """docs/service.md's table of limits names every limit with its default (api.planning.limits owns them)."""
     import re
     from pathlib import Path
 
@@ -89,7 +89,7 @@ def test_the_documented_limits_are_the_defaults():
 
 def test_a_class_set_is_one_job_whichever_order_it_is_listed_in():
     """[7, "3"] and [3, 7] name the same classes: the same config, so the same run id and job."""
-    from api.requests import _class_indices
+    from api.planning.requests import _class_indices
 
     names = [str(i) for i in range(10)]
     assert _class_indices([7, "3"], names) == _class_indices([3, 7], names) == [3, 7]

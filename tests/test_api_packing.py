@@ -1,4 +1,4 @@
-"""The service's packed soft labels (api.packing, written a batch at a time) hold what the library's
+"""The service's packed soft labels (api.jobs.soft_label_packing, written a batch at a time) hold what the library's
 pack holds (fadrm_ray.evaluation.soft_labels.pack_soft_labels): the same rows, columns and metas."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabe
 from fadrm_ray.evaluation.soft_labels import (PACK_KEY, SoftLabelError, StoredSoftLabels, pack_soft_labels,
                                               precompute_soft_labels)
 
-from api.packing import pack_to_file
+from api.jobs.soft_label_packing import pack_to_file
 
 
 def test_the_service_pack_is_the_library_pack(digits, digits_teacher, tmp_path):

@@ -1,26 +1,24 @@
-"""The retention sweep's look for job folders without a record (api.retention): at the first sweep,
-then at most every FADRM_ORPHAN_INTERVAL, over a real job database and real folders."""
+"""The retention sweep's look for job folders without a record (api.jobs.retention): at the first
+sweep, then at most every FADRM_ORPHAN_INTERVAL, over a real job database and real folders."""
 from __future__ import annotations
 
 import secrets
 
 import pytest
 
-from api.config import ServiceSettings
-from api.job_records import JobDB
-from api.retention import Retention
+from api.jobs.job_records import JobDB
+from api.jobs.retention import Retention, RetentionPolicy
+from api.planning.service_settings import ServiceSettings
 
 
 @pytest.fixture
 def make_retention(tmp_path):
     dbs = []
 
-    def make(**settings) -> Retention:
-        (tmp_path / "teachers").mkdir(exist_ok=True)
-        config = ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store",
-                                 teachers=tmp_path / "teachers", ray_address="127.0.0.1:1", **settings)
-        dbs.append(JobDB(config.state_dir))
-        return Retention(config, dbs[-1], spared=set)
+    def make(orphan_interval_s: float) -> Retention:
+        dbs.append(JobDB(tmp_path / "store" / ".fadrm-api"))
+        policy = RetentionPolicy(keep_s=7 * 86400, max_records=10_000, orphan_interval_s=orphan_interval_s)
+        return Retention(dbs[-1], policy, spared=set)
 
     yield make
     for db in dbs:
@@ -37,7 +35,7 @@ def _plant(retention: Retention, n: int) -> list:
 
 
 def test_orphans_go_at_the_first_sweep_then_only_once_the_interval_has_passed(make_retention):
-    retention = make_retention(orphan_interval="1h")
+    retention = make_retention(orphan_interval_s=3600)
     first = _plant(retention, 2)
     assert retention.sweep() == 0
     assert not any(folder.exists() for folder in first)
@@ -45,13 +43,13 @@ def test_orphans_go_at_the_first_sweep_then_only_once_the_interval_has_passed(ma
     retention.sweep()  # within the hour: no walk of the job folders
     assert all(folder.exists() for folder in later)
     # The next service start (a new Retention) looks again at its first sweep.
-    restarted = make_retention(orphan_interval="1h")
+    restarted = make_retention(orphan_interval_s=3600)
     restarted.sweep()
     assert not any(folder.exists() for folder in later)
 
 
 def test_an_interval_of_zero_looks_at_every_sweep(make_retention):
-    retention = make_retention(orphan_interval=0)
+    retention = make_retention(orphan_interval_s=0)
     for _ in range(3):
         planted = _plant(retention, 1)
         retention.sweep()

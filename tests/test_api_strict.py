@@ -20,8 +20,8 @@ def strict(digits_teacher, tmp_path):
     """The app, limited to 1 request a second per token (2 at once), and a client with its token."""
     import uvicorn
 
-    from api.app import create_app
-    from api.config import ServiceSettings
+    from api.planning.service_settings import ServiceSettings
+    from api.web.app import create_app
 
     (tmp_path / "teachers").mkdir()
     shutil.copy(digits_teacher[0], tmp_path / "teachers" / f"{TEACHER}.pt")

@@ -22,8 +22,8 @@ from tests.api_helpers import TEACHER, free_port, request
 def _serving(root, teacher):
     import uvicorn
 
-    from api.app import create_app
-    from api.config import ServiceSettings
+    from api.planning.service_settings import ServiceSettings
+    from api.web.app import create_app
 
     (root / "teachers").mkdir()
     shutil.copy(teacher, root / "teachers" / f"{TEACHER}.pt")
@@ -54,12 +54,13 @@ def served(digits_teacher, tmp_path):
 
 
 def _run_dir(app, body: dict):
-    from api.models import DistillationRequest
-    from api.requests import plan_request, run_dir
+    from api.contract.schemas import DistillationRequest
+    from api.planning.requests import plan_request, run_dir
 
     service = app.state.service
-    return run_dir(service.settings, plan_request(DistillationRequest.model_validate(body), service.catalog,
-                                                  service.settings))
+    plan = plan_request(DistillationRequest.model_validate(body), service.catalog, service.limits, service.store,
+                        service.device)
+    return run_dir(service.store, plan)
 
 
 def test_a_submit_stuck_reading_the_store_holds_up_no_other_submit(served, tmp_path):
@@ -105,7 +106,7 @@ def test_a_submit_stuck_reading_the_store_holds_up_no_other_submit(served, tmp_p
 
 
 def test_a_body_is_parsed_once(served, monkeypatch):
-    """A body refused for its shape (api.refusals.body_shape) and one accepted: each parsed once."""
+    """A body refused for its shape (api.web.refusals.body_shape) and one accepted: each parsed once."""
     app, http = served
     parsed = []
     real_loads = json.loads

@@ -29,7 +29,7 @@ def test_the_library_never_imports_ray_or_the_layers_above_it():
 
 def test_nothing_below_experiments_imports_it():
     sources = sorted(p for top in BELOW_EXPERIMENTS for p in (ROOT / top).rglob("*.py"))
-    assert ROOT / "actors" / "worker.py" in sources and ROOT / "api" / "app.py" in sources
+    assert ROOT / "actors" / "worker.py" in sources and ROOT / "api" / "web" / "app.py" in sources
     for path in sources:
         for name in top_level_imports(path):
             assert name.split(".")[0] != "experiments", f"{path.relative_to(ROOT)} imports {name}"
@@ -219,3 +219,39 @@ def test_tune_has_no_import_cycle_even_through_function_level_and_type_checking_
 
 def test_no_private_name_crosses_the_modules_of_tune():
     assert private_names_crossing("tune") == []
+
+
+# The service's floors, from the bottom: what it says to a client, what a request may ask and the
+# plan it becomes, the jobs run as driver processes, HTTP; then the command. The client stands
+# beside them all and imports none of them.
+API_FLOORS = ("api.contract", "api.planning", "api.jobs", "api.web", "api.serve_command")
+
+
+def api_floor(module: str) -> int | None:
+    """The index of the floor of API_FLOORS `module` is in, or None."""
+    for i, floor in enumerate(API_FLOORS):
+        if module == floor or module.startswith(floor + "."):
+            return i
+    return None
+
+
+def test_api_has_no_import_cycle_even_through_function_level_and_type_checking_imports():
+    graph, typed = import_graph("api"), import_graph("api", type_checking=True)
+    assert "api.jobs.runner" in graph["api.jobs.drivers"] and "api.web.app" in graph["api.serve_command"]
+    assert "api.jobs.soft_label_packing" in graph["api.jobs.job_outputs"]  # a function-level import
+    assert "api.planning.requests" in typed["api.jobs.job_outputs"] - graph["api.jobs.job_outputs"]  # typing-only
+    assert cycles(typed) == []
+
+
+def test_api_floors_import_only_downward():
+    graph = import_graph("api", type_checking=True)
+    loose = sorted(m for m in graph if api_floor(m) is None and m not in ("api", "api.client", *API_FLOORS))
+    assert loose == [], f"every module of api/ sits on a floor (a sub-package): {loose}"
+    assert graph["api"] == set() and graph["api.client"] == set(), "the face and the client import nothing of api/"
+    assert {api_floor(m) for m in graph} - {None} == set(range(len(API_FLOORS)))  # every floor is read
+    for module, edges in sorted(graph.items()):
+        here = api_floor(module)
+        if here is None:
+            continue
+        up = sorted(t for t in edges if api_floor(t) is None or api_floor(t) > here)
+        assert up == [], f"{module} (floor {API_FLOORS[here]}) imports {up}, on a floor above it or on none"

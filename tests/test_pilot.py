@@ -234,10 +234,10 @@ def test_over_its_bound_the_pilot_is_skipped_and_says_so(tmp_path, capsys, one_t
 
 
 def test_the_service_takes_the_stores_pilot_and_says_so_or_says_none_was_measured(tmp_path, capsys, one_thread):
-    from api.catalog import Catalog
-    from api.config import ServiceSettings
-    from api.models import DistillationRequest
-    from api.requests import plan_request
+    from api.contract.schemas import DistillationRequest
+    from api.planning.catalog import Catalog
+    from api.planning.requests import plan_request
+    from api.planning.service_settings import ServiceSettings
 
     data = _frames(tmp_path / "frames", 6, 4)
     assert main(["squeeze", "--dataset", f"imagefolder:{data}", "--epochs", "1", "--out", str(tmp_path / "t"),
@@ -247,16 +247,16 @@ def test_the_service_takes_the_stores_pilot_and_says_so_or_says_none_was_measure
     (tmp_path / "datasets.yaml").write_text(f"frames: imagefolder:{data}\n")
     settings = ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store", teachers=tmp_path / "teachers",
                                datasets=tmp_path / "datasets.yaml")
-    catalog = Catalog(settings)
+    catalog = Catalog(settings.teachers, settings.datasets)
     request = DistillationRequest(dataset="frames", teacher="frames-net", classes=[0, 1], ipc=2)
-    plan = plan_request(request, catalog, settings)
+    plan = plan_request(request, catalog, settings.limits, settings.store, settings.device)
     note, warnings = plan.recipe_notes
     assert plan.job.config.recipe == "cifar" and warnings == []
     assert note.startswith("no pilot has measured the recipes on frames") and "fadrm distill" in note
     dataset = catalog.dataset("frames")
     keep_pilot(settings.store, _record(dataset, catalog.teacher("frames-net").info.sha256, "whole", -3.0, 0.5,
                                          pilot_ipc=1))
-    plan = plan_request(request, catalog, settings)
+    plan = plan_request(request, catalog, settings.limits, settings.store, settings.device)
     note, warnings = plan.recipe_notes
     assert plan.job.config.recipe == "whole" and note.startswith("pilot chose whole")
     assert len(warnings) == 1 and "no recipe the pilot tried is level with random real images" in warnings[0]

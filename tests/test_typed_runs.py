@@ -25,9 +25,9 @@ NOT_RUN_FILES = {
     ("fadrm_ray/data/parquet.py", "dataset"): "the metadata of any Parquet dataset a user names, ours or not "
                                               "(a file the service served records its dataset by spec)",
     ("fadrm_ray/data/parquet.py", "hflip"): "the same metadata, from files of any origin",
-    ("api/job_records.py", "config"): "the service's own job record (plan.json), an older service's kept readable",
-    ("api/requests.py", "config"): "the service's job record as submitted, before it is validated",
-    ("api/service.py", "run_id"): "a job record the service could not validate, listed as it is",
+    ("api/jobs/job_records.py", "config"): "the service's own job record (plan.json), an older service's kept readable",
+    ("api/planning/requests.py", "config"): "the service's job record as submitted, before it is validated",
+    ("api/web/service.py", "run_id"): "a job record the service could not validate, listed as it is",
     ("bench/accuracy.py", "iterations"): "the bench's own table of overrides",
     ("bench/side_by_side_worker.py", "pack"): "the bench's own overrides",
     ("bench/faults.py", "complete"): "`fadrm verify --json`'s output, a command's reply",

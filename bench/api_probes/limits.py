@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from api.local_ray import RayHead
+from api.jobs.local_ray import RayHead
 from bench.api_load import TOKEN, _wait_ready
 from bench.api_probes.server import BASE, Server, healthz_while, median, raw_exchange
 
@@ -94,13 +94,13 @@ def post_raw(http: httpx.Client, body: dict) -> httpx.Response:
 
 def build_422(text: str, repeat: int = 20) -> dict:
     """In this process: the time to validate `text` as a request and build the service's 422 for
-    it (api.refusals), against FastAPI's own 422 of the same errors (every error's input echoed)."""
+    it (api.web.refusals), against FastAPI's own 422 of the same errors (every error's input echoed)."""
     from fastapi.encoders import jsonable_encoder
     from pydantic import ValidationError
 
-    from api.models import DistillationRequest
-    from api.refusals import MAX_ERRORS, problems, shape_errors
-    from api.routes.distillations import REQUEST_FIELDS, REQUEST_LISTS
+    from api.contract.schemas import DistillationRequest
+    from api.web.refusals import MAX_ERRORS, problems, shape_errors
+    from api.web.routes.distillations import REQUEST_FIELDS, REQUEST_LISTS
 
     def errors() -> list[dict]:
         try:

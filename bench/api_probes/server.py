@@ -84,7 +84,7 @@ class Server:
     def stop(self) -> None:
         """SIGTERM, then what `fadrm serve --stop-ray` does, for a head left up (its record read
         before: a namespace would hide it after)."""
-        from api.local_ray import RayHead, stop_head
+        from api.jobs.local_ray import RayHead, stop_head
 
         record = self.seen / ".fadrm-api" / "ray-head.json"
         head = RayHead.model_validate_json(record.read_text()) if record.exists() else None

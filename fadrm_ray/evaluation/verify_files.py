@@ -6,7 +6,7 @@ is damaged, by its path in the run, naming what `--repair` does about it):
   recorded as it was written (`sha256.json`), or, where none was recorded (a folder of an earlier
   version), reads whole as an epoch table (`epoch_problem`). `fadrm_ray.repair` recomputes
   damaged and missing epochs from the teachers; a folder whose `meta.json` is damaged it cannot.
-  `check_epochs` is the same check of the epochs a download packs (api.packing), raising
+  `check_epochs` is the same check of the epochs a download packs (api.jobs.soft_label_packing), raising
   `SoftLabelDamaged`;
 - cached evaluations (`evaluations/*.json`): each reads as a JSON object; a damaged one is a cache
   entry `--repair` removes (computed again when it is next asked for);
