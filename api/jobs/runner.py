@@ -19,9 +19,10 @@ service's phase and ETA).
 While it runs, the driver touches its heartbeat file (`JobFiles.heartbeat`) every HEARTBEAT_S
 seconds (less when the service's timeout is short), from a thread of its own: the service fails
 a running job whose heartbeat is older than its FADRM_DRIVER_HEARTBEAT_TIMEOUT (a driver that
-was stopped, SIGSTOP, or hangs). Its output (its own, and what Ray forwards from the job's
-actors) goes through a pipe to `driver.log`, which is rotated once it holds `log_max_bytes` (one
-older file, `driver.log.1`, kept).
+was stopped, SIGSTOP, or hangs). Its output (its own lines, a traceback) goes through a pipe to
+`driver.log`, which is rotated once it holds `log_max_bytes` (one older file, `driver.log.1`,
+kept). Ray's own lines (joining the cluster, its warnings) go to the run's `ray.log`, as those of
+`fadrm distill` do (`actors.ray_output`).
 """
 from __future__ import annotations
 
@@ -110,18 +111,21 @@ def bounded_output(path: Path, max_bytes: int) -> threading.Thread:
 
 def run(files: JobFiles) -> Outcome:
     from actors import coordinator
+    from actors.ray_output import ray_output
+    from fadrm_ray.layout import RunLayout
     from fadrm_ray.runtime import torch_threads
 
     given = DriverInput.model_validate_json(files.plan.read_text())
     plan, spec = given.plan, given.execution
-    # This process's torch threads, set once; the Ray session held for the evaluation too.
-    with torch_threads(spec.threads), coordinator.ray_session(spec.address):
+    # This process's torch threads, set once; the Ray session held for the evaluation too, its
+    # lines (joining the cluster included) in the run's ray.log.
+    with torch_threads(spec.threads), ray_output(RunLayout(plan.job.run_dir).ray_log, spec.verbose), \
+            coordinator.ray_session(spec.address):
         result = coordinator.run(plan.job, spec)
         outcome = Outcome(state="succeeded")
         if plan.evaluate:
             from actors.evaluation import evaluate_on_ray
             from fadrm_ray.evaluation.eval_job import EvalJob
-            from fadrm_ray.layout import RunLayout
 
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
