@@ -20,6 +20,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = secrets.token_urlsafe(32)  # one per test session, strong enough for the service's rule
 TEACHER = "digits-tiny"
+NO_RAY = "127.0.0.1:9"  # a FADRM_RAY_ADDRESS no one answers: the service starts no Ray head (for tests that run no job)
 # Tiny budgets: 4 stages of a few iterations, fp32 so the run is the same on any CPU.
 FAST = {"iterations": 8, "precision": "fp32"}
 
@@ -144,6 +145,34 @@ def wait_state(client: httpx.Client, job_id: str, states=("succeeded", "failed",
             return job
         time.sleep(0.3)
     raise TimeoutError(f"job {job_id} stayed {job['state']}: {job}")
+
+
+def running_driver(server: ApiServer, http: httpx.Client, body: dict) -> tuple[str, int]:
+    """Submit `body` and wait until its job runs with a driver that has beaten once: (job id, the
+    driver's pid)."""
+    import sqlite3
+
+    from tests.ray_helpers import wait_for
+
+    job_id = http.post("/v1/distillations", json=body).json()["id"]
+    db = server.store / ".fadrm-api" / "jobs.sqlite"
+
+    def pid():
+        with sqlite3.connect(db) as conn:
+            row = conn.execute("SELECT pid FROM jobs WHERE id = ? AND state = 'running'", (job_id,)).fetchone()
+        return row[0] if row and row[0] else None
+
+    heartbeat = server.store / ".fadrm-api" / "jobs" / job_id / "heartbeat"
+    wait_for(lambda: pid() is not None and heartbeat.exists(), timeout=120, interval=0.3)
+    return job_id, pid()
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether process `pid` is alive (not a zombie)."""
+    try:
+        return pid is not None and Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
+    except OSError:
+        return False
 
 
 def raylet_children(server: ApiServer, title: str) -> list[int]:

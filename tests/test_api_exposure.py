@@ -1,7 +1,7 @@
 """What the service lets a client see, send and leave behind, against the real server: tokens
 (strength, never logged), the schema behind the token, plain HTTP only on loopback, the rate
-limit, idempotency conflicts, HEAD, oversized and undecodable bodies, the 409 of a finished job,
-and the modes of the files the service writes."""
+limit, idempotency conflicts, HEAD, no redirect built from the Host header, oversized and
+undecodable bodies, the 409 of a finished job, and the modes of the files the service writes."""
 from __future__ import annotations
 
 import os
@@ -170,6 +170,14 @@ def test_head_answers_where_get_does(api_service, finished):
         assert ranged.status_code == 206 and ranged.headers["content-length"] == "10"
         refused = http.head("/v1/nothing-here")
         assert refused.status_code == 404 and refused.content == b""
+
+
+def test_no_redirect_is_built_from_the_host_header(api_service):
+    with api_service.client() as http:
+        for method, path in (("GET", "/v1/teachers/"), ("POST", "/v1/distillations/"), ("GET", "/v1/presets/")):
+            r = http.request(method, path, headers={"Host": "evil.example"}, json={} if method == "POST" else None)
+            assert r.status_code == 404 and "location" not in r.headers, (path, r.status_code, r.headers)
+            assert r.headers["content-type"] == "application/json"
 
 
 def test_an_oversized_body_is_a_413_however_it_is_sent(api_service):

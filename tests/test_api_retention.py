@@ -1,5 +1,7 @@
-"""The retention sweep's look for job folders without a record (api.jobs.retention): at the first
-sweep, then at most every FADRM_ORPHAN_INTERVAL, over a real job database and real folders."""
+"""How long finished jobs stay (api.jobs.retention): against a real `fadrm serve`, finished records
+go past their retention and never more than the cap stay, with their folders, while the store's
+runs stay; and the sweep's look for job folders without a record comes at the first sweep, then
+at most every FADRM_ORPHAN_INTERVAL, over a real job database and real folders."""
 from __future__ import annotations
 
 import secrets
@@ -9,6 +11,43 @@ import pytest
 from api.jobs.job_records import JobDB
 from api.jobs.retention import Retention, RetentionPolicy
 from api.planning.service_settings import ServiceSettings
+from tests.api_helpers import request, running_service, wait_state
+from tests.ray_helpers import wait_for
+
+RETENTION = 4  # FADRM_JOB_RETENTION of the service below, in seconds
+MAX_RECORDS = 3
+
+
+@pytest.fixture(scope="module")
+def retaining(digits_teacher, tmp_path_factory):
+    with running_service(digits_teacher[0], tmp_path_factory.mktemp("api-retention"), max_running=1, max_queued=4,
+                         rate_limit=1000, rate_burst=2000, job_retention=f"{RETENTION}s",
+                         max_job_records=MAX_RECORDS) as server:
+        yield server
+
+
+@pytest.mark.ray
+def test_finished_records_go_past_retention_and_never_more_than_the_cap_stay(retaining):
+    with retaining.client() as http:
+        done = wait_state(http, http.post("/v1/distillations", json=request(classes=[3, 7], ipc=1)).json()["id"],
+                          timeout=240)
+        assert done["state"] == "succeeded", done
+        run_dir = retaining.store / done["run_id"]
+        ids = []
+        for seed in range(1, 7):  # POST then DELETE, over and over
+            job = http.post("/v1/distillations", json=request(classes=[1, 2], seed=seed)).json()
+            http.delete(f"/v1/distillations/{job['id']}")
+            ids.append(job["id"])
+            assert len(http.get("/v1/distillations", params={"limit": 100}).json()["jobs"]) <= MAX_RECORDS
+        assert http.get(f"/v1/distillations/{ids[0]}").status_code == 404
+        # Past the retention, every finished record goes, with its folder; the store's run stays.
+        wait_for(lambda: http.get("/v1/distillations", params={"limit": 100}).json()["jobs"] == [],
+                 timeout=RETENTION + 30, interval=0.5)
+        assert http.get(f"/v1/distillations/{done['id']}").status_code == 404
+        assert not (retaining.store / ".fadrm-api" / "jobs" / done["id"]).exists()
+        assert run_dir.is_dir() and (run_dir / "manifest.json").is_file()
+        again = http.post("/v1/distillations", json=request(classes=[3, 7], ipc=1)).json()
+        assert again["state"] == "succeeded" and again["reused"]  # served from the store, as before
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """What the service refuses or answers before any job, against its app under a real uvicorn on
 loopback in this process, with a Ray address no one answers (no job runs): a query string is as
 strict as a body, a body without a JSON content type is a 422 saying which to send, and the
-probes are answered outside the token's rate limit."""
+probes are answered outside the token's rate limit. The query strings again against the shared
+real `fadrm serve` (`api_service`, a Ray test): none makes a job."""
 from __future__ import annotations
 
 import secrets
@@ -77,3 +78,35 @@ def test_query_strings_bodies_and_probes(strict):
     assert ready[-1].json()["ray"] is False and "Ray is not reachable" in ready[-1].json()["detail"]
     assert [strict.get(p).status_code for p in ("/healthz", "/healthz?", "/healthz?&&")] == [200] * 3
     assert strict.get("/v1/teachers").status_code == 429
+
+
+def test_query_strings_are_as_strict_as_bodies(api_service):
+    job = "/v1/distillations/job-000000000000000000000000"
+
+    def newest(http) -> str | None:  # the shared server has others' jobs: a refused request makes none
+        jobs = http.get("/v1/distillations", params={"limit": 1}).json()["jobs"]
+        return jobs[0]["id"] if jobs else None
+
+    with api_service.client() as http:
+        before = newest(http)
+        refused = {
+            "POST /v1/distillations?dry_run=1": http.post("/v1/distillations?dry_run=1", json=request(seed=901)),
+            "?format[]=": http.get(f"{job}/dataset?format%5B%5D=imagefolder"),
+            "?Format=": http.get(f"{job}/dataset?Format=imagefolder"),
+            "a repeated limit": http.get("/v1/distillations?limit=5&limit=6"),
+            "/healthz?x": http.get("/healthz?x=1"),
+            "/readyz?x": http.get("/readyz?x"),
+            "/v1/teachers?limit": http.get("/v1/teachers?limit=1"),
+            **{f"limit={raw}": http.get(f"/v1/distillations?limit={raw}")
+               for raw in ("1_0", "%201", "%2B1", "1.0", "1e1", "0x10")},
+            "index=1.0": http.get(f"{job}/teacher?index=1.0"),
+        }
+        for name, r in refused.items():
+            assert r.status_code == 422, (name, r.status_code, r.text)
+            assert r.json()["detail"][0]["loc"][0] == "query", (name, r.text)
+        assert refused["POST /v1/distillations?dry_run=1"].json()["detail"][0]["loc"] == ["query", "dry_run"]
+        assert refused["?format[]="].json()["detail"][0]["loc"] == ["query", "format[]"]
+        assert refused["?Format="].json()["detail"][0]["loc"] == ["query", "Format"]
+        assert "given 2 times" in refused["a repeated limit"].json()["detail"][0]["msg"]
+        assert newest(http) == before  # no job made
+        assert http.get("/v1/distillations?limit=10&state=queued").status_code == 200
