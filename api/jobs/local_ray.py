@@ -8,8 +8,9 @@ removes its folder, within seconds of finding that no process holds its lease (`
 by the service: the service itself, and the drivers of its running jobs). So a service stopped
 with SIGKILL (a supervisor's short grace period, the OOM killer) takes its idle head with it,
 while a service restarted with jobs running finds their head up and takes the lease over. A head
-that died is replaced with what it left removed: the processes still naming its folder, and the
-folder with its session folders (again if a late writer makes them anew, for a few minutes).
+that died is replaced with what it left removed (`remove_head`): the rest of its process group,
+the processes whose options still name its folder, and the folder with its session folders (again
+if a late writer makes them anew, for a few minutes).
 
 The head binds to loopback only: Ray turns a loopback `--node-ip-address` into the machine's
 routable address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode), and its
@@ -237,29 +238,55 @@ def stop_head(head: RayHead, timeout: float = 5.0) -> None:
 
 
 def remove_head(head: RayHead) -> None:
-    """What a head that is no longer up leaves: any process still naming its folder (a raylet or
-    worker its death did not take) killed, then the folder, session folders and all."""
-    folder = head.temp_dir.encode()
+    """What a head that is no longer up leaves, where its record names a folder this service makes
+    (`head_folder`; nothing at all for any other, whatever a damaged record names): the rest of its
+    process group (workers and agents that renamed themselves), any process of this user whose
+    options name its folder (`--temp-dir=FOLDER`, `--log-dir=FOLDER/...`: a raylet or GCS that left
+    the group), all SIGKILLed, then the folder, session folders and all."""
+    if not head_folder(head.temp_dir):
+        return
+    if proc_start(head.pid) in (None, head.pid_start):  # not a reused pid: the group is the head's
+        signal_group(head.pid, signal.SIGKILL)
+    me = os.getpid()
     for pid in processes():
-        if pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                named = folder in f.read()
-        except OSError:
-            continue
-        if named:
+        if pid != me and _names_folder(pid, head.temp_dir):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     remove_folder(head.temp_dir)
 
 
-def remove_folder(folder: str) -> None:
-    """Remove a head's temporary folder: only one this service makes (`fadrm-ray-*` in the
-    temporary folder), whatever a damaged record names."""
+def head_folder(folder: str) -> bool:
+    """Whether `folder` is one this service makes for a head: `fadrm-ray-*` directly in the
+    temporary folder."""
     path = Path(folder)
-    if path.parent == Path(tempfile.gettempdir()) and path.name.startswith(TEMP_PREFIX):
-        shutil.rmtree(path, ignore_errors=True)
+    return (bool(folder) and path.is_absolute() and path.parent == Path(tempfile.gettempdir())
+            and path.name.startswith(TEMP_PREFIX) and len(path.name) > len(TEMP_PREFIX))
+
+
+def _names_folder(pid: int, folder: str) -> bool:
+    """Whether process `pid` is this user's and has an option whose value is `folder` or a path in
+    it (`--temp-dir=FOLDER`), as Ray's processes are started; a viewer given a file in it as a
+    plain argument (`less FOLDER/.../raylet.out`) is not."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    target = os.fsencode(folder)
+    for arg in args:
+        name, eq, value = arg.partition(b"=")
+        if eq and name.startswith(b"-") and (value == target or value.startswith(target + b"/")):
+            return True
+    return False
+
+
+def remove_folder(folder: str) -> None:
+    """Remove a head's temporary folder: only one this service makes (`head_folder`), whatever a
+    damaged record names."""
+    if head_folder(folder):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def processes() -> list[int]:
