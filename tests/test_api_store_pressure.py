@@ -192,6 +192,9 @@ def test_a_full_or_read_only_store_is_a_503_in_one_line_and_loses_nothing(tight,
             # /readyz answers from the readiness its thread checks every READY_EVERY_S seconds.
             wait_for(lambda: http.get("/readyz").status_code == 503, timeout=10 * READY_EVERY_S, interval=0.2)
             assert http.get(base).json()["state"] == "succeeded" and _job_ids(http) == before
+            # The readiness thread's write probes that failed left no file (one in flight goes at once).
+            state = tight.seen_store / ".fadrm-api"
+            wait_for(lambda: not [p for p in state.iterdir() if "probe" in p.name], timeout=5, interval=0.1)
         finally:
             filler.unlink()
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
-from pathlib import Path
 from typing import Callable
 
 from api.contract.schemas import Ready
@@ -27,17 +25,6 @@ READY_EVERY_S = 1.0  # how often readiness is checked (an answer is at most this
 HEALTHZ, READYZ = "/healthz", "/readyz"
 _JSON = [(b"content-type", b"application/json")]
 ALIVE = b'{"ok":true}'  # /healthz
-
-
-def writable(folder: Path) -> bool:
-    """Whether a file can be written (and removed) in `folder` now."""
-    try:
-        probe = folder / f".probe-{secrets.token_hex(4)}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
 
 
 class Readiness(threading.Thread):

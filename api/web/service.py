@@ -22,6 +22,8 @@ from typing import Iterator
 from fastapi import HTTPException
 from pydantic import TypeAdapter
 
+from fadrm_ray.fileio import probe_writable
+
 from api.contract.schemas import FINAL_STATES, Job, JobAsked, Ready
 from api.contract.service_errors import Conflict, Unavailable, clean_line, refusal, scrub
 from api.jobs.drivers import DriverSettings, DriverSupervisor
@@ -31,7 +33,7 @@ from api.jobs.retention import Retention, RetentionPolicy
 from api.planning.catalog import Catalog, CatalogReader
 from api.planning.requests import run_dir
 from api.planning.service_settings import ServiceSettings, SettingsError
-from api.web.probes import Readiness, writable
+from api.web.probes import Readiness
 from api.web.proxies import trusted_line
 
 log = logging.getLogger("fadrm.api")
@@ -152,7 +154,7 @@ class Service:
     def ready(self) -> Ready:
         """What /readyz answers (checked by `readiness` in its thread, never in a request): Ray
         reachable, the store writable, the datasets read; `detail` says what is not."""
-        ray_ok, store_ok = self.drivers.ray_reachable(), writable(self.state_dir)
+        ray_ok, store_ok = self.drivers.ray_reachable(), probe_writable(self.state_dir) is None
         catalog_ok = self.catalog.read.is_set()
         why = self.ray_watch.error
         details = [] if ray_ok else [f"Ray is not reachable: {why}" if why else "Ray is not reachable (yet)"]
