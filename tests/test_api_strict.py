@@ -110,3 +110,13 @@ def test_query_strings_are_as_strict_as_bodies(api_service):
         assert "given 2 times" in refused["a repeated limit"].json()["detail"][0]["msg"]
         assert newest(http) == before  # no job made
         assert http.get("/v1/distillations?limit=10&state=queued").status_code == 200
+
+
+def test_a_refused_query_string_counts_against_the_tokens_rate(strict):
+    """The query string is checked after the token's rate: refused ones are not free of it, and
+    a long one is counted whole but only its first errors are built."""
+    many = strict.get("/v1/presets?" + "&".join(f"u{i}=1" for i in range(1000)))
+    assert many.status_code == 422, many.text
+    assert many.json()["error_count"] == 1000 and len(many.json()["detail"]) == 10
+    statuses = [strict.get("/v1/presets?x=1").status_code for _ in range(8)]
+    assert 429 in statuses and set(statuses) <= {422, 429}, statuses

@@ -6,7 +6,7 @@ and ReDoc are not served (their pages load from a CDN). Each token may make `rat
 requests a second (429 past it); the probes (/healthz, /readyz) are answered before any rate
 limit, from the readiness a thread checks (api.web.probes). A query string is as strict as a
 body: a parameter the endpoint does not take, one given twice, or an integer not in plain digits
-is a 422 naming it (api.web.refusals.strict_query). Bodies over `max_body_bytes` are refused
+is a 422 naming it, checked after the token and its rate (api.web.refusals.strict_query). Bodies over `max_body_bytes` are refused
 (413, in JSON) however they are sent (api.web.bodies); no path is redirected (a trailing slash is
 a 404); ids and names are checked against their patterns (422) before anything touches the
 store, and a 422 quotes little of the request (api.web.refusals). Requests without the token are
@@ -26,7 +26,7 @@ import contextlib
 import logging
 import sqlite3
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -39,7 +39,7 @@ from api.web.bodies import BodyLimit, too_large
 from api.web.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
 from api.web.probes import Probes
 from api.web.proxies import TrustedProxies
-from api.web.refusals import problems, strict_query, validation_refused
+from api.web.refusals import problems, validation_refused
 from api.web.routes import distillations, health, offered
 from api.web.routes.dependencies import AUTH, TokenCheck
 from api.web.service import Service
@@ -63,9 +63,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     # pages load Swagger UI and ReDoc from a CDN (nothing in the installed packages ships them).
     # No slash redirects: `/v1/teachers/` is a 404, never a redirect whose Location a client's
     # Host header would build. The body limit is the service's own (api.web.bodies: a 413 in JSON).
-    # Every endpoint's query string is checked as strictly as a body (api.web.refusals.strict_query).
+    # Every endpoint's query string is checked as strictly as a body, after its token and the
+    # token's rate (api.web.routes.dependencies.AUTH, api.web.refusals.strict_query).
     app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan, openapi_url=None, docs_url=None,
-                  redoc_url=None, redirect_slashes=False, dependencies=[Depends(strict_query)],
+                  redoc_url=None, redirect_slashes=False,
                   description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
     app.state.service = service
     # The token and its request rate (api.web.routes.dependencies.authorized).

@@ -18,6 +18,7 @@ import json
 import math
 import re
 import typing
+from collections import Counter
 from types import UnionType
 from urllib.parse import parse_qsl
 
@@ -178,22 +179,27 @@ def query_problems(query: str, fields: dict[str, bool]) -> dict | None:
     twice (no value silently wins), and an integer is plain digits (` 1`, `+1`, `1.0`, `1_0` are
     refused; a sign only for a negative number)."""
     pairs = parse_qsl(query, keep_blank_values=True)
-    errors, seen = [], {}
+    counts = Counter(name for name, _ in pairs)
+    takes = ", ".join(sorted(fields)) or "none"
+    errors, total, seen = [], 0, Counter()
     for name, value in pairs:
-        seen[name] = seen.get(name, 0) + 1
+        seen[name] += 1
         if name not in fields:  # its value is not quoted back: a client may have put its token there
-            takes = ", ".join(sorted(fields)) or "none"
-            errors.append({"type": "extra_forbidden", "loc": ("query", name),
-                           "msg": f"unknown query parameter; this endpoint takes: {takes}"})
+            error = {"type": "extra_forbidden", "loc": ("query", name),
+                     "msg": f"unknown query parameter; this endpoint takes: {takes}"}
         elif seen[name] == 2:
-            count = sum(1 for other, _ in pairs if other == name)
-            errors.append({"type": "repeated", "loc": ("query", name),
-                           "msg": f"given {count} times; give each query parameter once"})
+            error = {"type": "repeated", "loc": ("query", name),
+                     "msg": f"given {counts[name]} times; give each query parameter once"}
         elif seen[name] == 1 and fields[name] and not PLAIN_INTEGER.fullmatch(value):
-            errors.append({"type": "int_parsing", "loc": ("query", name), "input": value,
-                           "msg": "must be an integer in plain digits (as 20): no spaces, sign, decimal point "
-                                  "or underscores"})
-    return problems(errors) if errors else None
+            error = {"type": "int_parsing", "loc": ("query", name), "input": value,
+                     "msg": "must be an integer in plain digits (as 20): no spaces, sign, decimal point "
+                            "or underscores"}
+        else:
+            continue
+        total += 1
+        if len(errors) < MAX_ERRORS:  # only the ones shown are built
+            errors.append(error)
+    return problems(errors, total) if errors else None
 
 
 _ROUTE_FIELDS: dict[int, dict[str, bool]] = {}
@@ -223,7 +229,8 @@ def route_query_fields(route) -> dict[str, bool]:
 
 
 async def strict_query(request: Request) -> None:
-    """A dependency of every endpoint (the app's): its query string as `query_problems` wants it."""
+    """A dependency of every endpoint, after its token check and the token's rate limit
+    (api.web.routes.dependencies.AUTH): its query string as `query_problems` wants it."""
     query = request.scope.get("query_string", b"")
     if not query:
         return

@@ -1,6 +1,6 @@
 """What every router uses: the service (`ServiceDep`, from `app.state.service`), the token check
 (`AUTH`: the bearer token of `app.state.token_check` compared in constant time, then the token's
-request rate), the error responses the schema names, and the job id path parameter."""
+request rate, then the query string as strict as a body), the error responses the schema names, and the job id path parameter."""
 from __future__ import annotations
 
 import secrets
@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.contract.schemas import JOB_ID_PATTERN, Problem
 from api.web.http import RateLimiter
+from api.web.refusals import strict_query
 from api.web.service import Service
 
 JobId = PathParam(pattern=JOB_ID_PATTERN, description="a job id, as POST /v1/distillations returned it")
@@ -58,8 +59,9 @@ async def authorized(request: Request, token: str = Depends(token_only)) -> None
                                  f"retry in {wait} s", headers={"Retry-After": str(wait)})
 
 
-AUTH = [Depends(authorized)]
-TOKEN_ONLY = [Depends(token_only)]
+# The query string is checked after the token and its rate (a refused one is not free of the rate).
+AUTH = [Depends(authorized), Depends(strict_query)]
+TOKEN_ONLY = [Depends(token_only), Depends(strict_query)]
 
 
 def json_response(model) -> Response:

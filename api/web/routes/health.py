@@ -4,18 +4,19 @@ checks in a thread of its own (api.web.probes): `api.web.probes.Probes` answers 
 before routing; these routes are what the schema shows of them, and answer the same bytes."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from api.contract.schemas import Ready
 from api.web.probes import ALIVE
+from api.web.refusals import strict_query
 from api.web.routes.dependencies import ERRORS, TOKEN_ONLY, ServiceDep
 
 router = APIRouter(tags=["service"])
 _NOT_LIMITED = {k: v for k, v in ERRORS.items() if k != 429}
 
 
-@router.get("/healthz", response_model=dict[str, bool])  # no token, no rate limit
+@router.get("/healthz", dependencies=[Depends(strict_query)], response_model=dict[str, bool])  # no token, no rate limit
 async def healthz() -> Response:
     return Response(ALIVE, media_type="application/json")
 
