@@ -70,3 +70,20 @@ def test_the_runs_own_files_are_read_and_mended(run_copy, capsys):
     code, out, err = run_cli(capsys, "verify", "--run", run_copy, "--repair", "--json", "--quiet")
     assert code == 0 and sorted(json.loads(out)["mended"]) == ["config.yaml", "ledger.jsonl"], out + err
     assert open_run(run_copy).config is not None and b"garbage" not in layout.ledger.read_bytes()
+
+
+def test_a_mend_that_fails_is_not_offered_again(run_copy, digits_teacher, capsys, one_thread):
+    """Labels of images no evaluation of the run records cannot be recomputed: the FAILED line
+    names the file as left (with why), never `--repair` as what mends it."""
+    images = open_run(run_copy).read()[0][:4]
+    source = OnlineSoftLabels(images, SoftLabeler.from_paths([digits_teacher[0]]), AugmentSpec(out_size=8), 4, 0)
+    folder = precompute_soft_labels(source, 2, RunLayout(run_copy).soft_labels, LabelStorage(topk=3))
+    flip(folder / "epoch=00001.parquet")
+    name = f"soft_labels/{folder.name}/epoch=00001.parquet"
+    code, out, _ = run_cli(capsys, "verify", "--run", run_copy, "--repair")
+    assert code == 1
+    assert f"could not mend soft_labels/{folder.name}: " in out, out
+    assert out.splitlines()[-1].endswith(f"not {name} (see above)"), out
+    code, out, _ = run_cli(capsys, "verify", "--run", run_copy, "--repair", "--json", "--quiet")
+    problem = json.loads(out)["files"][name]
+    assert not problem["mended"] and "cannot be recomputed" in problem["remedy"], problem

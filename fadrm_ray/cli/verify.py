@@ -38,7 +38,7 @@ def run(args) -> None:
 
     mended, left, repaired = None, {}, None
     if args.repair:
-        from fadrm_ray.evaluation.mend_files import mend_evaluation_files
+        from fadrm_ray.evaluation.mend_files import left_unmended, mend_evaluation_files
         from fadrm_ray.fileio import check_output_dir
         from fadrm_ray.repair import repair_run
 
@@ -48,8 +48,8 @@ def run(args) -> None:
                              progress=not args.quiet)
         mended, left = mend_evaluation_files(args.run, args.teacher, args.device)
         repaired, mended = outcome.repaired, outcome.mended + mended
-        check = outcome.after.model_copy(update={"files": {**outcome.after.files,
-                                                           **evaluation_file_problems(args.run)}})
+        files = left_unmended(evaluation_file_problems(args.run), left)
+        check = outcome.after.model_copy(update={"files": {**outcome.after.files, **files}})
     else:
         check = check_run(args.run)
     check = check.model_copy(update={"report_stale": stale_reports(args.run)})

@@ -29,6 +29,7 @@ from fadrm_ray.layout import RunLayout
 from fadrm_ray.runs.reopen import load_run_teachers
 from fadrm_ray.runtime import resolve_device
 from fadrm_ray.store import StoreError, open_run
+from fadrm_ray.store.verify import FileProblem
 
 
 def mend_evaluation_files(run_dir: str | os.PathLike, teacher_copies: Sequence[str | Path] | None = None,
@@ -61,6 +62,18 @@ def mend_evaluation_files(run_dir: str | os.PathLike, teacher_copies: Sequence[s
             still = folder_problems(folder, under)
             mended += [rel for rel, path in files.items() if path.parent == folder and rel not in still]
     return mended, left
+
+
+def left_unmended(problems: dict[str, FileProblem], left: dict[str, str]) -> dict[str, FileProblem]:
+    """`problems` (the evaluation's files, checked after a mend) with those in a soft-label folder
+    the mend could not recompute (`left`: folder -> why) marked as not mended by `--repair`, with
+    why as their remedy: a repair that just failed is not offered again."""
+    out = dict(problems)
+    for folder, why in left.items():
+        for rel, problem in problems.items():
+            if rel.startswith(f"{folder}/"):
+                out[rel] = problem.model_copy(update={"remedy": why, "mended": False})
+    return out
 
 
 def _redraw_report(layout: RunLayout, damaged: list[Path]) -> None:
