@@ -18,6 +18,7 @@ import json
 import math
 import re
 import typing
+import weakref
 from collections import Counter
 from types import UnionType
 from urllib.parse import parse_qsl
@@ -202,7 +203,9 @@ def query_problems(query: str, fields: dict[str, bool]) -> dict | None:
     return problems(errors, total) if errors else None
 
 
-_ROUTE_FIELDS: dict[int, dict[str, bool]] = {}
+# By the route itself, not its id: a route collected in a process that builds several apps (tests)
+# could leave its id to a new route with other parameters.
+_ROUTE_FIELDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _is_integer(annotation) -> bool:
@@ -215,8 +218,9 @@ def _is_integer(annotation) -> bool:
 def route_query_fields(route) -> dict[str, bool]:
     """The query parameters a route takes (its own and its dependencies'), each with whether it
     is an integer; worked out once per route."""
-    key = id(route)
-    if key not in _ROUTE_FIELDS:
+    if route is None:
+        return {}
+    if route not in _ROUTE_FIELDS:
         fields, todo = {}, [getattr(route, "dependant", None)]
         while todo:
             dependant = todo.pop()
@@ -224,8 +228,8 @@ def route_query_fields(route) -> dict[str, bool]:
                 continue
             fields.update({p.alias: _is_integer(p.field_info.annotation) for p in dependant.query_params})
             todo += dependant.dependencies
-        _ROUTE_FIELDS[key] = fields
-    return _ROUTE_FIELDS[key]
+        _ROUTE_FIELDS[route] = fields
+    return _ROUTE_FIELDS[route]
 
 
 async def strict_query(request: Request) -> None:
