@@ -60,3 +60,30 @@ def test_packing_is_linear_in_the_stored_epochs(digits, digits_teacher, tmp_path
         assert pq.read_metadata(packed).num_rows == epochs * pq.read_metadata(folder / "epoch=00000.parquet").num_rows
         per_epoch[epochs] = min(seconds) / epochs
     assert per_epoch[1000] <= 3 * per_epoch[100], per_epoch
+
+
+def test_a_failure_of_the_pack_itself_is_not_called_damage_of_a_stored_file(digits, digits_teacher, tmp_path):
+    """Epoch files that read whole but whose rows the pack's own cast cannot take (an extra column,
+    uint64 in one epoch past int64's range, int64 in the next): the cast's error comes out as it
+    is, never as SoftLabelDamaged naming an intact file (the service would then say
+    `fadrm verify --repair` mends it, and verify finds nothing)."""
+    import shutil
+
+    import pyarrow as pa
+
+    from fadrm_ray.evaluation.verify_files import SoftLabelDamaged
+
+    labeler = SoftLabeler.from_paths([digits_teacher[0]], digits)
+    images = digits.train.load(torch.cat([digits.train.indices_of_class(c)[:2] for c in (3, 7)]))
+    one = precompute_soft_labels(OnlineSoftLabels(images, labeler, AugmentSpec(out_size=8, hflip=digits.hflip), 4, 0),
+                                 1, tmp_path / "one", LabelStorage(topk=2))
+    folder = tmp_path / "two" / one.name
+    folder.mkdir(parents=True)
+    shutil.copy(one / "meta.json", folder / "meta.json")  # no recorded digests: each file is read whole instead
+    table = pq.read_table(one / "epoch=00000.parquet")
+    for epoch, column in enumerate((pa.array([2**63 + 5] * table.num_rows, pa.uint64()),
+                                    pa.array([1] * table.num_rows, pa.int64()))):
+        pq.write_table(table.append_column("x", column), folder / f"epoch={epoch:05d}.parquet")
+    with pytest.raises(pa.ArrowInvalid) as raised:
+        pack_to_file([folder], tmp_path / "packed.parquet")
+    assert not isinstance(raised.value, SoftLabelDamaged)

@@ -224,6 +224,11 @@ def repair_line(run_id: str) -> str:
             f"STORE/{run_id} --repair`")
 
 
+# What a check of the run's files found (a recorded digest or manifest that differs, a run not
+# finished): kept in the job's record until its files are read again; any other 409 is only answered.
+VERIFIED_DAMAGE = (StoreError, SoftLabelDamaged)
+
+
 def refusal(exc: BaseException, job_id: str, run_id: str, state: str) -> RunRefused | Unavailable | None:
     """The answer (`RunRefused`, a 409, or `Unavailable`, a 503) to a store error met while serving
     job `job_id`, or None for an error that is no store's (it stays a 500)."""
@@ -248,6 +253,8 @@ def refusal(exc: BaseException, job_id: str, run_id: str, state: str) -> RunRefu
     if (answer := unavailable(exc, state)) is not None:
         return answer
     for link in _chain(exc):  # a file of the run that does not read, or is gone: no retry mends it
+        if isinstance(link, pa.ArrowMemoryError):
+            return None  # the server's memory, not the run: a 500
         if isinstance(link, pa.ArrowException) or (isinstance(link, OSError) and link.errno in (None, errno.ENOENT)):
             return RunRefused(f"a file of job {job_id}'s run cannot be read ({type(link).__name__}); nothing of it "
                               f"is served; {repair_line(run_id)}", link)

@@ -48,19 +48,26 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 @contextlib.contextmanager
 def _reading(path: Path):
-    """A stored epoch file that fails to read (changed since it was checked) as SoftLabelDamaged."""
+    """A stored epoch file that fails to read (changed since it was checked) as SoftLabelDamaged;
+    only its reads are inside (what this module does with the rows, the cast and the write, is not
+    the file's damage), and running out of memory is not damage either."""
     try:
         yield
     except (OSError, pa.ArrowException) as exc:
-        if isinstance(exc, OSError) and exc.errno not in (None, errno.ENOENT):
-            raise  # the disk's (api.contract.service_errors: a 503 while it is mended)
+        if isinstance(exc, pa.ArrowMemoryError) or (isinstance(exc, OSError) and exc.errno not in (None, errno.ENOENT)):
+            raise  # the disk's or the memory's (api.contract.service_errors: a 503 while it is mended)
         raise SoftLabelDamaged(f"{path.parent.parent.name}/{path.parent.name}/{path.name}",
                                f"does not read ({type(exc).__name__})") from exc
 
 
-def _epoch_tables(path: Path, seed: int, epoch: int, schema: pa.Schema):
+def _epoch_tables(path: Path, seed: int, epoch: int):
     """The rows of one stored epoch file in batches of about BATCH_BYTES, each with its `seed` and
-    `epoch` and in `schema`'s columns."""
+    `epoch`; its reads inside `_reading` (an exception of the consumer is not thrown in here)."""
+    with _reading(path):
+        yield from _epoch_batches(path, seed, epoch)
+
+
+def _epoch_batches(path: Path, seed: int, epoch: int):
     stored_file = pq.ParquetFile(path, pre_buffer=False)
     rows = max(1, stored_file.metadata.num_rows)
     size = sum(stored_file.metadata.row_group(i).total_byte_size for i in range(stored_file.metadata.num_row_groups))
@@ -69,8 +76,7 @@ def _epoch_tables(path: Path, seed: int, epoch: int, schema: pa.Schema):
         n = batch.num_rows
         table = pa.Table.from_batches([batch])
         table = table.add_column(0, "epoch", pa.array(np.full(n, epoch, dtype=np.uint32)))
-        table = table.add_column(0, "seed", pa.array(np.full(n, seed, dtype=np.int64)))
-        yield _conform(table, schema)
+        yield table.add_column(0, "seed", pa.array(np.full(n, seed, dtype=np.int64)))
 
 
 def pack_to_file(folders: list[Path], out: Path) -> Path:
@@ -105,11 +111,11 @@ def pack_to_file(folders: list[Path], out: Path) -> Path:
             size = rows = 0
 
         for seed, epoch, path in sources:
-            with _reading(path):
-                for table in _epoch_tables(path, seed, epoch, plain):
-                    buffered.append(table)
-                    size, rows = size + table.nbytes, rows + table.num_rows
-                    if size >= BUFFER_BYTES or rows >= PACK_ROW_GROUP:
-                        flush()
+            for table in _epoch_tables(path, seed, epoch):
+                table = _conform(table, plain)
+                buffered.append(table)
+                size, rows = size + table.nbytes, rows + table.num_rows
+                if size >= BUFFER_BYTES or rows >= PACK_ROW_GROUP:
+                    flush()
         flush()
     return out

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 from fadrm_ray.fileio import probe_writable
 
 from api.contract.schemas import FINAL_STATES, Job, JobAsked, Ready
-from api.contract.service_errors import Conflict, Unavailable, clean_line, refusal, scrub
+from api.contract.service_errors import VERIFIED_DAMAGE, Conflict, Unavailable, clean_line, refusal, scrub
 from api.jobs.drivers import DriverSettings, DriverSupervisor
 from api.jobs.job_outputs import progress
 from api.jobs.job_records import JobDB, JobRecord, UnreadableJob
@@ -234,7 +234,9 @@ class Service:
                     raise
                 if isinstance(answer, Unavailable):
                     raise answer from None
-                if job.error != answer.message:  # said once in the log and the record, not per request
+                # Damage a check found is said once in the log and kept in the record (until a build
+                # reads the files again); a file that failed to read otherwise is answered, not kept.
+                if job.error != answer.message and isinstance(answer.cause, VERIFIED_DAMAGE):
                     log.error("job %s: %s (%s)", job.id, answer.message, scrub(str(answer.cause))[:300])
                     self.db.update(job.id, error=answer.message)
                 raise Conflict(self.job(job.id).state, answer.message) from None
