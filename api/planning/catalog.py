@@ -9,13 +9,15 @@ changes), each behind a lock of its own name: a dataset being loaded holds up no
 
 `GET /v1/datasets` answers from `described`, the datasets' descriptions read once, as the service
 starts, by `read_all` in a thread of its own (`CatalogReader`), never in a request; /readyz is
-503 until it has read them all (a dataset that cannot be read is logged and left out).
+503 until it has read them all (a dataset that cannot be read is logged and left out; one still
+being read after DATASET_READ_S seconds is logged, and listed once read).
 """
 from __future__ import annotations
 
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from api.contract.service_errors import scrub
 from api.planning.service_settings import SettingsError
 
 BUILTIN_DATASETS = {"digits": "digits", "mnist-sample": "mnist-sample"}
+DATASET_READ_S = 120.0  # how long the service waits for one dataset's description before it is ready without it
 _NAME = re.compile(NAME_PATTERN)
 log = logging.getLogger("fadrm.api")
 
@@ -90,15 +93,37 @@ class Catalog:
                 self._datasets[name] = loaded
             return loaded
 
-    def read_all(self) -> None:
-        """Describe every dataset into `described` (the built-in ones first), then set `read`."""
+    def read_all(self, stop: threading.Event | None = None, each_s: float = DATASET_READ_S) -> None:
+        """Describe every dataset into `described` (the built-in ones first), then set `read`. Each
+        is read in a thread of its own, waited for at most `each_s` seconds: one that takes longer
+        (an operator's folder on a mount that hangs) is logged and left to finish on its own,
+        listed once read, and the service is ready without it. `stop` ends the reading between
+        datasets (the service stopping)."""
+        stop = stop or threading.Event()
         for name in sorted(self.dataset_names(), key=lambda n: (n not in BUILTIN_DATASETS, n)):
-            try:
-                self.described[name] = {**self.dataset(name).describe(), "name": name}
-            except Exception as exc:  # an operator's dataset that cannot be read: logged, not listed
-                log.warning("dataset %s is not offered: it cannot be read: %s", name, scrub(str(exc))[:300])
-                self.described[name] = f"{type(exc).__name__}"
+            reader = threading.Thread(target=self._describe, args=(name,), name=f"fadrm-dataset-{name}", daemon=True)
+            reader.start()
+            if not self._waited(reader, stop, each_s):
+                if stop.is_set():
+                    return
+                log.warning("dataset %s is still being read after %.0f s: the service is ready without it; it is "
+                            "listed once read", name, each_s)
         self.read.set()
+
+    @staticmethod
+    def _waited(reader: threading.Thread, stop: threading.Event, seconds: float) -> bool:
+        """Whether `reader` ended within `seconds` (False at once when `stop` is set)."""
+        deadline = time.monotonic() + seconds
+        while reader.is_alive() and not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            reader.join(min(left, 0.2))
+        return not reader.is_alive()
+
+    def _describe(self, name: str) -> None:
+        try:
+            self.described[name] = {**self.dataset(name).describe(), "name": name}
+        except Exception as exc:  # an operator's dataset that cannot be read: logged, not listed
+            log.warning("dataset %s is not offered: it cannot be read: %s", name, scrub(str(exc))[:300])
+            self.described[name] = f"{type(exc).__name__}"
 
     def pending(self) -> list[str]:
         """The datasets not described yet."""
@@ -156,15 +181,16 @@ class Catalog:
 
 
 class CatalogReader(threading.Thread):
-    """`catalog.read_all()` in a thread of its own, started with the service."""
+    """`catalog.read_all()` in a thread of its own, started with the service, ended between
+    datasets by `stopping`."""
 
     def __init__(self, catalog: Catalog):
         super().__init__(name="fadrm-catalog", daemon=True)
-        self.catalog = catalog
+        self.catalog, self.stopping = catalog, threading.Event()
 
     def run(self) -> None:
         try:
-            self.catalog.read_all()
+            self.catalog.read_all(self.stopping)
         except Exception:
             log.exception("reading the datasets failed")
             self.catalog.read.set()

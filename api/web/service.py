@@ -145,8 +145,12 @@ class Service:
         self.ray_watch.stopping.set()
         self.scheduler.stopping.set()
         self.readiness.stopping.set()
+        self.catalog_reader.stopping.set()
         self.scheduler.join(timeout=30)
         self.ray_watch.join(timeout=30)
+        for thread in (self.readiness, self.catalog_reader):
+            if thread.is_alive():
+                thread.join(timeout=10)
         self.drivers.shutdown()
         self.db.close()
         self._server_lock.close()

@@ -22,10 +22,11 @@ async def datasets(service: ServiceDep) -> list[DatasetInfo]:
     """The datasets as the service read them when it started (api.planning.catalog.read_all): nothing is
     loaded in the request. A dataset that cannot be read is left out (the service's log says why)."""
     catalog = service.catalog
-    if pending := catalog.pending():
+    if not catalog.read.is_set():  # then a dataset still being read is left out until it is read
+        pending = catalog.pending()
         raise Unavailable(f"the service is still reading its datasets as it starts ({', '.join(pending)}); retry in "
                           f"{READING_RETRY_S} s", retry_after=READING_RETRY_S)
-    return [DatasetInfo(**d) for name in catalog.dataset_names() if isinstance(d := catalog.described[name], dict)]
+    return [DatasetInfo(**d) for name in catalog.dataset_names() if isinstance(d := catalog.described.get(name), dict)]
 
 
 @router.get("/v1/teachers")
