@@ -249,3 +249,27 @@ def test_behind_a_named_proxy_the_client_it_names_is_the_address_and_only_if_val
     log = behind_proxy.log()
     assert all(f"{FORGED}{i}:0 - " in log for i in range(6))
     assert "not-an-ip" not in log and "<not an address>" in log
+
+
+def test_each_stray_forwarding_peer_is_said_once(caplog):
+    """A client that sends X-Forwarded-For does not use up the warning: the real proxy that
+    connects later from another address is said too, each address once."""
+    import asyncio
+
+    from api.web.proxies import TrustedProxies
+
+    async def app(scope, receive, send):
+        pass
+
+    proxies = TrustedProxies(app, ())
+
+    async def requests():
+        for peer in ("10.1.1.1", "10.1.1.1", "10.2.2.2", "10.2.2.2"):
+            await proxies({"type": "http", "client": (peer, 1234), "headers": [(b"x-forwarded-for", b"1.2.3.4")]},
+                          None, None)
+
+    with caplog.at_level("WARNING", logger="fadrm.api"):
+        asyncio.run(requests())
+    warned = [r.getMessage() for r in caplog.records if "carries forwarding headers" in r.getMessage()]
+    assert [line.split()[3] for line in warned] == ["10.1.1.1", "10.2.2.2"], warned
+    assert all("if it is your proxy" in line for line in warned)
