@@ -167,3 +167,27 @@ def test_an_idempotency_key_held_by_an_unreadable_record_is_a_conflict_not_a_ser
         client.headers["Authorization"] = f"Bearer {settings.api_token}"
         again = client.post("/v1/distillations", json=request(), headers={"Idempotency-Key": "key-1"})
         assert again.status_code == 409 and old in again.json()["detail"], again.text
+
+
+def test_an_evaluations_students_done_never_pass_its_total(tmp_path):
+    """Students are counted from the files kept in the run since the evaluation started: others
+    kept at the same time (a second job, a CLI evaluate) never take the count past the total."""
+    import time
+
+    from api.jobs.job_outputs import _evaluation_progress
+    from api.planning.requests import JobPlan
+    from fadrm_ray.config import EvalConfig
+    from fadrm_ray.evaluation.scores import StudentScore
+    from fadrm_ray.layout import RunLayout
+
+    plan = JobPlan.model_validate_json(_old_plan_json())
+    plan = plan.model_copy(update={"evaluate": True, "evaluation": EvalConfig(seeds=1)})
+    total = plan.eval_students[0]
+    run = tmp_path / "run"
+    RunLayout(run).evaluations_dir.mkdir(parents=True)
+    since = time.time()
+    for i in range(total + 3):
+        student = StudentScore(seed=i, final_top1=50.0, best_top1=50.0, curve=[], epochs=1, steps=1, seconds=1.0)
+        (RunLayout(run).evaluations_dir / f"{i:016x}.json").write_text(student.model_dump_json())
+    done, students, eta = _evaluation_progress(run, plan, since)
+    assert (done, students) == (total, total) and eta == 0, (done, students, eta)

@@ -116,7 +116,9 @@ def _evaluation_progress(run_dir: Path, plan: "JobPlan", since: float) -> tuple[
     included); before the first has trained, the work at the pace of the last evaluation of the
     same dataset and student this service timed; else None."""
     total, each = plan.eval_students
-    done = _students_since(run_dir, plan.baselines, since)
+    # Counted from the files kept since the start: another evaluation writing at the same time (a
+    # second job, a CLI `fadrm evaluate` on the store) may be counted too, never past the total.
+    done = min(total, _students_since(run_dir, plan.baselines, since))
     elapsed = max(0.0, time.time() - since)
     key = (plan.dataset, (plan.evaluation or EvalConfig()).student)
     if done:
