@@ -255,9 +255,10 @@ def test_the_fast_path_really_compiles_without_a_graph_break(model_name):
         autocast, _ = mixed_precision(cfg.precision, torch.device("cpu"))
         fn = teacher_loss(teacher, cfg)
         x = view.clone().requires_grad_(True)
-        with teacher.weights_in(held_dtype(cfg)), autocast():
-            ce, bn, stat = step_loss(fn, x, labels, 2, cfg)
-        (ce + stat).sum().backward()
+        with teacher.weights_in(held_dtype(cfg)):  # held for the backward too, as a stage of recover holds them
+            with autocast():
+                ce, bn, stat = step_loss(fn, x, labels, 2, cfg)
+            (ce + stat).sum().backward()
         return ce.detach().float(), bn.detach().float(), x.grad
 
     torch._dynamo.reset()
