@@ -186,6 +186,7 @@ def test_zero_iteration_stage(teacher_model):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_compiled_loss_matches_eager(teacher_model):
     """Stages at 6 and 7 px make convnet-bn's ceil_mode pools overhang, where Inductor's own
     pooling backward is wrong (pytorch/pytorch#198119); recover routes around it."""
