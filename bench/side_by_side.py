@@ -171,8 +171,8 @@ def side_by_side(setting: Setting, log=print) -> dict:
         contenders = {}
         try:
             for name in names:
-                overrides = dict(OURS.get(name, {}))
-                if overrides["pack"] == "fixed":
+                overrides = dict(OURS.get(name, {}))  # the published contender has none
+                if overrides.get("pack") == "fixed":
                     overrides["pack"] = setting.pack
                 if overrides.pop("fast", False):
                     overrides.update(fast_overrides(setting.device))

@@ -1,7 +1,8 @@
 """bench.side_by_side: the published recover loop and ours, each in its own process, on one device.
 
-The tiny form runs ours alone (the published code is not part of this project); with a checkout
-of it in $FADRM_OFFICIAL, its loop runs beside ours at a CPU size.
+The published code is not part of this project: tests/data/published-standin is a stand-in with
+the names the worker imports from it (a few lines each), so the published contender runs on
+every CI run; with a checkout of the real code in $FADRM_OFFICIAL, its loop runs beside ours too.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "data" / "published-standin"
 
 
 def side_by_side(*flags: str) -> dict:
@@ -37,6 +39,16 @@ def test_the_published_code_is_asked_for_by_name():
     bad = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--official", str(ROOT / "tests")], cwd=ROOT,
                          stderr=subprocess.PIPE, text=True)
     assert bad.returncode == 2 and "recover/utils_recover.py" in bad.stderr
+
+
+def test_the_published_contender_runs_beside_ours_through_the_standin():
+    """The path a GPU run takes (bench/gpu_check.sh with the published code present): the
+    published loop is a contender beside ours."""
+    out = side_by_side("--official", str(STANDIN), "--ours", "ours-eager-pack1")
+    official = out["contenders"]["official"]
+    assert official["finite"] and official["pack"] == 1 and len(official["rounds_ms"]) == 2
+    assert out["official_ms"] == official["ms_per_step"] > 0
+    assert out["ratio_pack1"] == pytest.approx(out["official_ms"] / out["ours_pack1_ms"])
 
 
 @pytest.mark.skipif(not os.environ.get("FADRM_OFFICIAL"), reason="no checkout of the published code in $FADRM_OFFICIAL")
