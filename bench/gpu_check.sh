@@ -27,9 +27,10 @@
 #   5 share         one process against two sharing the GPU (bench.side_by_side --share 2)
 #
 # --core skips 3-5. --dry-run runs every step CPU-sized and uncompiled, to test this script anywhere,
-# under three times the budgets. FADRM_GPU_CHECK_KILL=STEP:N kills that step after its N-th figure,
-# as its budget would (the test that it keeps them and that the steps after it still run). The
-# published code is found in $FADRM_OFFICIAL, else .official/.
+# under five times the budgets (a small, shared CPU; FADRM_GPU_CHECK_BUDGET_SCALE=K sets the
+# factor). FADRM_GPU_CHECK_KILL=STEP:N kills that step after its N-th figure, as its budget would
+# (the test that it keeps them and that the steps after it still run). The published code is found
+# in $FADRM_OFFICIAL, else .official/.
 #
 # On the lent GPU machine (its image lacks Ray, pydantic and mlxtend), prepared here first:
 #   bash bench/gpu_wheels.sh          # .whl/ (about 50 MB), checked against the image's packages
@@ -47,7 +48,7 @@ while (( $# )); do
         --core) CORE=1 ;;
         --only) ONLY=$2; shift ;;
         --wheels) WHEELS=$2; shift ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) DIR=$1 ;;
     esac
     shift
@@ -72,7 +73,7 @@ SCHEDULED=official-like,ours-eager-pack1,ours-fast-pack1
 PROFILED=official,ours-eager-pack1,ours-fast-pack1
 
 if (( DRY )); then
-    DEVICE=cpu SCALE=3
+    DEVICE=cpu SCALE=${FADRM_GPU_CHECK_BUDGET_SCALE:-5}
     # Nothing is compiled in a dry run: on a small CPU the compiles alone would take minutes
     # (tests/test_fast_path.py checks the compiled step on the CPU); the checks say so.
     export TORCH_COMPILE_DISABLE=1
@@ -81,7 +82,7 @@ if (( DRY )); then
     STUDENT=(--devices cpu --size 16 --images 16 --classes 4 --epochs 2)
     PACK=2
 else
-    DEVICE=cuda SCALE=1
+    DEVICE=cuda SCALE=${FADRM_GPU_CHECK_BUDGET_SCALE:-1}
     # Per-step figures over 40 steps (10 per stage) x 2 rounds; one whole schedule of T = 400
     # (100 per stage) for the scheduled contenders, measured, not extrapolated.
     SBS=(--device cuda --steps 40 --rounds 2 --schedule 400)
