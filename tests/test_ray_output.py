@@ -16,7 +16,22 @@ from tests.ray_helpers import ray_or_tune_lines
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_ray_records_go_to_the_log_and_come_back_with_verbose(tmp_path, capsys):
+@pytest.fixture
+def ray_handler_on_stderr():
+    """Ray's own handler on the `ray` logger writes to the stderr of the moment Ray was first
+    imported (another test's, in a whole run): one bound to this test's stderr stands for it."""
+    import ray  # noqa: F401 - Ray puts its handler on the logger as it is first imported
+
+    logger = logging.getLogger("ray")
+    saved = list(logger.handlers)
+    logger.handlers[:] = [logging.StreamHandler(sys.stderr)]
+    try:
+        yield
+    finally:
+        logger.handlers[:] = saved
+
+
+def test_ray_records_go_to_the_log_and_come_back_with_verbose(tmp_path, capsys, ray_handler_on_stderr):
     ray_logger = logging.getLogger("ray.tune.tune")
     log = tmp_path / "run" / "ray.log"
     with ray_output(None):  # no file yet: kept for the next one
