@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.settings import EvaluationError
-from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
+from fadrm_ray.evaluation.relabel import (AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, held_images,
+                                         steps_per_epoch)
 from fadrm_ray.runtime import to_device
 from fadrm_ray.errors import InputError
 
@@ -337,12 +338,14 @@ class StoredSoftLabels(torch.utils.data.Dataset):
     """A plain map-style Dataset over stored steps, from a folder or a packed file (`seed` picks
     the part): item i is step i % steps_per_epoch of epoch i // steps_per_epoch, returned as
     (ViewPlan, logits float32). `epoch(e)` rebuilds the views of a whole epoch with the same
-    `apply_plan` the online path uses; training epochs past the stored ones read them in turn."""
+    `apply_plan` the online path uses; training epochs past the stored ones read them in turn.
+    The images are held uint8 where the student trains (`relabel.held_images`; `held`: that very
+    tensor where the caller has it there already) and converted view by view."""
 
     mode = "stored"
 
     def __init__(self, source: str | Path, images_uint8: torch.Tensor, seed: int | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", held: torch.Tensor | None = None):
         self.source, self.device = Path(source), torch.device(device)
         if self.source.is_dir():
             self.meta, self._packed = _read_meta(self.source), False
@@ -362,13 +365,13 @@ class StoredSoftLabels(torch.utils.data.Dataset):
         if self.epochs < 1:
             raise SoftLabelError(f"{self.source}: no epoch is stored")
         # The views are cut, and the logits held, where the student trains (relabel.apply_plan).
-        self.images01 = to_unit(images_uint8).to(self.device)
+        self.images = held if held is not None and held.device == self.device else held_images(images_uint8, self.device)
         self.spec, self.batch_size = meta.spec, meta.batch_size
         self._cache: tuple[int, list[tuple[ViewPlan, torch.Tensor]]] | None = None
 
     @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.images01.shape[0], self.batch_size)
+        return steps_per_epoch(self.images.shape[0], self.batch_size)
 
     @property
     def num_classes(self) -> int:
@@ -424,7 +427,7 @@ class StoredSoftLabels(torch.utils.data.Dataset):
 
     def epoch(self, epoch: int) -> Iterator[Step]:
         for i, (plan, logits) in enumerate(self._load_epoch(epoch)):
-            yield Step(apply_plan(self.images01, plan, self.spec.out_size), logits, plan, epoch, i)
+            yield Step(apply_plan(self.images, plan, self.spec.out_size), logits, plan, epoch, i)
 
 
 def _fixed_list(table: pa.Table, name: str, dtype: str) -> torch.Tensor:
@@ -451,5 +454,5 @@ def soft_label_source(mode: str, online: OnlineSoftLabels, epochs: int, director
         if directory is None:
             raise InputError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
         folder = precompute_soft_labels(online, epochs, directory, storage, progress=progress)
-        return StoredSoftLabels(folder, online.images_uint8, device=online.labeler.device)
+        return StoredSoftLabels(folder, online.images_uint8, device=online.labeler.device, held=online.images)
     raise InputError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")
