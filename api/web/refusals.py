@@ -18,7 +18,6 @@ import json
 import math
 import re
 import typing
-import weakref
 from collections import Counter
 from types import UnionType
 from urllib.parse import parse_qsl
@@ -203,9 +202,9 @@ def query_problems(query: str, fields: dict[str, bool]) -> dict | None:
     return problems(errors, total) if errors else None
 
 
-# By the route itself, not its id: a route collected in a process that builds several apps (tests)
-# could leave its id to a new route with other parameters.
-_ROUTE_FIELDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Kept on the route itself, not by its id: a route collected in a process that builds several apps
+# (tests) could leave its id to a new route with other parameters.
+_FIELDS = "_fadrm_query_fields"
 
 
 def _is_integer(annotation) -> bool:
@@ -220,7 +219,8 @@ def route_query_fields(route) -> dict[str, bool]:
     is an integer; worked out once per route."""
     if route is None:
         return {}
-    if route not in _ROUTE_FIELDS:
+    fields = getattr(route, _FIELDS, None)
+    if fields is None:
         fields, todo = {}, [getattr(route, "dependant", None)]
         while todo:
             dependant = todo.pop()
@@ -228,8 +228,8 @@ def route_query_fields(route) -> dict[str, bool]:
                 continue
             fields.update({p.alias: _is_integer(p.field_info.annotation) for p in dependant.query_params})
             todo += dependant.dependencies
-        _ROUTE_FIELDS[route] = fields
-    return _ROUTE_FIELDS[route]
+        setattr(route, _FIELDS, fields)
+    return fields
 
 
 async def strict_query(request: Request) -> None:
