@@ -213,3 +213,35 @@ def flip_a_byte(run: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
     os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@contextlib.contextmanager
+def in_process_service(root: Path, teacher: Path, **settings):
+    """The app under a real uvicorn on loopback in this process, with a Ray address no one answers
+    (no job runs) and `settings` (ServiceSettings fields): (the app, a client with its token)."""
+    import threading
+
+    import uvicorn
+
+    from api.planning.service_settings import ServiceSettings
+    from api.web.app import create_app
+
+    (root / "teachers").mkdir()
+    shutil.copy(teacher, root / "teachers" / f"{TEACHER}.pt")
+    config = ServiceSettings(api_token=secrets.token_urlsafe(32), store=root / "store", teachers=root / "teachers",
+                             ray_address="127.0.0.1:1", **settings)
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 120
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}", timeout=60,
+                          headers={"Authorization": f"Bearer {config.api_token}"}) as http:
+            yield app, http
+    finally:
+        server.should_exit = True
+        thread.join(60)

@@ -5,44 +5,19 @@ probes are answered outside the token's rate limit. The query strings again agai
 real `fadrm serve` (`api_service`, a Ray test): none makes a job."""
 from __future__ import annotations
 
-import secrets
-import shutil
-import threading
 import time
 
 import httpx
 import pytest
 
-from tests.api_helpers import TEACHER, free_port, request
+from tests.api_helpers import in_process_service, request
 
 
 @pytest.fixture
 def strict(digits_teacher, tmp_path):
     """The app, limited to 1 request a second per token (2 at once), and a client with its token."""
-    import uvicorn
-
-    from api.planning.service_settings import ServiceSettings
-    from api.web.app import create_app
-
-    (tmp_path / "teachers").mkdir()
-    shutil.copy(digits_teacher[0], tmp_path / "teachers" / f"{TEACHER}.pt")
-    settings = ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store",
-                               teachers=tmp_path / "teachers", ray_address="127.0.0.1:1", rate_limit=1, rate_burst=2)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 120
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}", timeout=60,
-                          headers={"Authorization": f"Bearer {settings.api_token}"}) as http:
-            yield http
-    finally:
-        server.should_exit = True
-        thread.join(60)
+    with in_process_service(tmp_path, digits_teacher[0], rate_limit=1, rate_burst=2) as (_, http):
+        yield http
 
 
 def _refused(r: httpx.Response, name: str) -> str:
