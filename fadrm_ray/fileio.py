@@ -139,13 +139,13 @@ def _nearest_existing(path: Path) -> Path:
     return Path.cwd()
 
 
-def probe_writable(directory: Path) -> str | None:
-    """Why a file cannot be written in `directory`, or None if it can.
+def probe_writable(directory: Path, *, write_byte: bool = False) -> str | None:
+    """Why a file cannot be created in `directory` (with `write_byte`, given one byte: a full disk
+    or quota still lets a file be created), or None if it can.
 
-    A real file is created, given one byte and removed, whatever fails: permission bits say
-    nothing on a read-only mount, for root, or under NFS root squashing, and a full disk or quota
-    still lets a file be created; a failed write after hours of work costs far more. Nothing is
-    left behind, however often it is asked (the service asks every second).
+    A real file is created and removed, whatever fails: permission bits say nothing on a read-only
+    mount, for root, or under NFS root squashing, and a failed write after hours of work costs far
+    more. Nothing is left behind, however often it is asked (the service asks every second).
     """
     probe = directory / f".fadrm-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -153,7 +153,8 @@ def probe_writable(directory: Path) -> str | None:
     except OSError as exc:
         return os.strerror(exc.errno) if exc.errno else str(exc)
     try:
-        os.write(fd, b"\0")
+        if write_byte:
+            os.write(fd, b"\0")
         return None
     except OSError as exc:
         return os.strerror(exc.errno) if exc.errno else str(exc)

@@ -217,7 +217,7 @@ def test_a_write_probe_on_a_full_disk_says_why_and_leaves_nothing(tmp_path):
     service asks every second)."""
     code = ("import resource, sys; from pathlib import Path; from fadrm_ray.fileio import probe_writable; "
             "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1])); "
-            "print([probe_writable(Path(sys.argv[1])) for _ in range(3)])")
+            "print([probe_writable(Path(sys.argv[1]), write_byte=True) for _ in range(3)])")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str([os.strerror(errno.EFBIG)] * 3)
     assert list(tmp_path.iterdir()) == []

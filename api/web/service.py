@@ -158,7 +158,7 @@ class Service:
     def ready(self) -> Ready:
         """What /readyz answers (checked by `readiness` in its thread, never in a request): Ray
         reachable, the store writable, the datasets read; `detail` says what is not."""
-        ray_ok, store_ok = self.drivers.ray_reachable(), probe_writable(self.state_dir) is None
+        ray_ok, store_ok = self.drivers.ray_reachable(), probe_writable(self.state_dir, write_byte=True) is None
         catalog_ok = self.catalog.read.is_set()
         why = self.ray_watch.error
         details = [] if ray_ok else [f"Ray is not reachable: {why}" if why else "Ray is not reachable (yet)"]
