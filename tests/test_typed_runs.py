@@ -30,6 +30,7 @@ NOT_RUN_FILES = {
     ("api/service.py", "run_id"): "a job record the service could not validate, listed as it is",
     ("bench/accuracy.py", "iterations"): "the bench's own table of overrides",
     ("bench/side_by_side_worker.py", "pack"): "the bench's own overrides",
+    ("bench/side_by_side.py", "pack"): "the bench's own overrides",
     ("bench/faults.py", "complete"): "`fadrm verify --json`'s output, a command's reply",
     ("bench/imagenet_rehearsal.py", "timings"): "a REST reply (the service's Job)",
     ("bench/rehearsal_report.py", "classes"): "the bench's own results JSON",
