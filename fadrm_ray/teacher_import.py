@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fadrm_ray.data import get_dataset
+from fadrm_ray.data import dataset_notes, get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.fileio import check_new_output
 from fadrm_ray.runtime import resolve_device
@@ -84,6 +84,7 @@ class ImportResult(BaseModel):
     seconds: float
     warnings: list[str] = []
     split_note: str | None = None  # where the test split was made here (ImageDataset.split_note)
+    notes: list[str] = []          # what opening the dataset left out or converted (data.dataset_notes)
 
 
 # --------------------------------------------------------------------------- model
@@ -370,4 +371,4 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
                         num_classes=dataset.num_classes, image_size=dataset.image_size, top1=round(float(top1), 4),
                         chance=round(chance, 4), bar=round(bar, 4), record=record, mean=info.mean, std=info.std,
                         seconds=round(time.perf_counter() - started, 2), warnings=warnings,
-                        split_note=dataset.split_note)
+                        split_note=dataset.split_note(imported_teachers=True), notes=dataset_notes(dataset))

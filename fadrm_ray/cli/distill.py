@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fadrm_ray.cli.common import (DATASET_HELP, SKIP_BAD_IMAGES_HELP, CLIError, check_teachers, common_parser,
+from fadrm_ray.cli.common import (DATASET_HELP, CLIError, check_teachers, common_parser,
                                   door_of, emit, execution_parser, execution_spec, note, parse_classes)
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ def add_parser(sub):
 
     p = sub.add_parser(NAME, parents=[common_parser(), execution_parser()], help="distill a dataset into a store run")
     p.add_argument("--dataset", required=True, help=DATASET_HELP)
-    p.add_argument("--skip-bad-images", action="store_true", help=SKIP_BAD_IMAGES_HELP)
     p.add_argument("--teacher", action="append", required=True, help="teacher checkpoint (repeat for fadrm+)")
     p.add_argument("--preset", default="fadrm", choices=list(PRESETS), metavar="PRESET",
                    help=f"the method, one of {', '.join(PRESETS)} (docs/method.md section 7)")
@@ -75,12 +74,8 @@ def run(args) -> None:
     door = door_of(spec, args.ray_distill)
     # Everything the input decides is checked here, in this process, before any cluster starts:
     # the dataset, the classes and every setting against it, the teachers against the dataset.
-    dataset = get_dataset(args.dataset, root=spec.data_root, skip_bad_images=args.skip_bad_images)
+    dataset = get_dataset(args.dataset, root=spec.data_root)
     cfg = build_config(args, dataset.class_names)
-    if dataset.split_note is not None:
-        note(dataset.split_note)
-    for line in dataset_notes(dataset):
-        note(line)
     # Everything that needs no computation first, so that no pilot runs (and no Ray starts) for a
     # refused run: the settings against the data (classes, sizes), the teachers against the data
     # (classes, their order, size, channels), the device against what the door can give.
@@ -88,6 +83,9 @@ def run(args) -> None:
     teachers = [load_teacher(path) for path in args.teacher]
     for _, info in teachers:
         check_teacher_fits(info, dataset)
+    split_note = dataset.split_note(imported_teachers=any(info.imported is not None for _, info in teachers))
+    for line in [split_note] * (split_note is not None) + dataset_notes(dataset):
+        note(line)
     device_type = door.device_type(spec)
     parts = JobParts.of(dataset, teachers, "cpu")
     pilot = _pilot(args, cfg, dataset, spec, parts)

@@ -38,10 +38,6 @@ def add_parser(sub):
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--dataset", default=None,
                    help="where the run's data is now, if not where the run records it (checked by fingerprint)")
-    p.add_argument("--skip-bad-images", action="store_true",
-                   help="with --dataset (an image folder): leave out its image files that cannot be read, as the "
-                        "run's distill did; without --dataset nothing to add, the run's recorded data already "
-                        "leaves out what its distill left out")
     p.add_argument("--teacher", action="append", default=None,
                    help="where one of the run's teachers is now, if not where the run records it (checked by "
                         "sha256; repeatable)")
@@ -56,7 +52,6 @@ def run(args) -> None:
     from fadrm_ray.config import EvalConfig, parse_overrides
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
     from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
-    from fadrm_ray.data import skipping_bad_images
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
     from fadrm_ray.settings import layered
@@ -67,8 +62,7 @@ def run(args) -> None:
     # The run's own data and teachers: where it records them, or where --dataset/--teacher say
     # they are now (checked by fingerprint and sha256 either way). The run is opened once; its
     # parts are read and checked before a dataset is loaded or a teacher read.
-    dataset = skipping_bad_images(args.dataset) if args.skip_bad_images and args.dataset else args.dataset
-    job = EvalJob(config=cfg, incomplete=args.incomplete, ipc=args.ipc, dataset=dataset,
+    job = EvalJob(config=cfg, incomplete=args.incomplete, ipc=args.ipc, dataset=args.dataset,
                   teacher_copies=args.teacher)
     spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
     scope = EvalScope(baselines=args.baselines, ranking="full" if args.baselines and args.ranking else "none",
