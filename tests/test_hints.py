@@ -1,10 +1,10 @@
-"""Every hint a command prints is a command that works on the door that prints it: the flags a
-refusal or a note suggests are flags of the command that printed it, and the refusal of a folder
-with unreadable files, followed as it says, opens the folder on every command that reads one."""
+"""Every hint a command prints is a command that works on the door that prints it: the refusal of a
+folder with unreadable files, followed as it says, opens the folder on every command that reads
+one (the flags every other line names are checked against their commands in
+test_relocated_runs.py)."""
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 from pathlib import Path
 
@@ -16,13 +16,6 @@ from PIL import Image
 from actors.cli import commands
 from fadrm_ray.cli import build_parser, main
 from fadrm_ray.data import DatasetError, get_dataset
-
-REPO = Path(__file__).resolve().parents[1]
-# The packages whose lines the `fadrm` command prints.
-PRINTING = ("fadrm_ray", "actors")
-# Flags named in those packages' strings that are not `fadrm`'s: another program's (npm's, in the
-# script that packs a dataset sample) or a standalone script's own (`python -m ...`).
-OTHER_PROGRAMS = {"--silent", "--per-class", "--train-per-class", "--test-per-class", "--ladder", "--table"}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -90,60 +83,3 @@ def test_import_teacher_follows_its_folder_refusal(tmp_path, cache, capsys):
     # The folder has no test split: fadrm made one, but cannot know whether imported weights saw it.
     assert "fadrm cannot know whether they saw these images" in err and "the teacher and the students" not in err
     assert (tmp_path / "t.pt").is_file()
-
-
-def _printed_strings() -> list[tuple[str, str]]:
-    """(module, text) of every string the printing packages hold, but docstrings: each f-string's
-    literal parts joined with `{}` where a value goes."""
-    found = []
-    for package in PRINTING:
-        for path in sorted((REPO / package).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                          if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                          and node.body and isinstance(node.body[0], ast.Expr)
-                          and isinstance(node.body[0].value, ast.Constant)}
-            inside_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.JoinedStr):
-                    text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
-                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
-                        and id(node) not in inside_fstrings:
-                    text = node.value
-                else:
-                    continue
-                found.append((str(path.relative_to(REPO)), text))
-    return found
-
-
-def _settings_keys() -> set[str]:
-    from fadrm_ray.config import DistillConfig, EvalConfig, PilotConfig, SqueezeConfig
-
-    return {key for model in (DistillConfig, EvalConfig, PilotConfig, SqueezeConfig) for key in model.model_fields}
-
-
-def test_every_flag_a_line_names_is_a_flag_of_the_command_it_names():
-    """`fadrm CMD ... --flag` names flags of CMD; any other `--flag` is a flag of some command
-    (or of another program); `--set KEY=...` names a key of a phase's settings."""
-    subparsers = _subparsers()
-    every = set().union(*(_options(p) for p in subparsers.values()))
-    keys = _settings_keys()
-    wrong = []
-    for where, text in _printed_strings():
-        wrong += [f"{where}: `fadrm {name}` is no command" for name in re.findall(r"`fadrm ([a-z][a-z-]+)", text)
-                  if name not in subparsers]
-        # Split at each command a line names: the flags after it are that command's.
-        pieces = re.split(rf"fadrm ({'|'.join(map(re.escape, sorted(subparsers, key=len, reverse=True)))})\b", text)
-        for i, piece in enumerate(pieces):
-            if i % 2 == 1:
-                continue
-            command = pieces[i - 1] if i else None
-            allowed = _options(subparsers[command]) if command else every | OTHER_PROGRAMS
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", piece):
-                if flag not in allowed:
-                    wrong.append(f"{where}: {flag} is no flag of {f'fadrm {command}' if command else 'any command'}"
-                                 f" in {text!r}")
-            for key in re.findall(r"--set ([a-z_]+)=", piece):
-                if key not in keys:
-                    wrong.append(f"{where}: --set {key}=... names no setting in {text!r}")
-    assert not wrong, "\n".join(wrong)

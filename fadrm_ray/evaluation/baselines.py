@@ -261,8 +261,9 @@ def stronger_teacher(teacher: TeacherRecord) -> str:
     if teacher.imported is None:
         epochs = (teacher.squeeze_config or {}).get("epochs")
         longer = max(60, 4 * epochs) if isinstance(epochs, int) else 60
-        return f"train a longer one (fadrm squeeze --epochs {longer}) or a larger one (--model resnet18-cifar)"
+        return (f"train a longer one (`fadrm squeeze --epochs {longer}`) or a larger one "
+                f"(`fadrm squeeze --model resnet18-cifar`)")
     model = teacher.model_name or "the model"
     return (f"its weights were trained elsewhere ({teacher.imported.source}): fine-tune them further on this "
-            f"dataset where they were trained, or import stronger ones (fadrm import-teacher --model {model} "
-            f"--weights FILE, or a larger timm or torchvision model)")
+            f"dataset where they were trained, or import stronger ones (`fadrm import-teacher --model {model} "
+            f"--weights FILE`, or a larger timm or torchvision model)")
