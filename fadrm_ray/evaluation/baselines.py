@@ -21,7 +21,6 @@ there yet, or not finished, goes through the distill door, which holds its run's
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -38,6 +37,7 @@ from fadrm_ray.runs.units import request_images
 from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
+from fadrm_ray.store.digest import content_digest
 from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.paired import PairedGain, gain_text, paired_gain
 from fadrm_ray.settings import EvaluationError
@@ -142,11 +142,9 @@ def same_images(a: DistillConfig, b: DistillConfig) -> bool:
 
 
 def _pixels(run: OpenedRun) -> str:
-    """A digest of an opened run's images and labels in their order (not of its files, which
-    record the config that made them)."""
-    h = hashlib.sha256(run.images.contiguous().numpy().tobytes())
-    h.update(run.labels.contiguous().numpy().tobytes())
-    return h.hexdigest()
+    """The content digest of an opened run's images and labels (`store.digest`: not of its files,
+    which record the config that made them)."""
+    return content_digest(run.images, run.labels, run.ipc_index)
 
 
 def below_random(paired: PairedGain | None, recipe: str, image_size: int, channels: int) -> str | None:
