@@ -60,6 +60,7 @@ class PilotRow(BaseModel):
     images: int = 0                      # the images its students trained on
     vs_random: PairedGain | None = None  # paired over random real images (None for their own row)
     seconds: float                       # its distillation and students
+    estimated_seconds: float | None = None  # what the pilot's plan estimated for it
 
 
 class PilotRecord(BaseModel):
@@ -79,7 +80,8 @@ class PilotRecord(BaseModel):
     random_real: PilotRow | None = None
     chosen: str                          # the recipe the runs take
     estimated_seconds: float = 0.0
-    run_estimate_seconds: float = 0.0    # the run's recover time as the pilot estimated it
+    run_estimate_seconds: float = 0.0    # the run's time at the size's own recipe, as the pilot estimated it
+    run_estimates: dict[str, float] = {}  # the run's time at each recipe tried, as the pilot estimated it
     seconds: float = 0.0
     skipped: str | None = None           # why it did not run (then `chosen` is the size's recipe)
 

@@ -64,6 +64,8 @@ def run(args) -> None:
     from fadrm_ray.recipes import RECIPE_FIELDS
     from fadrm_ray.data import dataset_notes, get_dataset
     from fadrm_ray.fileio import check_output_dir
+    from fadrm_ray.estimate import seconds_text
+    from fadrm_ray.layout import RunLayout
     from fadrm_ray.models import check_teacher_fits, load_teacher
     from fadrm_ray.runs.job import JobParts, build_job
     from fadrm_ray.runtime import process_info
@@ -88,9 +90,17 @@ def run(args) -> None:
         note(line)
     device_type = door.device_type(spec)
     parts = JobParts.of(dataset, teachers, "cpu")
-    pilot = _pilot(args, cfg, dataset, spec, parts)
+    pilot = _pilot(args, cfg, dataset, spec, parts, device_type)
     # The job is built, and checked, once, for the device type its door runs on, then run there.
     job = build_job(cfg, dataset, args.dataset, parts.infos, args.out, device_type, spec.data_root)
+    # The run's time as the pilot estimated it from steps timed here, at the recipe it chose, for
+    # a run that starts from nothing (what the estimate is of).
+    estimate = pilot.run_estimates.get(pilot.chosen) if pilot is not None else None
+    if estimate is not None and RunLayout(job.run_dir).unit_ids():
+        estimate = None
+    if estimate is not None:
+        note(f"this run: about {seconds_text(estimate)} at recipe {pilot.chosen}, estimated from its steps timed on "
+             f"this machine")
     result = door.run(job, spec, parts)
 
     recipe = result.recipe or "not recorded"
@@ -99,8 +109,12 @@ def run(args) -> None:
     payload = {**result.to_dict(), "recipe": recipe, "process": process_info()}
     waited = f", after waiting {result.waited_seconds:.0f} s for another process writing it" \
         if result.waited_seconds else ""
+    estimated = f" (estimated {seconds_text(estimate)})" if estimate is not None and result.units_run else ""
+    if estimated:
+        payload["estimated_seconds"] = estimate
     lines = [f"distilled {result.images} images ({len(result.units_run)} units run, "
-             f"{len(result.units_skipped)} already done{waited}) in {result.seconds:.1f} s", f"recipe: {recipe}"]
+             f"{len(result.units_skipped)} already done{waited}) in {result.seconds:.1f} s{estimated}",
+             f"recipe: {recipe}"]
     if pilot is not None:
         payload["pilot"] = {"summary": pilot.summary(), "below_random": pilot.below_random,
                             "record": pilot.model_dump(mode="json")}
@@ -113,11 +127,13 @@ def run(args) -> None:
     emit(args, payload, "\n".join(lines))
 
 
-def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "JobParts"):
+def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "JobParts", device_type: str):
     """The pilot of this run (fadrm_ray/pilot.py), measured or read back, when its recipe is
     left to `auto` on colour data no one measured; None otherwise. `parts`: the run's teachers,
-    loaded here once, which the pilot takes as they are."""
+    loaded here once, which the pilot takes as they are; the run's estimate is of its units as
+    the spec runs them (`RunShape.of_spec`: on `device_type`)."""
     from fadrm_ray.config import PilotConfig, parse_overrides
+    from fadrm_ray.estimate import RunShape
     from fadrm_ray.pilot import ensure_pilot
     from fadrm_ray.settings import layered
 
@@ -126,4 +142,5 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "J
     settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig),
                        flags={"budget": args.pilot_budget})
     return ensure_pilot(cfg, dataset, parts, args.out, settings, device=spec.device if spec.local else None,
-                        on_line=note, progress=not args.quiet)
+                        on_line=note, progress=not args.quiet, run_shape=RunShape.of_spec(spec, device_type),
+                        bound_hint="--pilot-budget SECONDS bounds it, 0 or --set recipe=NAME skips it")
