@@ -3,6 +3,7 @@ baselines (random real images, the run's starting patches) and DD-Ranking's scor
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from fadrm_ray.cli.common import (IPC_HELP, STUDENT_DEVICE_HELP, check_teachers, common_parser, emit, note,
@@ -48,6 +49,7 @@ def add_parser(sub):
 
 
 def run(args) -> None:
+    from fadrm_ray.estimate import seconds_text
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
     from fadrm_ray.config import EvalConfig, parse_overrides
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
@@ -67,9 +69,18 @@ def run(args) -> None:
     spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
     scope = EvalScope(baselines=args.baselines, ranking="full" if args.baselines and args.ranking else "none",
                       ars=args.ars, report=True)
+    planned = []
+
+    def plan(said) -> None:  # what it will train, said before it trains
+        planned.append(said)
+        for line in said.lines():
+            print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True)
+
     hooks = EvalHooks(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True),
-                      on_open=lambda reader: opened(args, reader))
+                      on_open=lambda reader: opened(args, reader), on_plan=plan)
+    started = time.perf_counter()
     measured = evaluate_store_run(args.run, job, spec, scope, hooks=hooks)
+    took = time.perf_counter() - started
     result, report = measured.evaluation, measured.report
     recorded = measured.run.reader.provenance.dataset
     made = recorded.test_split if recorded is not None else None
@@ -97,7 +108,13 @@ def run(args) -> None:
             lines.append(f"  {hard}")
     lines.extend(f"  warning: {line}" for line in result.warnings)
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
-    result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
+    if planned and measured.planned_seconds is not None:
+        lines.append(f"took {seconds_text(took)}: the planned sets {seconds_text(measured.planned_seconds)} (planned "
+                     f"about {seconds_text(planned[0].seconds)}), the rest opening the run, timing the plan and "
+                     f"writing the report")
+    result = {**result.model_dump(mode="json"), "report": report, "process": process_info(), "seconds": round(took, 1),
+              "plan": planned[0].model_dump(mode="json") if planned else None,
+              "planned_sets_seconds": None if measured.planned_seconds is None else round(measured.planned_seconds, 1)}
     emit(args, result, "\n".join(lines))
 
 

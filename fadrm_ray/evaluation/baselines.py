@@ -183,7 +183,7 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
     reader, dataset = run.reader, run.dataset
     result = evaluate_run(run, job, spec, replace(hooks, progress_label="the run"))
     baselines, gains, paired, evaluations, opened, seen = {}, {}, {}, {}, {}, {}
-    if hooks.on_note is not None and reader.config is not None:
+    if hooks.on_note is not None and hooks.on_plan is None and reader.config is not None:  # else the plan said it
         sets = list(baseline_configs(reader.config, job.ipc))
         took = "" if result.cached else f", about {result.seconds:.0f} s each as the run's own took"
         hooks.on_note(f"baselines: {len(sets)} more sets ({', '.join(BASELINES[n] for n in sets)}), each distilled "
