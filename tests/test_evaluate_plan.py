@@ -32,14 +32,14 @@ def test_evaluate_says_its_plan_first_and_what_the_planned_sets_took(run_copy, c
     assert all(s["seconds"] > 0 for s in said["plan"]["sets"] if s["students"])
     for line, planned in zip(lines[1:6], said["plan"]["sets"]):
         assert line.startswith(f"fadrm evaluate:   {planned['name']}: ") and re.search(r"; --[a-z-]+ ", line), line
-    assert "distilled first" in sets["random real images"]["detail"]
+    assert "distilled first" in sets["random real images"]["first"]
     assert said["planned_sets_seconds"] > 0 and said["seconds"] >= said["planned_sets_seconds"]
     # The notes that used to announce each set as it started are not said again.
     assert not any(line.startswith("fadrm evaluate: baselines:") for line in lines)
     # Asked again: everything is kept, and the plan says so (nothing to train).
     again, lines, _ = _evaluate(capsys, run_copy)
     assert [(s["students"], s["kept"]) for s in again["plan"]["sets"]] == [(0, 2), (0, 2), (0, 2), (0, 0), (0, 2)]
-    assert "distilled already" in again["plan"]["sets"][1]["detail"]
+    assert "distilled already" in again["plan"]["sets"][1]["first"]
     assert again["top1_per_seed"] == said["top1_per_seed"]
     # Without the baselines (and so without DD-Ranking's scores), one set.
     alone, lines, _ = _evaluate(capsys, run_copy, "--no-baselines", "--seeds", "3")

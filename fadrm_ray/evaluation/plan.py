@@ -43,7 +43,8 @@ class PlannedSet(BaseModel):
     kept: int = 0              # students already kept
     steps: int = 0             # optimizer steps of each
     seconds: float = 0.0       # estimated: its students, and what is distilled first
-    detail: str = ""           # what else it costs or is
+    first: str = ""            # what comes before its students (a baseline distilled)
+    detail: str = ""           # what else it is
     flag: str                  # the flag that skips (or sizes) it
 
 
@@ -67,8 +68,9 @@ class EvalPlan(BaseModel):
             kept = f" ({s.kept} kept)" if s.kept else ""
             students = f"{s.students} student{'' if s.students == 1 else 's'} of {s.steps:,} steps{kept}" \
                 if s.students else f"nothing to train{kept}"
-            detail = f"{s.detail}, then " if s.detail and s.students else (f"{s.detail}: " if s.detail else "")
-            out.append(f"  {s.name}: {detail}{students}, about {seconds_text(s.seconds)}; {s.flag}")
+            first = f"{s.first}, then " if s.first else ""
+            detail = f" {s.detail}" if s.detail else ""
+            out.append(f"  {s.name}: {first}{students}{detail}, about {seconds_text(s.seconds)}; {s.flag}")
         return out
 
 
@@ -106,8 +108,8 @@ def plan_evaluation(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None, 
         full = full_data_plan(dataset, cfg, run.reader.run_dir.parent / REFERENCES, run_classes(
             run.reader.config, dataset.num_classes), device)
         if full.kept or full.over_budget:
-            why = "kept from before" if full.kept else \
-                f"over the budget of {cfg.reference_steps:,} steps: the teacher's recorded test top-1 stands in"
+            why = "(kept from before)" if full.kept else \
+                f"(over the budget of {cfg.reference_steps:,} steps: the teacher's recorded test top-1 stands in)"
             sets.append(PlannedSet(name="DD-Ranking's full-data reference", students=0, kept=int(full.kept),
                                    detail=why, flag="--no-ranking skips it"))
         else:
@@ -116,7 +118,7 @@ def plan_evaluation(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None, 
             step += _decode_seconds(dataset, views)  # the split is streamed from its files
             sets.append(PlannedSet(name="DD-Ranking's full-data reference", students=1, steps=full.steps,
                                    seconds=student_seconds(step, 1, full.steps, views),
-                                   detail=f"on the {full.images:,} training images, once for this data (kept in "
+                                   detail=f"on the {full.images:,} training images (once for this data, kept in "
                                           f"{full.path.parent})",
                                    flag="--no-ranking skips it"))
     if hard_step is not None:
@@ -147,16 +149,16 @@ def _baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec, steps: int, student
             twin = next((other for other, config in built.items() if same_images(config, distill_job.config)), None)
             built[name] = distill_job.config
             if twin is not None:
-                out.append(PlannedSet(name=BASELINES[name], students=0, detail=f"the same images as {BASELINES[twin]}",
+                out.append(PlannedSet(name=BASELINES[name], students=0, detail=f"(the same images as {BASELINES[twin]})",
                                       flag=flag))
                 continue
             seeds = len(job.config.seed_list)
-            known, distill, detail = _kept_baseline(run, job, spec, distill_job), 0.0, "distilled already"
+            known, distill, first = _kept_baseline(run, job, spec, distill_job), 0.0, "distilled already"
             if known is None:
                 distill, known = run_seconds(distill_job.config, run.dataset, timer, RunShape.here(spec.threads)), 0
-                detail = f"distilled first (about {seconds_text(distill)})"
+                first = f"distilled first (about {seconds_text(distill)})"
             out.append(PlannedSet(name=BASELINES[name], students=seeds - known, kept=known, steps=steps,
-                                  seconds=distill + students(seeds - known), detail=detail, flag=flag))
+                                  seconds=distill + students(seeds - known), first=first, flag=flag))
     finally:
         for teacher in teachers:
             teacher.remove_hooks()
