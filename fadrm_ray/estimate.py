@@ -131,43 +131,6 @@ class StepTimer:
         return self.seconds[key] + self.seconds["decode"] / max(1, cfg.patch_crops)
 
 
-def student_step_seconds(dataset: ImageDataset, labeler, student: str, batch: int,
-                         device: str | torch.device = "cpu", *, augment: bool = True) -> float:
-    """Seconds per step of a student of `batch` views on `device`, as training.train_student takes
-    it: its views cut (`augment`), the targets (the soft labels of `labeler`'s teachers, or, with
-    None, hard labels), its loss and AdamW's update."""
-    import torch.nn.functional as F
-
-    from fadrm_ray.config import EvalConfig
-    from fadrm_ray.evaluation.relabel import AugmentSpec, apply_plan, draw_plan, epoch_generator, to_unit
-    from fadrm_ray.evaluation.training import kd_loss, param_groups
-    from fadrm_ray.models import create_model
-
-    cfg = EvalConfig()
-    model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
-    model = model.to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
-    size = (2 * batch, dataset.channels, dataset.image_size, dataset.image_size)
-    images01 = to_unit(torch.randint(0, 256, size, dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
-    images01 = images01.to(device)
-    spec = AugmentSpec(out_size=dataset.image_size, hflip=dataset.hflip)
-    plan = draw_plan(torch.arange(batch), dataset.image_size, dataset.image_size, spec, epoch_generator(0, 0))
-    mean = torch.tensor(dataset.mean, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(dataset.std, device=device).view(1, -1, 1, 1)
-    labels = torch.zeros(batch, dtype=torch.long, device=device)
-
-    def step():
-        view = apply_plan(images01, plan, spec.out_size) if augment else images01[:batch]
-        logits = model((view - mean) / std)
-        loss = kd_loss(logits, labeler(view), cfg.temperature) if labeler is not None else \
-            F.cross_entropy(logits, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return timed(step, device, repeats=3)
-
-
 def seconds_text(seconds: float) -> str:
     """An estimate in seconds as a line says it: whole seconds, a tenth below ten."""
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

@@ -30,7 +30,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -42,7 +42,8 @@ from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.evaluation.store_run import evaluate_store_run
-from fadrm_ray.estimate import RunShape, StepTimer, run_seconds, seconds_text, student_step_seconds
+from fadrm_ray.estimate import RunShape, StepTimer, run_seconds, seconds_text
+from fadrm_ray.evaluation.plan import student_step_seconds
 from fadrm_ray.evaluation.training import DEFAULT_BATCH_SIZE, epochs_for_steps, resolve_protocol
 from fadrm_ray.models import load_teacher
 from fadrm_ray.pilot_record import (PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, machine_pilots,
@@ -234,21 +235,29 @@ def _placed(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return copy.deepcopy(model).to(device)
 
 
+class PilotCaller(NamedTuple):
+    """What the door that runs a pilot adds: a progress bar (`progress`), how the run the pilot
+    sizes will run its units (`run_shape`, `estimate.RunShape`; None: this process), and how its
+    user bounds or skips the pilot (`bound_hint`, said in its lines)."""
+
+    progress: bool = True
+    run_shape: RunShape | None = None
+    bound_hint: str = BOUND_HINT
+
+
 def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[str | Path] | JobParts,
                  store: str | Path, settings: PilotConfig | None = None, *, device: str | None = None,
-                 on_line: Callable[[str], None] = print, progress: bool = True, run_shape: RunShape | None = None,
-                 bound_hint: str = BOUND_HINT) -> PilotRecord | None:
+                 on_line: Callable[[str], None] = print, caller: PilotCaller | None = None) -> PilotRecord | None:
     """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
     pilot is run (`pilot_reason`), the cached record where one was measured with these settings
     (in this store, or on this machine for another: then kept in this store too), else measured
     now (module docstring), cached and returned. Every line for the user (the cost before it
     starts, each set as it is measured, the choice, a set below random real images) goes to
-    `on_line`; a progress bar with its ETA to stderr (`progress`). `teachers`: their checkpoint
+    `on_line`; a progress bar with its ETA to stderr (`caller.progress`). `teachers`: their checkpoint
     paths, or the teachers the caller loaded already (`JobParts` of `dataset`), which are then
-    neither hashed nor loaded again (and stay on the caller's device). `run_shape`: how the run
-    will run its units (`estimate.RunShape`; default this process), which its estimate follows;
-    `bound_hint`: how the door that prints the lines bounds or skips the pilot."""
-    settings = settings or PilotConfig()
+    neither hashed nor loaded again (and stay on the caller's device). `caller`: what the door
+    adds (`PilotCaller`: the run's estimate follows its `run_shape`)."""
+    settings, caller = settings or PilotConfig(), caller or PilotCaller()
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
@@ -275,7 +284,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         parts = JobParts(loaded.dataset, [_placed(model, device) for model in loaded.models], loaded.infos, device)
     else:
         parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teachers], device)
-    plan = plan_pilot(cfg, parts, settings, run_shape)
+    plan, bound_hint = plan_pilot(cfg, parts, settings, caller.run_shape), caller.bound_hint
     recipes = plan.recipes
     common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1),
                   run_estimates={r: round(v, 1) for r, v in plan.runs.items()})
@@ -292,7 +301,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
             f"classes at IPC {plan.ipc}, each recover budget cut to {plan.share:.0%}, {plan.seeds} students of "
             f"{plan.steps} steps per set: about {plan.estimate:.0f} s here, {plan.share_of_run()}; {bound_hint}")
     started = time.perf_counter()
-    bar = _Progress(plan, progress)
+    bar = _Progress(plan, caller.progress)
     labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
     eval_cfg = student_schedule(len(plan.classes) * plan.ipc, plan.ipc, plan.steps, plan.seeds)
     pilot_store = Path(store) / PILOTS_DIR

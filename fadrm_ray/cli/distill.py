@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from fadrm_ray.runs.job import ExecutionSpec, JobParts
 
 NAME = "distill"
+# How this command bounds or skips the pilot, as its lines say.
+BOUND_FLAGS = "--pilot-budget SECONDS bounds it, 0 or --set recipe=NAME skips it"
 HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
 
 
@@ -134,7 +136,7 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "J
     the spec runs them (`RunShape.of_spec`: on `device_type`)."""
     from fadrm_ray.config import PilotConfig, parse_overrides
     from fadrm_ray.estimate import RunShape
-    from fadrm_ray.pilot import ensure_pilot
+    from fadrm_ray.pilot import PilotCaller, ensure_pilot
     from fadrm_ray.settings import layered
 
     if args.pilot_budget is not None and args.pilot_budget < 0:
@@ -142,5 +144,6 @@ def _pilot(args, cfg: "DistillConfig", dataset, spec: "ExecutionSpec", parts: "J
     settings = layered(PilotConfig, parse_overrides(args.pilot_set or [], PilotConfig),
                        flags={"budget": args.pilot_budget})
     return ensure_pilot(cfg, dataset, parts, args.out, settings, device=spec.device if spec.local else None,
-                        on_line=note, progress=not args.quiet, run_shape=RunShape.of_spec(spec, device_type),
-                        bound_hint="--pilot-budget SECONDS bounds it, 0 or --set recipe=NAME skips it")
+                        on_line=note, caller=PilotCaller(progress=not args.quiet,
+                                                         run_shape=RunShape.of_spec(spec, device_type),
+                                                         bound_hint=BOUND_FLAGS))

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from fadrm_ray.data.base import ImageDataset
     from fadrm_ray.store.reader import RunReader
     from fadrm_ray.evaluation.on_device import TestImages
-    from fadrm_ray.evaluation.plan import EvalPlan
     from fadrm_ray.evaluation.relabel import SoftLabeler
     from fadrm_ray.evaluation.scores import StudentScore
 
@@ -150,5 +149,5 @@ class EvalHooks:
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
     on_open: "Callable[[RunReader], None] | None" = None           # the evaluated run just opened, before it is read
-    on_plan: "Callable[[EvalPlan], None] | None" = None            # what it will train, before it trains (plan.py)
+    on_plan: Callable[[Any], None] | None = None                   # its plan.EvalPlan, before it trains anything
     progress_label: str | None = None          # the set a student's progress bar names before its model and seed

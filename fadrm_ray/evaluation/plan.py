@@ -5,10 +5,10 @@
 DD-Ranking's full-data reference (once per dataset) and its hard-label students, ARS's students
 without augmentation. `plan_evaluation` lists each set it will train, how many students (those
 already kept are read back, not counted), their steps, the estimated seconds of each and the flag
-that skips it, and the total; from a student step timed here (`estimate.student_step_seconds`:
-soft labels with augmentation, hard labels without) and, for a baseline still to distill, its
-steps timed as the run's are (`estimate.run_seconds`). The door prints it first and the time it
-took at the end.
+that skips it, and the total; from a student step timed here (`student_step_seconds`: soft
+labels with augmentation, hard labels without; the pilot's students are timed by it too) and,
+for a baseline still to distill, its steps timed as the run's are (`estimate.run_seconds`). The
+door prints it first and the time it took at the end.
 """
 from __future__ import annotations
 
@@ -16,17 +16,21 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.estimate import RunShape, StepTimer, run_seconds, seconds_text, student_step_seconds, timed
+from fadrm_ray.config import EvalConfig
+from fadrm_ray.data.base import ImageDataset
+from fadrm_ray.estimate import RunShape, StepTimer, run_seconds, seconds_text, timed
 from fadrm_ray.evaluation.baselines import BASELINES, baseline_configs, baseline_eval_job, baseline_job, same_images
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRun
 from fadrm_ray.evaluation.evaluate import kept_files, read_for_evaluation, run_classes
 from fadrm_ray.evaluation.ranking import REFERENCES, full_data_plan, hard_label_files
-from fadrm_ray.evaluation.relabel import steps_per_epoch
-from fadrm_ray.evaluation.training import _eval_epochs
+from fadrm_ray.evaluation.relabel import AugmentSpec, apply_plan, draw_plan, epoch_generator, steps_per_epoch, to_unit
+from fadrm_ray.evaluation.training import _eval_epochs, kd_loss, param_groups
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.layout import RunLayout
+from fadrm_ray.models import create_model
 from fadrm_ray.store import StoreError, open_run
 
 # A test image's forward pass, as a share of a training step's work per view (no backward, no
@@ -132,6 +136,36 @@ def plan_evaluation(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None, 
         sets.append(PlannedSet(name="ARS: the run and random real images without augmentation", students=count,
                                steps=steps, seconds=student_seconds(soft, count), flag="asked for with --ars"))
     return EvalPlan(sets=sets, student=cfg.student, step_seconds=soft)
+
+
+def student_step_seconds(dataset: ImageDataset, labeler, student: str, batch: int,
+                         device: str | torch.device = "cpu", *, augment: bool = True) -> float:
+    """Seconds per step of a student of `batch` views on `device`, as training.train_student takes
+    it: its views cut (`augment`), the targets (the soft labels of `labeler`'s teachers, or, with
+    None, hard labels), its loss and AdamW's update."""
+    cfg = EvalConfig()
+    model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    size = (2 * batch, dataset.channels, dataset.image_size, dataset.image_size)
+    images01 = to_unit(torch.randint(0, 256, size, dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+    images01 = images01.to(device)
+    spec = AugmentSpec(out_size=dataset.image_size, hflip=dataset.hflip)
+    plan = draw_plan(torch.arange(batch), dataset.image_size, dataset.image_size, spec, epoch_generator(0, 0))
+    mean = torch.tensor(dataset.mean, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(dataset.std, device=device).view(1, -1, 1, 1)
+    labels = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def step():
+        view = apply_plan(images01, plan, spec.out_size) if augment else images01[:batch]
+        logits = model((view - mean) / std)
+        loss = kd_loss(logits, labeler(view), cfg.temperature) if labeler is not None else \
+            F.cross_entropy(logits, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return timed(step, device, repeats=3)
 
 
 def _baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec, steps: int, students) -> list[PlannedSet]:
