@@ -148,7 +148,7 @@ def test_the_evaluation_plot_shows_the_images_with_hard_labels_only(tmp_path):
 
 
 def test_class_names_in_any_script_are_drawn_or_written_as_code_points_without_glyph_warnings(tmp_path,
-                                                                                              monkeypatch):
+                                                                                              monkeypatch, caplog):
     """A folder whose classes are named in Latin, hiragana (a glyph matplotlib's STIX font has)
     and katakana: the grid draws each name with a font that has its glyphs, writes a character
     no installed font has as its code point, and matplotlib warns of no missing glyph."""
@@ -177,11 +177,13 @@ def test_class_names_in_any_script_are_drawn_or_written_as_code_points_without_g
     job, parts = prepare_job(make_config("random-real", overrides={"ipc": 2}), data, "x", [teacher],
                              tmp_path / "store", device_type=execute.device_type(spec))
     run = execute.run(job, spec, parts)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO", logger="matplotlib"):
         warnings.simplefilter("always")
         png = write_grid(open_run(run.run_dir), tmp_path / "grid.png")
     assert png_size(png)[0] > 0
     assert not [w for w in caught if "missing from" in str(w.message) or "Glyph" in str(w.message)]
+    # Nor does matplotlib's font lookup log anything (a family without a regular face warns there).
+    assert not [r for r in caplog.records if r.levelno >= 30], [r.getMessage() for r in caplog.records]
 
     labels = [f"{k}: {n}" for k, n in enumerate(data.class_names)]
     drawn = drawable(labels)

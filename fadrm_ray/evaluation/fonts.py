@@ -14,6 +14,11 @@ from functools import lru_cache
 from typing import NamedTuple, Sequence
 
 
+# Fonts whose glyph for a character is a box naming its block (matplotlib ships "Last Resort
+# High-Efficiency"): they cover every character and draw none of them.
+PLACEHOLDER_FONTS = ("Last Resort",)
+
+
 class Drawable(NamedTuple):
     labels: list[str]        # the labels, any character no font has written as its code point
     family: list[str]        # the font families to draw them with, the plot font first
@@ -31,6 +36,23 @@ def _glyphs(path: str) -> frozenset[int]:
         return frozenset()
 
 
+def _regular_fonts() -> list[tuple[str, str]]:
+    """Each font family matplotlib knows, by name, with the file of its most regular face (upright,
+    weight nearest 400): read from its font list, not looked up (a lookup of a family that has no
+    regular face logs a warning)."""
+    from matplotlib import font_manager
+
+    best: dict[str, tuple] = {}
+    for entry in font_manager.fontManager.ttflist:
+        if entry.name.startswith(PLACEHOLDER_FONTS):  # a box for every character: not the character
+            continue
+        weight = entry.weight if isinstance(entry.weight, int) else 400
+        rank = (entry.style != "normal", abs(weight - 400), entry.fname)
+        if entry.name not in best or rank < best[entry.name][0]:
+            best[entry.name] = (rank, entry.fname)
+    return sorted((name, fname) for name, (_, fname) in best.items())
+
+
 def _font_file(family: str) -> str | None:
     from matplotlib import font_manager
 
@@ -42,21 +64,20 @@ def _font_file(family: str) -> str | None:
 
 def drawable(labels: Sequence[str]) -> Drawable:
     """`labels` as the plot font and the installed fonts can draw them (module docstring)."""
-    from matplotlib import font_manager, rcParams
+    from matplotlib import rcParams
 
     first = rcParams["font.family"][0]
     plot_font = rcParams[f"font.{first}"][0] if f"font.{first}" in rcParams else first
     default = _font_file(plot_font)
     missing = {ord(ch) for label in labels for ch in label if not ch.isspace()} - _glyphs(default or "")
     family = [plot_font]
-    for name in sorted({entry.name for entry in font_manager.fontManager.ttflist}):
-        if not missing:
-            break
-        path = _font_file(name)
-        covered = missing & _glyphs(path) if path else set()
+    for name, path in _regular_fonts() if missing else []:
+        covered = missing & _glyphs(path)
         if covered:
             family.append(name)
             missing -= covered
+        if not missing:
+            break
     escaped = sorted(chr(c) for c in missing)
     out = ["".join(f"\\u{ord(ch):04x}" if ord(ch) in missing else ch for ch in label) for label in labels]
     return Drawable(out, family, escaped)
