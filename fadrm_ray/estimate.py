@@ -4,11 +4,12 @@ A run's time is the time of its parts as the run cuts and places them (`runs.uni
 `packing.pack_limit`): the patch scoring of its classes (a teacher forward of every crop of every
 candidate, where the recipe scores them), then each unit's recover steps, one pack of IPC
 groups per step at each stage's resolution, the units spread over the workers that run them at
-once; on Ray, a worker's start first. Each step is timed here once per shape (`StepTimer`: a
-step of that many images at that resolution on that many torch threads, the median of a few
-after a warm-up, the machine as it is now), so the estimate is of the run this machine will
-run, not of a step of another size: a CPU step of 50 images costs less per image than one of 10,
-and one worker's thread is not the whole machine.
+once; on Ray, a worker's start first. Each step is timed here once per shape (`StepTimer`: the
+recover loop itself, `recover.run_stage`, for a few steps of a pack of that many groups at that
+resolution on that many torch threads, after a warm-up, the machine as it is now), so the
+estimate is of the run this machine will run, not of a step of another size or of the teacher's
+forward and backward alone: a CPU step of 50 images costs less per image than one of 10, each
+group's view is cut on its own, one worker's thread is not the whole machine.
 
 The `fadrm` command's pilot (pilot.py) sizes itself and states its cost with it, and `fadrm
 distill` says the run's estimate before it starts and beside the time it took
@@ -29,10 +30,12 @@ from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.runtime import available_cpus, torch_threads
 
 # Seconds until a Ray worker of this project answers (its process starts and imports torch):
-# measured at 9-10 s on the 2-core EPYC of docs/benchmarks/estimates.md, shared with other work.
+# 6.5 to 14 s on the busy 2-core EPYC of docs/benchmarks/estimates.md (the ledgers' worker_started).
 RAY_WORKER_START = 10.0
 # Crops (and candidate images) a probe of the patch scoring times: enough for a whole batch's cost.
 _SCORING_PROBE = 128
+# Recover steps a probe times, after a warm-up of two.
+_STEPS = 5
 
 
 def timed(fn: Callable[[], None], device: str | torch.device = "cpu", repeats: int = 5) -> float:
@@ -95,18 +98,33 @@ class StepTimer:
         self.teachers, self.dataset, self.device = list(teachers), dataset, torch.device(device)
         self.seconds: dict[tuple, float] = {}
 
-    def recover_step(self, cfg: DistillConfig, images: int, resolution: int, threads: int) -> float:
-        """One recover step of `images` images at `resolution` px on `threads` threads, with the
-        step's own loss (`packing.probe_step`): the mean over the teachers where they take turns,
-        their sum where they all vote (a committee)."""
-        from fadrm_ray.packing import probe_step
+    def recover_step(self, cfg: DistillConfig, classes: int, groups: int, resolution: int, threads: int) -> float:
+        """One recover step of a pack of `groups` IPC groups of `classes` classes at `resolution`
+        px on `threads` threads: the recover loop itself (`recover.run_stage`: each group's view
+        cut, the teachers' loss, the update), timed over `_STEPS` steps after a warm-up."""
+        from fadrm_ray.recover import init_state, run_stage
 
-        key = ("recover", images, resolution, threads, cfg.precision, cfg.compile, cfg.channels_last, cfg.committee)
+        key = ("recover", classes, groups, resolution, threads, cfg.precision, cfg.compile, cfg.channels_last,
+               cfg.committee, cfg.bound, cfg.init)
         if key not in self.seconds:
+            size, channels = self.dataset.image_size, self.dataset.channels
+            patches = torch.randint(0, 256, (groups, classes, channels, size, size), dtype=torch.uint8,
+                                    generator=torch.Generator().manual_seed(0)) if cfg.init == "real" else None
+            state = init_state(cfg, list(range(classes)), list(range(groups)), patches, size, channels,
+                               self.dataset.mean, self.dataset.std)
+
+            def stage(steps: int) -> float:  # `steps` steps of one last stage at `resolution`
+                state.budgets, state.resolutions, state.stage = [steps], [resolution], 0
+                state.x = torch.nn.functional.interpolate(state.x, size=(resolution, resolution), mode="bilinear")
+                started = time.perf_counter()
+                run_stage(state, self.teachers, cfg, self.device)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                return time.perf_counter() - started
+
             with torch_threads(threads):
-                each = [timed(lambda t=t: probe_step(cfg, t, images, self.dataset.channels, resolution, self.device),
-                              self.device) for t in self.teachers]
-            self.seconds[key] = sum(each) if cfg.committee == "prior" else sum(each) / len(each)
+                stage(2)  # the warm-up: the first steps of a shape cost more
+                self.seconds[key] = stage(_STEPS) / _STEPS
         return self.seconds[key]
 
     def scoring_crop(self, cfg: DistillConfig, threads: int) -> float:
@@ -160,7 +178,7 @@ def run_seconds(cfg: DistillConfig, dataset: ImageDataset, timer: StepTimer, sha
     def unit_seconds(unit) -> float:
         limit = pack_limit(cfg, len(unit.classes), dataset.image_size, dataset.channels, timer.teachers, timer.device)
         packs = chunks(unit.ipc_indices, limit, cfg.pack == "auto")
-        return sum(budget * timer.recover_step(cfg, len(unit.classes) * len(pack), resolution, shape.threads)
+        return sum(budget * timer.recover_step(cfg, len(unit.classes), len(pack), resolution, shape.threads)
                    for pack in packs for budget, resolution in zip(budgets, resolutions) if budget)
 
     scoring = 0.0

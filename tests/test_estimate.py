@@ -16,9 +16,9 @@ class FixedSteps(StepTimer):
         super().__init__([], dataset, "cpu")
         self.asked = []
 
-    def recover_step(self, cfg, images, resolution, threads):
-        self.asked.append((images, resolution, threads))
-        return images / 100
+    def recover_step(self, cfg, classes, groups, resolution, threads):
+        self.asked.append((classes * groups, resolution, threads))
+        return classes * groups / 100
 
     def scoring_crop(self, cfg, threads):
         return 1 / 1000
