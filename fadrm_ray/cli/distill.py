@@ -95,14 +95,12 @@ def run(args) -> None:
     pilot = _pilot(args, cfg, dataset, spec, parts, device_type)
     # The job is built, and checked, once, for the device type its door runs on, then run there.
     job = build_job(cfg, dataset, args.dataset, parts.infos, args.out, device_type, spec.data_root)
-    # The run's time as the pilot estimated it from steps timed here, at the recipe it chose, for
-    # a run that starts from nothing (what the estimate is of).
-    estimate = pilot.run_estimates.get(pilot.chosen) if pilot is not None else None
-    if estimate is not None and RunLayout(job.run_dir).unit_ids():
-        estimate = None
-    if estimate is not None:
-        note(f"this run: about {seconds_text(estimate)} at recipe {pilot.chosen}, estimated from its steps timed on "
-             f"this machine")
+    # The run's time as the pilot estimated it, at the recipe it chose, for a run that starts from
+    # nothing (what the estimate is of).
+    said = pilot.run_estimate() if pilot is not None and not RunLayout(job.run_dir).unit_ids() else None
+    estimate = said[0] if said is not None else None
+    if said is not None:
+        note(f"this run: about {seconds_text(estimate)} at recipe {pilot.chosen}, {said[1]}")
     result = door.run(job, spec, parts)
 
     recipe = result.recipe or "not recorded"
