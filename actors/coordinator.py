@@ -18,6 +18,7 @@ import ray
 
 from actors.lifeline import Lifeline
 from actors.pool import WorkerPool
+from actors.ray_output import ray_output
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.runs import execute
 from fadrm_ray.runs.execute import DistillResult
@@ -149,7 +150,7 @@ def cluster_gpus(spec: ExecutionSpec) -> float:
     one), else those the cluster at `spec.address` (or the Ray of this process) reports."""
     if not spec.address and not ray.is_initialized():
         return float(local_gpus())
-    with ray_session(spec.address):
+    with ray_output(None, spec.verbose), ray_session(spec.address):  # its lines go to the run's ray.log
         return float(ray.cluster_resources().get("GPU", 0))
 
 
@@ -165,7 +166,8 @@ def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> 
             return execute.run_job(job, _AlreadyDone(job.device_type), parts)
         except _Unfinished:
             pass
-    with ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
+    with ray_output(RunLayout(job.run_dir).ray_log, spec.verbose), \
+            ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
         pool = WorkerPool.for_job(job, spec)
         try:
             return execute.run_job(job, pool, parts)

@@ -3,7 +3,10 @@
 Every endpoint but /healthz requires `Authorization: Bearer <FADRM_API_TOKEN>` (compared in
 constant time; 401 without one, 403 for a wrong one), the OpenAPI schema included; Swagger UI
 and ReDoc are not served (their pages load from a CDN). Each token may make `rate_limit`
-requests a second (429 past it). Bodies over `max_body_bytes` are refused (413, in JSON) however
+requests a second (429 past it); the probes (/healthz, /readyz) are answered before any rate
+limit, from the readiness a thread checks (api.probes). A query string is as strict as a body:
+a parameter the endpoint does not take, one given twice, or an integer not in plain digits is a
+422 naming it (api.refusals.strict_query). Bodies over `max_body_bytes` are refused (413, in JSON) however
 they are sent (api.bodies); no path is redirected (a trailing slash is a 404); ids and names are
 checked against their patterns (422) before anything touches the store, and a 422 quotes little
 of the request (api.refusals). Requests
@@ -22,7 +25,7 @@ import contextlib
 import logging
 import sqlite3
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,7 +36,9 @@ from api.bodies import BodyLimit, too_large
 from api.config import ServiceSettings
 from api.errors import scrub
 from api.http import AddressLimit, HeadAsGet, OneRequestLength, RateLimiter
-from api.refusals import problems, validation_refused
+from api.probes import Probes
+from api.proxies import TrustedProxies
+from api.refusals import problems, strict_query, validation_refused
 from api.requests import RequestInvalid
 from api.routes import catalog, distillations, health
 from api.routes.common import AUTH
@@ -59,18 +64,23 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     # pages load Swagger UI and ReDoc from a CDN (nothing in the installed packages ships them).
     # No slash redirects: `/v1/teachers/` is a 404, never a redirect whose Location a client's
     # Host header would build. The body limit is the service's own (api.bodies: a 413 in JSON).
+    # Every endpoint's query string is checked as strictly as a body (api.refusals.strict_query).
     app = FastAPI(title="fadrm-ray", version="1", lifespan=lifespan, openapi_url=None, docs_url=None,
-                  redoc_url=None, redirect_slashes=False,
+                  redoc_url=None, redirect_slashes=False, dependencies=[Depends(strict_query)],
                   description="Request a FADRM-distilled dataset for a class subset; jobs run on Ray.")
     app.state.service = service
     app.state.token_limiter = RateLimiter(settings.rate_limit, settings.rate_burst)  # api.routes.common.authorized
     app.add_middleware(HeadAsGet)
     # Outermost first: a request without the token is counted against its address before anything
-    # else is done for it; then a request naming two lengths is refused, then a body too large.
+    # else is done for it; then a request naming two lengths is refused; then the probes are
+    # answered (api.probes: no rate limit, nothing else done for them); then a body too large refused.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(Probes, readiness=service.readiness)
     app.add_middleware(OneRequestLength)
     app.add_middleware(AddressLimit, token=settings.api_token, exempt=frozenset({"/healthz"}),
                        limiter=RateLimiter(settings.anon_rate_limit, settings.anon_rate_burst))
+    # Outermost: the client's address, from X-Forwarded-For where the peer is a named proxy.
+    app.add_middleware(TrustedProxies, trusted=settings.trusted_proxies)
 
     app.add_exception_handler(RequestValidationError, validation_refused)
 

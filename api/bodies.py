@@ -71,9 +71,10 @@ class BodyLimit:
 
 
 def is_json_type(content_type: str | None) -> bool:
-    """Whether FastAPI reads a body of this content type as JSON (none given counts as JSON)."""
+    """Whether FastAPI reads a body of this content type as JSON: application/json or
+    application/*+json; a body without a content type is not (FastAPI's strict content type)."""
     if not content_type:
-        return True
+        return False
     media = content_type.split(";", 1)[0].strip().lower()
     return media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json"))
 

@@ -5,7 +5,11 @@ mapping of name -> dataset spec, e.g. `pets: imagefolder:/data/pets`); a request
 never carries a spec or a path. Teachers are the `NAME.pt` files of FADRM_TEACHERS; a request
 names one by its stem, and the checkpoint is only ever loaded weights-only
 (`fadrm_ray.models.load_teacher`). Both are loaded once and kept (a teacher again when its file
-changes).
+changes), each behind a lock of its own name: a dataset being loaded holds up no other.
+
+`GET /v1/datasets` answers from `described`, the datasets' descriptions read once, as the service
+starts, by `read_all` in a thread of its own (`CatalogReader`), never in a request; /readyz is
+503 until it has read them all (a dataset that cannot be read is logged and left out).
 """
 from __future__ import annotations
 
@@ -51,6 +55,11 @@ class Catalog:
         if settings.datasets is not None:
             self.dataset_specs.update(_read_dataset_specs(settings.datasets))
         self._datasets: dict[str, ImageDataset] = {}
+        self._loading: dict[str, threading.Lock] = {}
+        # Each dataset's description for GET /v1/datasets (DatasetInfo's fields), or why it cannot
+        # be read; filled by `read_all`.
+        self.described: dict[str, dict | str] = {}
+        self.read = threading.Event()  # set once `read_all` has been through every dataset
         # Each teacher file as last read: the file's identity (inode, size, mtime), and the
         # teacher, or why it does not load: a broken file is read once, not on every listing.
         self._teachers: dict[Path, tuple[tuple[int, int, int], Teacher | str]] = {}
@@ -62,12 +71,35 @@ class Catalog:
         return sorted(self.dataset_specs)
 
     def dataset(self, name: str) -> ImageDataset:
+        """The dataset `name`, loaded at its first use and kept (one loader per name)."""
         if name not in self.dataset_specs:
             raise UnknownName(f"unknown dataset {name!r}; this service offers: {', '.join(self.dataset_names())}")
         with self._lock:
-            if name not in self._datasets:
-                self._datasets[name] = get_dataset(self.dataset_specs[name])
-            return self._datasets[name]
+            if name in self._datasets:
+                return self._datasets[name]
+            gate = self._loading.setdefault(name, threading.Lock())
+        with gate:
+            with self._lock:
+                if name in self._datasets:
+                    return self._datasets[name]
+            loaded = get_dataset(self.dataset_specs[name])
+            with self._lock:
+                self._datasets[name] = loaded
+            return loaded
+
+    def read_all(self) -> None:
+        """Describe every dataset into `described` (the built-in ones first), then set `read`."""
+        for name in sorted(self.dataset_names(), key=lambda n: (n not in BUILTIN_DATASETS, n)):
+            try:
+                self.described[name] = {**self.dataset(name).describe(), "name": name}
+            except Exception as exc:  # an operator's dataset that cannot be read: logged, not listed
+                log.warning("dataset %s is not offered: it cannot be read: %s", name, scrub(str(exc))[:300])
+                self.described[name] = f"{type(exc).__name__}"
+        self.read.set()
+
+    def pending(self) -> list[str]:
+        """The datasets not described yet."""
+        return [name for name in self.dataset_names() if name not in self.described]
 
     # ------------------------------------------------------------------ teachers
     def _files(self) -> list[str]:
@@ -119,6 +151,21 @@ class Catalog:
         if isinstance(entry, str):
             raise UnusableTeacher(entry)
         return entry
+
+
+class CatalogReader(threading.Thread):
+    """`catalog.read_all()` in a thread of its own, started with the service."""
+
+    def __init__(self, catalog: Catalog):
+        super().__init__(name="fadrm-catalog", daemon=True)
+        self.catalog = catalog
+
+    def run(self) -> None:
+        try:
+            self.catalog.read_all()
+        except Exception:
+            log.exception("reading the datasets failed")
+            self.catalog.read.set()
 
 
 def _read_dataset_specs(path: Path) -> dict[str, str]:

@@ -2,11 +2,13 @@
 
 With FADRM_RAY_ADDRESS the drivers join that cluster. Without it the service starts a local Ray
 head (`LocalRay`) as a process group of its own, with a private temporary folder, token
-authentication (a token file in the service's state folder) and no dashboard. Neither the head
-nor the drivers are children that die with the HTTP process: a restarted service finds the head
-by its record (pid and start time) and reuses it, and finds each running job's driver by the pid
-its record holds. The head is stopped by pid when the service stops with no job queued or
-running, or by `fadrm serve --stop-ray`.
+authentication (a token file in the service's state folder) and no dashboard. The drivers are
+not children that die with the HTTP process: a restarted service finds each running job's
+driver by the pid its record holds, and the head by its record (pid and start time). The head
+lives while the service, or the driver of a running job, holds its lease: its lifeline
+(`api.lifeline`) stops it within seconds once none does (a service killed with SIGKILL and no job
+running takes its head with it). The service stops it itself when it stops with no job running,
+and `fadrm serve --stop-ray` stops it.
 
 The local head (`api.local_ray`) binds to loopback only: Ray turns a loopback `--node-ip-address` into the
 machine's routable address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode),
@@ -52,7 +54,7 @@ from api.errors import clean_line, job_error
 from api.files import private_append, private_write
 from api.job_files import Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
 from api.job_records import JobDB, JobRecord, UnreadableJob
-from api.local_ray import START_TIMEOUT_S, LocalRay, alive, clean_env, proc_start, signal_group
+from api.local_ray import REPO, START_TIMEOUT_S, Holder, LocalRay, alive, clean_env, proc_start, signal_group
 from api.leftovers import remove_added, remove_job_temporaries
 from api.requests import images_in_store, run_dir
 from api.runner import HEARTBEAT_S, DriverInput
@@ -65,7 +67,6 @@ UNREADABLE = ("the job's record could not be read after an upgrade of the servic
               "version reads: {why}); submit the request again")
 HEAD_LOST = ("the service's Ray head stopped while the job ran (the service starts a new one); "
              "submit the request again")
-_REPO = Path(__file__).resolve().parents[1]
 
 
 class DriverSupervisor:
@@ -89,6 +90,8 @@ class DriverSupervisor:
         # A plan becomes unreadable only across an upgrade, that is across a restart: settled here.
         for old in db.unreadable("queued", "running"):
             self._settle_unreadable(old)
+        if self.local is not None:  # this process holds the head now (a head left running is taken over)
+            self.local.claim(_drivers(db.in_state("running")))
 
     def _settle_unreadable(self, job: UnreadableJob) -> None:
         """Fail a queued or running job whose record this version cannot read (no driver of this
@@ -106,13 +109,20 @@ class DriverSupervisor:
         return self.settings.ray_address or self.local.address()
 
     def keep_ray(self) -> bool:
-        """Start the local head again when it is gone (the watch); True when one was started."""
-        if self.local is None or self.local.running() is not None:
+        """Start the local head again when it is gone (the watch), and keep its lifeline; True
+        when one was started."""
+        if self.local is None:
+            return False
+        if self.local.running() is not None:
+            self.local.keep_lifeline()
             return False
         if self.local.record.exists():
             log.warning("the local Ray head is gone; starting a new one")
         for job in self.db.in_state("running"):  # their drivers' head is gone: they cannot go on
-            self._end(job, "failed", HEAD_LOST)
+            # A driver that ended first (while no service ran: its head's lifeline stopped the head
+            # once it had) is settled by its outcome; one still running has lost its head.
+            if not self._settle(job):
+                self._end(job, "failed", HEAD_LOST)
         self.local.address()
         return True
 
@@ -128,7 +138,10 @@ class DriverSupervisor:
             if proc.poll() is not None:
                 self.children.remove(proc)
         limit = self.settings.limits.job_seconds
-        for job in self.db.in_state("running"):
+        running = self.db.in_state("running")
+        if self.local is not None:  # the head's lease: this process and the running jobs' drivers
+            self.local.claim(_drivers(running))
+        for job in running:
             if self._settle(job) or job.started_at is None:
                 continue
             if time.time() - job.started_at > limit:
@@ -260,7 +273,7 @@ class DriverSupervisor:
                                                   heartbeat_s=min(HEARTBEAT_S, self.settings.driver_heartbeat_timeout / 4)
                                                   ).model_dump_json())
             env = {**clean_env(), **heavy_process_env(self.settings.threads), "RAY_ADDRESS": address,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
             if self.local is not None:
                 env.update(self.local.env())
             log = private_append(files.log)
@@ -294,16 +307,26 @@ class DriverSupervisor:
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        """Stop the local head unless jobs still need it (a restarted service reuses it)."""
+        """Stop the local head unless running jobs still need it: their drivers hold its lease, so
+        a restarted service takes it over, and without one the head's lifeline stops it once they
+        have ended (api.local_ray)."""
         if self.local is None:
             return
-        if self.db.in_state("queued", "running"):
-            log.info("stopping: the local Ray head stays up for the jobs still queued or running")
+        running = self.db.in_state("running")
+        if running:
+            self.local.claim(_drivers(running))
+            log.info("stopping: the local Ray head stays up while the drivers of the %d running job(s) run (a "
+                     "restarted service takes it over; without one it stops once they have ended)", len(running))
             return
         started = time.monotonic()
         log.info("stopping the local Ray head (SIGTERM, SIGKILL after 5 s)")
         self.local.stop()
         log.info("the local Ray head stopped in %.1f s", time.monotonic() - started)
+
+
+def _drivers(running: list[JobRecord]) -> list[Holder]:
+    """The drivers of running jobs, as the head's lease names them."""
+    return [Holder(pid=job.pid, start=job.pid_start) for job in running if job.pid is not None]
 
 
 def _tcp_reachable(address: str | None) -> bool:

@@ -1,8 +1,7 @@
 """HTTP plumbing of the service that is not an endpoint: the rate limits (per token, and per
 address for requests without a valid token), HEAD on every GET endpoint, the refusal of a request
 that names both Transfer-Encoding and Content-Length, the connection guard (a time limit on
-reading each request, a cap on open connections), which proxies' X-Forwarded-For is believed
-(`proxy_options`) and uvicorn's logging (each field of an access-log line checked, query strings
+reading each request, a cap on open connections) and uvicorn's logging (each field of an access-log line checked, query strings
 left out, long paths cut; size-rotated files when the operator names one)."""
 from __future__ import annotations
 
@@ -98,7 +97,7 @@ class AddressLimit:
     access log: one line a minute per address counts them instead. So a flood of them costs a dictionary lookup each and a bounded
     amount of log. Requests with the token, and `exempt` paths (/healthz), are not counted.
     The address is the socket's peer; behind a proxy the operator names in FADRM_TRUSTED_PROXIES
-    it is the client that proxy names (uvicorn's proxy headers, `proxy_options`), else the proxy's."""
+    it is the client that proxy names (api.proxies.TrustedProxies), else the proxy's."""
 
     def __init__(self, app, token: str, limiter: RateLimiter, exempt: frozenset[str] = frozenset()):
         self.app, self.limiter, self.exempt = app, limiter, exempt
@@ -313,13 +312,6 @@ class BoundedAccessLine(logging.Filter):
             status = args[4] if isinstance(args[4], int) else 0
             record.args = (logged_address(client), method, logged_path(path), version, status)
         return True
-
-
-def proxy_options(trusted_proxies: tuple[str, ...]) -> dict:
-    """uvicorn's proxy settings for the service: X-Forwarded-For read only from the operator's
-    proxies (FADRM_TRUSTED_PROXIES), and not at all without them. uvicorn's own default trusts
-    loopback, where the service binds by default, so any client could name its own address."""
-    return {"proxy_headers": bool(trusted_proxies), "forwarded_allow_ips": list(trusted_proxies)}
 
 
 def uvicorn_log_config(log_file: Path | None = None, max_bytes: int = 10 * 2**20, backups: int = 3) -> dict:

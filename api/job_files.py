@@ -1,6 +1,6 @@
 """The folder of one job (`JobFiles`), and the small files the service and the job's driver
 hand each other there, each a pydantic model: the driver's `Outcome`, the service's `StopOrder`,
-the driver's `SoftLabelSnapshot`. Each is written atomically and owner-only (`write_model`) and
+the driver's `SoftLabelSnapshot` and `EvaluationStarted`. Each is written atomically and owner-only (`write_model`) and
 read back validated (`read_model`: None for a file that is missing or garbled, as for one not
 written yet).
 """
@@ -38,9 +38,18 @@ class StopOrder(BaseModel):
     error: str | None = None
 
 
+class EvaluationStarted(BaseModel):
+    """Written by the driver as the job's evaluation starts (`JobFiles.evaluating`): when, so the
+    service says the job is evaluating and times its students from then."""
+
+    model_config = ConfigDict(extra="ignore")
+    t: float
+
+
 class SoftLabelSnapshot(BaseModel):
     """What a run's soft-label folder held before an evaluation (`JobFiles.soft_labels_before`):
-    its files and folders (relative paths) and the text of each `meta.json` (api.leftovers)."""
+    its files and folders (relative paths) and the text of each `meta.json` and `sha256.json`
+    (`meta`; api.leftovers)."""
 
     model_config = ConfigDict(extra="ignore")
     existed: bool = True
@@ -89,6 +98,11 @@ class JobFiles:
         soft-label folder held then (`SoftLabelSnapshot`), so a job that does not succeed can remove
         what it added."""
         return self.root / "soft-labels-before.json"
+
+    @property
+    def evaluating(self) -> Path:
+        """Written by the driver as the job's evaluation starts (`EvaluationStarted`)."""
+        return self.root / "evaluating.json"
 
     @property
     def log(self) -> Path:

@@ -5,7 +5,7 @@ stage checkpoints, from which a later request resumes. What an evaluation adds t
 soft-label folder (`RunLayout.soft_labels`) belongs to that evaluation only: the driver records
 the folder's contents before it starts (`snapshot`), and when the job ends cancelled or failed
 the service removes every file added since (`remove_added`), partial epochs and temporary files
-included, and puts back any `meta.json` it rewrote. Hidden temporary files in the job's own
+included, and puts back any `meta.json` (and `sha256.json`, the epochs' digests) it rewrote. Hidden temporary files in the job's own
 folder (an interrupted download or preview) go too.
 """
 from __future__ import annotations
@@ -13,15 +13,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fadrm_ray.evaluation.soft_labels import DIGESTS
+
 from api.files import private_write
 from api.job_files import SoftLabelSnapshot, write_model
 from api.outputs import remove_partial
 
-_META = "meta.json"
+_RECORDS = ("meta.json", DIGESTS)  # rewritten by an evaluation: their text is kept, and put back
 
 
 def snapshot(folder: Path) -> SoftLabelSnapshot:
-    """The files and folders under `folder` now, and the text of each `meta.json`."""
+    """The files and folders under `folder` now, and the text of each `meta.json` and `sha256.json`."""
     files, dirs, meta = [], [], {}
     for root, names, found in os.walk(folder):
         here = Path(root)
@@ -29,7 +31,7 @@ def snapshot(folder: Path) -> SoftLabelSnapshot:
         for name in found:
             rel = (here / name).relative_to(folder).as_posix()
             files.append(rel)
-            if name == _META:
+            if name in _RECORDS:
                 meta[rel] = (here / name).read_text()
     return SoftLabelSnapshot(existed=folder.is_dir(), files=sorted(files), dirs=sorted(dirs), meta=meta)
 
@@ -54,7 +56,7 @@ def remove_added(folder: Path, before: SoftLabelSnapshot) -> list[str]:
                 path.unlink(missing_ok=True)
                 removed.append(rel)
             elif rel in meta and path.read_text() != meta[rel]:
-                private_write(path, meta[rel])  # the epochs it claims are those that are still there
+                private_write(path, meta[rel])  # the epochs it names are those that are still there
         rel_dir = here.relative_to(folder).as_posix()
         if here != folder and rel_dir not in kept_dirs and not any(here.iterdir()):
             here.rmdir()

@@ -2,6 +2,15 @@
 the driver supervisor (`api.drivers`) shares with it: a process is known by its pid and start
 time, so a reused pid is never taken for it.
 
+The head lives as long as the service that started it, or a service after it, needs it: its
+lifeline (`api.lifeline`, a small process of its own started beside it) stops it, and removes
+its folder, within seconds of finding that no process holds its lease (`RayLease`, written by
+the service: the service itself, and the drivers of its running jobs). So a service stopped
+with SIGKILL (a supervisor's short grace period, the OOM killer) takes its idle head with it,
+while a service restarted with jobs running finds their head up and takes the lease over. A head
+that died is replaced with what it left removed: the processes still naming its folder, and the
+folder with its session folders (again if a late writer makes them anew, for a few minutes).
+
 The head binds to loopback only: Ray turns a loopback `--node-ip-address` into the machine's
 routable address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode), and its
 metrics export is off (`LOOPBACK_RAY_ENV`, which the drivers get too).
@@ -28,6 +37,10 @@ from api.files import private_append, private_write
 from api.job_files import read_model, write_model
 
 START_TIMEOUT_S = 180.0
+LEASE = "ray-lease.json"
+REPO = Path(__file__).resolve().parents[1]  # where `python -m api....` finds this package
+TEMP_PREFIX = "fadrm-ray-"
+GONE_WATCH_S = 300.0  # how long the folder of a head that died is removed again where it reappears
 # Ray's single-machine mode (the node's address stays loopback) and no metrics export port.
 LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
 
@@ -50,12 +63,41 @@ def signal_group(pid: int, sig: int) -> None:
 
 class RayHead(BaseModel):
     """The record of the service's local Ray head (`STATE/ray-head.json`): its process (the
-    group's leader) and that process's start time, and its temporary folder."""
+    group's leader) and that process's start time, its temporary folder, and its lifeline."""
 
     model_config = ConfigDict(extra="ignore")
     pid: int
     pid_start: str | None = None
     temp_dir: str
+    lifeline_pid: int | None = None
+    lifeline_start: str | None = None
+
+
+class Holder(BaseModel):
+    """A process that holds the head's lease: its pid and start time."""
+
+    model_config = ConfigDict(frozen=True)
+    pid: int
+    start: str | None = None
+
+    @classmethod
+    def of(cls, pid: int) -> "Holder":
+        return cls(pid=pid, start=proc_start(pid))
+
+    def alive(self) -> bool:
+        return alive(self.pid, self.start)
+
+
+class RayLease(BaseModel):
+    """Who needs the local head (`STATE/ray-lease.json`, written by the service, read by the
+    head's lifeline): the service's process, and the drivers of its running jobs."""
+
+    model_config = ConfigDict(extra="ignore")
+    owner: Holder
+    drivers: list[Holder] = []
+
+    def held(self) -> bool:
+        return self.owner.alive() or any(driver.alive() for driver in self.drivers)
 
 
 class LocalRay:
@@ -63,9 +105,21 @@ class LocalRay:
 
     def __init__(self, state_dir: Path, cpus: int | None):
         self.record = state_dir / "ray-head.json"
+        self.lease_file = state_dir / LEASE
+        self.state_dir = state_dir
         self.token = state_dir / "ray-auth-token"
         self.cpus = cpus or os.cpu_count() or 1
         self._starting = threading.Lock()  # one start at a time: the watch and a job's start
+        self._lease: RayLease | None = None  # as this process last wrote it
+        self._gone: dict[str, float] = {}  # folders of heads that died -> until when to remove them again
+
+    def claim(self, drivers: list[Holder] = ()) -> None:
+        """Hold the head's lease: this process, and `drivers` (the running jobs' drivers), need
+        it; written again only when that changes."""
+        lease = RayLease(owner=Holder.of(os.getpid()), drivers=sorted(set(drivers), key=lambda d: d.pid))
+        if lease != self._lease:
+            write_model(self.lease_file, lease)
+            self._lease = lease
 
     def env(self) -> dict[str, str]:
         """What the head and every driver joining it run with (module docstring)."""
@@ -99,8 +153,9 @@ class LocalRay:
         head = self.running()
         if head is None:
             gone = self._read()
-            if gone is not None and gone.temp_dir.startswith(tempfile.gettempdir()):
-                shutil.rmtree(gone.temp_dir, ignore_errors=True)  # what a head that died left
+            if gone is not None:  # what a head that died left: its processes, its folder
+                remove_head(gone)
+                self._gone[gone.temp_dir] = time.monotonic() + GONE_WATCH_S
             head = self._start()
         address_file = Path(head.temp_dir) / "ray_current_cluster"
         deadline = time.time() + timeout
@@ -115,7 +170,7 @@ class LocalRay:
     def _start(self) -> RayHead:
         if not self.token.is_file():
             private_write(self.token, secrets.token_hex(32))
-        temp_dir = tempfile.mkdtemp(prefix="fadrm-ray-")  # short: Ray's socket paths have a length limit
+        temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)  # short: Ray's socket paths have a length limit
         log = private_append(Path(temp_dir) / "head.log")
         try:
             process = subprocess.Popen(
@@ -128,24 +183,97 @@ class LocalRay:
         finally:
             os.close(log)
         head = RayHead(pid=process.pid, pid_start=proc_start(process.pid), temp_dir=temp_dir)
+        head = self._with_lifeline(head)
+        return head
+
+    def _with_lifeline(self, head: RayHead) -> RayHead:
+        """`head` with a lifeline (api.lifeline) started for it, recorded."""
+        lifeline = subprocess.Popen([sys.executable, "-m", "api.lifeline", str(self.state_dir), str(head.pid),
+                                     head.pid_start or ""],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True, env={**clean_env(), "PYTHONPATH": os.pathsep.join(
+                                        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+        head = head.model_copy(update={"lifeline_pid": lifeline.pid, "lifeline_start": proc_start(lifeline.pid)})
         write_model(self.record, head)
         return head
 
+    def keep_lifeline(self) -> None:
+        """A lifeline for the head that is up, where it has none (it died, or an earlier version
+        started the head without one); and the folders of heads that died removed again, where a
+        late writer made them anew."""
+        now = time.monotonic()
+        for folder, until in list(self._gone.items()):
+            if now > until:
+                del self._gone[folder]
+            elif os.path.isdir(folder):
+                remove_folder(folder)
+        with self._starting:
+            head = self.running()
+            if head is not None and not alive(head.lifeline_pid, head.lifeline_start):
+                self._with_lifeline(head)
+
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop the head (its whole process group: SIGTERM, SIGKILL to what is left after
-        `timeout` seconds) and remove its folder; False when none was up. No job runs on it when
-        it is stopped, so nothing of value is lost to the SIGKILL."""
+        """Stop the head (`stop_head`) and remove its record; False when none was up. No job runs
+        on it when it is stopped, so nothing of value is lost to the SIGKILL. Its lifeline ends
+        with it."""
         head = self.running()
         if head is None:
             return False
-        signal_group(head.pid, signal.SIGTERM)
-        deadline = time.time() + timeout
-        while time.time() < deadline and alive(head.pid, head.pid_start):
-            time.sleep(0.2)
-        signal_group(head.pid, signal.SIGKILL)
-        shutil.rmtree(head.temp_dir, ignore_errors=True)
+        stop_head(head, timeout)
         self.record.unlink(missing_ok=True)
         return True
+
+
+def stop_head(head: RayHead, timeout: float = 5.0) -> None:
+    """Stop `head`: its whole process group SIGTERM, SIGKILL to what is left after `timeout`
+    seconds (Ray's `ray start` and its GCS may not end on SIGTERM), then `remove_head`."""
+    signal_group(head.pid, signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline and alive(head.pid, head.pid_start):
+        time.sleep(0.2)
+    if alive(head.pid, head.pid_start) or members(head.pid):
+        signal_group(head.pid, signal.SIGKILL)
+    remove_head(head)
+
+
+def remove_head(head: RayHead) -> None:
+    """What a head that is no longer up leaves: any process still naming its folder (a raylet or
+    worker its death did not take) killed, then the folder, session folders and all."""
+    folder = head.temp_dir.encode()
+    for pid in processes():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                named = folder in f.read()
+        except OSError:
+            continue
+        if named:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    remove_folder(head.temp_dir)
+
+
+def remove_folder(folder: str) -> None:
+    """Remove a head's temporary folder: only one this service makes (`fadrm-ray-*` in the
+    temporary folder), whatever a damaged record names."""
+    path = Path(folder)
+    if path.parent == Path(tempfile.gettempdir()) and path.name.startswith(TEMP_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def processes() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    found = []
+    for pid in processes():
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pgid and proc_start(pid) is not None:
+                found.append(pid)
+    return found
 
 
 def clean_env() -> dict[str, str]:

@@ -70,7 +70,10 @@ class Progress(BaseModel):
     classes: list[ClassProgress] = []
     phase: Literal["queued", "distilling", "evaluating", "done"] | None = Field(
         None, description="what the job is doing: its images are distilled, then (where asked) its students train; "
-                          "eta_seconds covers the distillation only and is null while the students train")
+                          "eta_seconds covers the phase under way and what follows it")
+    students_done: int | None = Field(None, description="students of the evaluation trained so far (evaluating)")
+    students_total: int | None = Field(None, description="students the evaluation trains (every seed, the hard-label "
+                                                         "and baseline students counted)")
 
 
 class Timings(BaseModel):
@@ -217,9 +220,13 @@ class Report(BaseModel):
 
 
 class Ready(BaseModel):
+    """/readyz: ready when Ray is reachable, the store writable and the catalog read; `detail`
+    says what is not."""
+
     ready: bool
     ray: bool
     store: bool
+    catalog: bool = Field(True, description="the operator's datasets have been read (once, as the service starts)")
     detail: str | None = None
 
 

@@ -39,6 +39,7 @@ from fadrm_ray.config import EvalConfig
 from fadrm_ray.store import export_imagefolder, open_run
 
 from api.files import make_private, private_write
+from api.job_files import EvaluationStarted, read_model
 from api.models import DatasetLabels, TeacherFile
 
 if TYPE_CHECKING:
@@ -48,9 +49,12 @@ LOSS_POINTS = 200
 
 
 # --------------------------------------------------------------------------- progress
-def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | None) -> tuple[dict, float | None]:
+def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | None,
+             evaluating: Path | None = None) -> tuple[dict, float | None]:
     """Stages done / total, overall and per class, from the run's ledger (the run's schedule on the
-    worker pool writes one event per stage), and an ETA from the pace since this job's run started."""
+    worker pool writes one event per stage), and an ETA from the pace since this job's run started;
+    once the driver has said its evaluation started (`evaluating`, an `EvaluationStarted` file),
+    the students trained and to train, and the evaluation's ETA (`_evaluation_progress`)."""
     classes, names, stages = plan.classes, plan.class_names, plan.stages
     per_batch = plan.classes_per_batch
     shards = [classes[i:i + per_batch] for i in range(0, len(classes), per_batch)]
@@ -85,12 +89,70 @@ def progress(run_dir: Path, plan: "JobPlan", state: str, started_at: float | Non
     body["phase"] = ("done" if state in ("succeeded", "failed", "cancelled") else
                      "queued" if state == "queued" else
                      "evaluating" if distilled and plan.evaluate else "distilling")
-    if state == "running" and started is not None and done_events and not distilled:
+    evaluation = read_model(evaluating, EvaluationStarted) if state == "running" and evaluating else None
+    if evaluation is not None:  # the driver said so: a run already in the store is evaluated at once
+        body["phase"] = "evaluating"
+        body["students_done"], body["students_total"], eta = _evaluation_progress(run_dir, plan, evaluation.t)
+    elif state == "running" and started is not None and done_events and not distilled:
         elapsed = time.time() - started.t
         remaining = body["stages_total"] - body["stages_done"]
         if elapsed > 0 and remaining >= 0:
             eta = round(remaining * elapsed / len(done_events), 1)
     return body, eta
+
+
+# Seconds per image-epoch of a student, by (dataset, student): the pace of the last evaluation this
+# process timed, an ETA's start before the first student of the next one has trained.
+_EVAL_PACE: dict[tuple[str, str], float] = {}
+_STUDENTS_CACHE: dict[tuple, tuple[float, int]] = {}
+STUDENTS_CACHE_S = 2.0
+
+
+def _evaluation_progress(run_dir: Path, plan: "JobPlan", since: float) -> tuple[int, int, float | None]:
+    """(students trained since `since`, students in all, ETA seconds) of a job's evaluation. A
+    student is counted when its result is kept (a `StudentScore` in the run's `evaluations/`; the
+    baselines' in their own runs of the store, beside the job's). The ETA is the students left at
+    the pace of those trained so far (the whole time since the start, what precedes the students
+    included); before the first has trained, the work at the pace of the last evaluation of the
+    same dataset and student this service timed; else None."""
+    total, each = plan.eval_students
+    done = _students_since(run_dir, plan.baselines, since)
+    elapsed = max(0.0, time.time() - since)
+    key = (plan.dataset, (plan.evaluation or EvalConfig()).student)
+    if done:
+        per_student = elapsed / done
+        if each:
+            _EVAL_PACE[key] = per_student / each
+        return done, total, round(max(0, total - done) * per_student, 1)
+    pace = _EVAL_PACE.get(key)
+    return 0, total, None if pace is None else round(max(0.0, pace * each * total - elapsed), 1)
+
+
+def _students_since(run_dir: Path, baselines: bool, since: float) -> int:
+    """Students kept since `since` in the run's evaluations (and, with baselines, every run's of the
+    store), counted at most every STUDENTS_CACHE_S seconds."""
+    key = (str(run_dir), baselines, since)
+    now = time.monotonic()
+    cached = _STUDENTS_CACHE.get(key)
+    if cached is not None and now - cached[0] < STUDENTS_CACHE_S:
+        return cached[1]
+    from fadrm_ray.evaluation.scores import StudentScore
+
+    folders = (run_dir.parent.glob(f"*/{RunLayout(run_dir).evaluations_dir.name}") if baselines
+               else [RunLayout(run_dir).evaluations_dir])
+    count = 0
+    for folder in folders:
+        for path in folder.glob("*.json"):
+            try:
+                recent = path.stat().st_mtime >= since - 1
+            except OSError:
+                continue
+            if recent and read_model(path, StudentScore) is not None:
+                count += 1
+    if len(_STUDENTS_CACHE) > 256:
+        _STUDENTS_CACHE.clear()
+    _STUDENTS_CACHE[key] = (now, count)
+    return count
 
 
 _LEDGER_CACHE: dict[tuple, tuple] = {}
@@ -145,14 +207,25 @@ def write_soft_labels(run_dir: Path, plan: "JobPlan", out: Path, evaluation_file
     file as `fadrm_ray.evaluation.soft_labels.pack_soft_labels` packs them, written as it is read
     (`api.packing`: bounded memory): what `fadrm train-student --soft-labels` reads."""
     from fadrm_ray.evaluation.scores import Evaluation
-    from fadrm_ray.evaluation.soft_labels import folders_of
+    from fadrm_ray.evaluation.soft_labels import SoftLabelError, SoftLabelMeta, folders_of
+    from fadrm_ray.evaluation.verify_files import SoftLabelDamaged
 
     from api.packing import pack_to_file
 
     evaluation = Evaluation.model_validate_json(evaluation_file.read_text())
     reader = open_run(run_dir, ipc=plan.ipc)
     images, _, _ = reader.read(plan.classes)
-    folders = folders_of(RunLayout(run_dir).soft_labels, images, evaluation.config, evaluation.teachers)
+    labels = RunLayout(run_dir).soft_labels
+    try:
+        folders = folders_of(labels, images, evaluation.config, evaluation.teachers)
+    except SoftLabelError:  # none found: one whose meta.json is damaged would say so, not "gone"
+        for meta in sorted(labels.glob("*/meta.json")):
+            try:
+                SoftLabelMeta.model_validate_json(meta.read_bytes())
+            except (OSError, ValueError):
+                raise SoftLabelDamaged(f"{labels.name}/{meta.parent.name}/{meta.name}",
+                                       "does not read as the folder's soft-label settings") from None
+        raise
     return pack_to_file(folders, out)
 
 

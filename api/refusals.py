@@ -1,5 +1,5 @@
-"""Refusals that cost the service little: the 422 of a body that fails validation, and the 400 of
-a body that is not UTF-8.
+"""Refusals that cost the service little: the 422 of a body that fails validation, the 422 of a
+query string that is not exactly what its endpoint takes, and the 400 of a body that is not UTF-8.
 
 The cost is in building the errors as much as in sending them: `body_shape` refuses the shapes
 whose errors grow with the body (unknown keys, list items of the wrong type) before pydantic
@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import typing
+from types import UnionType
+from urllib.parse import parse_qsl
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api.bodies import request_json
+from api.bodies import is_json_type, request_json
 
 MAX_ERRORS = 10
 MAX_LOC = 6  # parts of one error's location
@@ -97,6 +101,8 @@ class ManyErrors(RequestValidationError):
 
 async def validation_refused(request: Request, exc: RequestValidationError) -> JSONResponse:
     """The service's handler of RequestValidationError (see the module docstring)."""
+    if isinstance(exc, QueryRefused):
+        return JSONResponse(exc.body, status_code=422)
     errors = exc.errors()
     return JSONResponse(problems(list(errors[:MAX_ERRORS]), getattr(exc, "total", len(errors))), status_code=422)
 
@@ -146,8 +152,89 @@ def body_shape(fields: frozenset[str], listed: dict[str, tuple]):
 
 
 async def utf8_body(request: Request) -> None:
-    """A dependency of endpoints that take a JSON body: one that is JSON in UTF-16 or UTF-32 (which
-    Python's parser reads too) is refused with a 400, as invalid UTF-8 is."""
+    """A dependency of endpoints that take a JSON body: a body sent without a JSON content type
+    (none, text/plain, a form: FastAPI reads none of them as JSON) is a 422 saying which to send;
+    one that is JSON in UTF-16 or UTF-32 (which Python's parser reads too) a 400, as invalid UTF-8 is."""
     body = await request.body()
+    if body and not is_json_type(kind := request.headers.get("content-type")):
+        raise RequestValidationError([{"type": "content_type", "loc": ("body",), "input": kind or "",
+                                       "msg": "a body is read as JSON only when sent with Content-Type: application/"
+                                              f"json (or application/*+json); this one was sent "
+                                              f"{'as ' + cut(kind) if kind else 'without a content type'}"}])
     if body and json.detect_encoding(body[:4]) not in ("utf-8", "utf-8-sig"):
         raise HTTPException(400, "the request body must be JSON text in UTF-8")
+
+
+# --------------------------------------------------------------------------- query strings
+PLAIN_INTEGER = re.compile(r"-?[0-9]{1,18}")
+
+
+def query_problems(query: str, fields: dict[str, bool]) -> dict | None:
+    """The 422 body of a query string that is not exactly what an endpoint takes, else None.
+    `fields` maps each parameter the endpoint takes to whether it is an integer. The rule, one for
+    every endpoint (`strict_query`, and the probes of api.probes): a parameter the endpoint does
+    not take is refused by name (a query string is as strict as a body: `?dry_run=1`, `?Format=`,
+    `?format[]=`), its value never quoted (a token put there is not sent back), so is one given
+    twice (no value silently wins), and an integer is plain digits (` 1`, `+1`, `1.0`, `1_0` are
+    refused; a sign only for a negative number)."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    errors, seen = [], {}
+    for name, value in pairs:
+        seen[name] = seen.get(name, 0) + 1
+        if name not in fields:  # its value is not quoted back: a client may have put its token there
+            takes = ", ".join(sorted(fields)) or "none"
+            errors.append({"type": "extra_forbidden", "loc": ("query", name),
+                           "msg": f"unknown query parameter; this endpoint takes: {takes}"})
+        elif seen[name] == 2:
+            count = sum(1 for other, _ in pairs if other == name)
+            errors.append({"type": "repeated", "loc": ("query", name),
+                           "msg": f"given {count} times; give each query parameter once"})
+        elif seen[name] == 1 and fields[name] and not PLAIN_INTEGER.fullmatch(value):
+            errors.append({"type": "int_parsing", "loc": ("query", name), "input": value,
+                           "msg": "must be an integer in plain digits (as 20): no spaces, sign, decimal point "
+                                  "or underscores"})
+    return problems(errors) if errors else None
+
+
+_ROUTE_FIELDS: dict[int, dict[str, bool]] = {}
+
+
+def _is_integer(annotation) -> bool:
+    """`int`, or an optional one."""
+    if annotation is int:
+        return True
+    return typing.get_origin(annotation) in (typing.Union, UnionType) and int in typing.get_args(annotation)
+
+
+def route_query_fields(route) -> dict[str, bool]:
+    """The query parameters a route takes (its own and its dependencies'), each with whether it
+    is an integer; worked out once per route."""
+    key = id(route)
+    if key not in _ROUTE_FIELDS:
+        fields, todo = {}, [getattr(route, "dependant", None)]
+        while todo:
+            dependant = todo.pop()
+            if dependant is None:
+                continue
+            fields.update({p.alias: _is_integer(p.field_info.annotation) for p in dependant.query_params})
+            todo += dependant.dependencies
+        _ROUTE_FIELDS[key] = fields
+    return _ROUTE_FIELDS[key]
+
+
+async def strict_query(request: Request) -> None:
+    """A dependency of every endpoint (the app's): its query string as `query_problems` wants it."""
+    query = request.scope.get("query_string", b"")
+    if not query:
+        return
+    refused = query_problems(query.decode("latin-1"), route_query_fields(request.scope.get("route")))
+    if refused is not None:
+        raise QueryRefused(refused)
+
+
+class QueryRefused(RequestValidationError):
+    """A query string `query_problems` refuses: its 422 body, made already."""
+
+    def __init__(self, body: dict):
+        super().__init__(body["detail"])
+        self.body = body

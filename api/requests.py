@@ -115,13 +115,20 @@ class JobPlan(BaseModel):
     def eval_work(self) -> int:
         """The image-epochs its evaluation trains: images x epochs x seeds for every student it
         trains (`eval_students`); 0 without an evaluation."""
+        students, each = self.eval_students
+        return students * each
+
+    @property
+    def eval_students(self) -> tuple[int, int]:
+        """The students its evaluation trains (`eval_students` a seed, every seed), and the
+        image-epochs of each; (0, 0) without an evaluation."""
         if not self.evaluate or self.evaluation is None:
-            return 0
+            return 0, 0
         from fadrm_ray.evaluation.training import resolve_protocol
 
         images = self.ipc * len(self.classes)
         resolved = resolve_protocol(self.evaluation, images, self.ipc)
-        return eval_students(self.baselines) * images * resolved.epochs * len(resolved.seed_list)
+        return eval_students(self.baselines) * len(resolved.seed_list), images * resolved.epochs
 
     @property
     def recipe_notes(self) -> tuple[str | None, list[str]]:

@@ -12,7 +12,8 @@ The service writes why it stopped the driver (`JobFiles.stop`: cancelled, or fai
 time limit) before it sends SIGTERM, and the outcome says the same, whichever exception the
 signal raised here (Ray's own SIGTERM handler replaces this one once the driver joins Ray).
 Before an evaluation that stores soft labels, the driver records the run's soft-label folder
-(`api.leftovers`), so the service can remove what a job that did not succeed added there.
+(`api.leftovers`), so the service can remove what a job that did not succeed added there; as the
+evaluation starts, it says when (`JobFiles.evaluating`: the service's phase and ETA).
 
 While it runs, the driver touches its heartbeat file (`JobFiles.heartbeat`) every HEARTBEAT_S
 seconds (less when the service's timeout is short), from a thread of its own: the service fails a running job whose heartbeat is older than
@@ -35,7 +36,7 @@ from fadrm_ray.runs.job import ExecutionSpec
 
 from api.errors import job_error
 from api.files import PRIVATE, private_write
-from api.job_files import JobFiles, Outcome, StopOrder, read_model, write_model
+from api.job_files import EvaluationStarted, JobFiles, Outcome, StopOrder, read_model, write_model
 from api.leftovers import write_snapshot
 from api.requests import JobPlan
 
@@ -122,6 +123,7 @@ def run(files: JobFiles) -> Outcome:
 
             if plan.evaluation is not None and plan.evaluation.soft_labels == "stored":
                 write_snapshot(RunLayout(result.run_dir).soft_labels, files.soft_labels_before)
+            write_model(files.evaluating, EvaluationStarted(t=time.time()))  # the service's phase and ETA
             # On the cluster, where the job's workers ran: a GPU share on a GPU cluster.
             eval_job = EvalJob(config=plan.evaluation, ipc=plan.ipc)  # how: evaluate_on_ray's EvalSpec
             evaluation = evaluate_on_ray(result.run_dir, eval_job, spec, baselines=plan.baselines)

@@ -62,15 +62,15 @@ def run(args: argparse.Namespace) -> None:
 
     _system_arrow_pool()
     from api.app import create_app
-    from api.http import guarded_protocol, proxy_options, uvicorn_log_config
+    from api.http import guarded_protocol, uvicorn_log_config
 
     app = create_app(settings)  # refuses a second service on the same store before binding
-    # X-Forwarded-For only from the proxies the operator names (FADRM_TRUSTED_PROXIES; none by default).
+    # X-Forwarded-For only from the proxies the operator names (FADRM_TRUSTED_PROXIES; none by
+    # default), read by the app itself (api.proxies), never by uvicorn's own default.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True,
                 log_config=uvicorn_log_config(settings.log_file, settings.log_max_bytes, settings.log_backups),
                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_graceful_shutdown=10,
-                http=guarded_protocol(settings.request_timeout, settings.max_connections),
-                **proxy_options(settings.trusted_proxies))
+                http=guarded_protocol(settings.request_timeout, settings.max_connections), proxy_headers=False)
 
 
 def _system_arrow_pool() -> None:

@@ -18,13 +18,15 @@ from typing import Iterator
 from fastapi import HTTPException
 from pydantic import TypeAdapter
 
-from api.catalog import Catalog
+from api.catalog import Catalog, CatalogReader
 from api.config import ServiceSettings, SettingsError
 from api.drivers import DriverSupervisor
 from api.errors import clean_line, scrub
 from api.job_records import JobDB, JobRecord, UnreadableJob
-from api.models import FINAL_STATES, Job, JobAsked
+from api.models import FINAL_STATES, Job, JobAsked, Ready
 from api.outputs import progress
+from api.probes import Readiness, writable
+from api.proxies import trusted_line
 from api.requests import run_dir
 from api.retention import Retention
 from api.store_errors import Unavailable, refusal
@@ -103,6 +105,8 @@ class Service:
         self.scheduler = Scheduler(self.drivers, self.sweep,
                                    max(TICK_S, min(SWEEP_MAX_S, settings.job_retention / 4)))
         self.ray_watch = RayWatch(self.drivers)
+        self.catalog_reader = CatalogReader(self.catalog)
+        self.readiness = Readiness(self.ready)
         self.submit_lock = threading.Lock()
         # Files built at once, whatever the number of downloads waiting: each build is CPU work in
         # a thread of this process, and more of them than cores only slow each other and the loop.
@@ -112,18 +116,36 @@ class Service:
         self._progress_lock = threading.Lock()
 
     def start(self) -> None:
+        log.info(trusted_line(self.settings.trusted_proxies))
         self.ray_watch.start()
         self.scheduler.start()
+        self.catalog_reader.start()
+        self.readiness.start()
 
     def stop(self) -> None:
         log.info("stopping: the scheduler and the Ray watch")
         self.ray_watch.stopping.set()
         self.scheduler.stopping.set()
+        self.readiness.stopping.set()
         self.scheduler.join(timeout=30)
         self.ray_watch.join(timeout=30)
         self.drivers.shutdown()
         self.db.close()
         self._server_lock.close()
+
+    def ready(self) -> Ready:
+        """What /readyz answers (checked by `readiness` in its thread, never in a request): Ray
+        reachable, the store writable, the datasets read; `detail` says what is not."""
+        ray_ok, store_ok = self.drivers.ray_reachable(), writable(self.settings.state_dir)
+        catalog_ok = self.catalog.read.is_set()
+        why = self.ray_watch.error
+        details = [] if ray_ok else [f"Ray is not reachable: {why}" if why else "Ray is not reachable (yet)"]
+        if not store_ok:
+            details.append("the store is not writable")
+        if not catalog_ok:
+            details.append(f"the datasets are still being read ({', '.join(self.catalog.pending())})")
+        return Ready(ready=ray_ok and store_ok and catalog_ok, ray=ray_ok, store=store_ok, catalog=catalog_ok,
+                     detail="; ".join(details) or None)
 
     def view(self, job: JobRecord | UnreadableJob) -> Job:
         if isinstance(job, UnreadableJob):
@@ -134,7 +156,8 @@ class Service:
         if kept is not None:  # a finished job's progress never changes
             prog, eta = kept
         else:
-            prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at)
+            prog, eta = progress(run_dir(self.settings, plan), plan, job.state, job.started_at,
+                                 self.db.files(job.id).evaluating)
             if job.state in FINAL_STATES:
                 with self._progress_lock:
                     self.final_progress[job.id] = (prog, eta)

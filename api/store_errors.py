@@ -9,7 +9,12 @@ answer (`refusal`):
 - a run being written by another process (`fadrm verify --repair` under way, or a distill of the
   same images): 503 with Retry-After, for it is there again in a moment;
 - a run without its manifest that no one writes (a repair that stopped half-way): 409;
-- any other store error (the run gone, unreadable): 409 with the store's line, paths cut;
+- a stored soft-label file that fails its check (`SoftLabelDamaged`: its recorded sha256, or read
+  whole), and any file of the run that does not read (a Parquet reader's error, a file gone):
+  409 naming the file where it is known and the operator's `fadrm verify --run ... --repair`,
+  never a 503 "retry later" that could not succeed;
+- any other store error (the run gone, unreadable): 409 with the store's line, paths cut, and
+  the same repair named;
 - a full disk or quota (ENOSPC, EDQUOT), a read-only file system (EROFS), another I/O error, and
   SQLite's own words for those (the job records): 503 with Retry-After; a submit is refused so
   already when less than MIN_FREE_BYTES are left (`short_of_space`), before it makes a job that
@@ -24,6 +29,9 @@ import errno
 import os
 import sqlite3
 
+import pyarrow as pa
+
+from fadrm_ray.evaluation.verify_files import SoftLabelDamaged
 from fadrm_ray.store.records import IntegrityError, RunIncomplete, StoreError
 
 from api.errors import clean_line
@@ -96,12 +104,21 @@ def integrity_line(job_id: str, run_id: str) -> str:
             f"them with `fadrm verify --run STORE/{run_id} --repair`")
 
 
+def repair_line(run_id: str) -> str:
+    return (f"the operator checks it with `fadrm verify --run STORE/{run_id}` and mends it with `fadrm verify --run "
+            f"STORE/{run_id} --repair`")
+
+
 def refusal(exc: BaseException, job_id: str, run_id: str, state: str) -> Exception | None:
     """The answer (a `Conflict`-like (409, line) pair or `Unavailable`) to a store error met while
     serving job `job_id`, or None for an error that is no store's (it stays a 500)."""
     for link in _chain(exc):
         if isinstance(link, IntegrityError):
             return RunRefused(integrity_line(job_id, run_id), link)
+        if isinstance(link, SoftLabelDamaged):
+            return RunRefused(f"the stored soft labels of job {job_id} are damaged ({link.file} {link.problem}); "
+                              f"nothing of them is served; the operator recomputes them from the teacher with `fadrm "
+                              f"verify --run STORE/{run_id} --repair`", link)
         if isinstance(link, RunIncomplete):
             if link.writer is not None:
                 return Unavailable(f"the store's run of job {job_id} is being written by another process (a "
@@ -111,8 +128,15 @@ def refusal(exc: BaseException, job_id: str, run_id: str, state: str) -> Excepti
                               f"writing it): nothing of it is served; the operator finishes it with `fadrm verify "
                               f"--run STORE/{run_id} --repair`", link)
         if isinstance(link, StoreError):
-            return RunRefused(f"the store's run of job {job_id} cannot be read: {clean_line(str(link), 300)}", link)
-    return unavailable(exc, state)
+            return RunRefused(f"the store's run of job {job_id} cannot be read ({clean_line(str(link), 300)}); "
+                              f"{repair_line(run_id)}", link)
+    if (answer := unavailable(exc, state)) is not None:
+        return answer
+    for link in _chain(exc):  # a file of the run that does not read, or is gone: no retry mends it
+        if isinstance(link, pa.ArrowException) or (isinstance(link, OSError) and link.errno in (None, errno.ENOENT)):
+            return RunRefused(f"a file of job {job_id}'s run cannot be read ({type(link).__name__}); nothing of it "
+                              f"is served; {repair_line(run_id)}", link)
+    return None
 
 
 class RunRefused(Exception):

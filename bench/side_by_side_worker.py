@@ -6,21 +6,26 @@ SETUP.json (written by the parent) names the contender, the device, the image si
 the timed and warm-up steps, the random ResNet-18's weights file and the patches. The worker
 builds its loop, warms it up (every stage shape once, so cuDNN's choices and any compiling are
 behind it), prints one JSON line `{"ready": ...}`, then answers each stdin line `run` with one
-JSON line: the seconds of `steps` timed steps and the peak memory of that run; `profile DIR`
-writes a torch.profiler trace of 20 steps and answers with its summary; `quit` ends it.
+JSON line: the seconds of `steps` timed steps (four stages and their merges) and the peak memory
+of that run; `run T` the same over one whole schedule of T steps; `profile DIR` profiles 20 steps,
+writes DIR/summary.json (and the trace, gzipped, where it is small) and answers with the summary;
+`quit` ends it.
 
 The contenders:
 
-- `official`: the published recover loop's per-iteration work, driven through its own modules
+- the published loop (`official`, `official-benchmark`, `official-like`: the setup's
+  `published` settings, bench/side_by_side.py's PUBLISHED): its per-iteration work, driven through its own modules
   imported from the directory the parent was given: the teacher built, loaded and frozen by its
   `utils_recover.load_recover_model` (torchvision's ResNet-18 from a state dict, as its
   `imagenet1k` offline path does), its `BNFeatureHook`s, its `lr_cosine_policy` and `clip`, and
   the order of operations of its `recover.py` `get_images` loop: torchvision's
-  `RandomResizedCrop` + `RandomHorizontalFlip` of the whole batch, a roll drawn by `random`,
+  `RandomResizedCrop` (antialiased as released; bilinear without antialias, as ours resamples,
+  in `official-like`) + `RandomHorizontalFlip` of the whole batch, a roll drawn by `random`,
   `torch.amp.autocast('cuda')` with a `GradScaler`, Adam(betas 0.5, 0.9), the clip after each
   step, one `loss.item()` every 100 iterations, and a bilinear resize and merge with the patch
   between stages. Its autocast and scaler name CUDA, so on a CPU they are off and it runs fp32,
-  as the published script would. The published `utils_recover` imports OpenCV at the top for
+  as the published script would. cuDNN's autotuning is off, as the published script leaves it,
+  but in `official-benchmark` and `official-like`. The published `utils_recover` imports OpenCV at the top for
   reading patch files, which this loop does not do; where OpenCV is not installed a stand-in
   module takes its name and raises if called.
 - `ours:NAME`: `fadrm_ray.recover` at the same setting, the config overrides NAME stands for
@@ -92,6 +97,7 @@ class OfficialLoop:
 
         self.utils = import_official(setup["official"])
         self.device, self.steps = device, setup["steps"]
+        self.antialias = bool(setup["published"]["antialias"])
         self.args = SimpleNamespace(pretrained_model_type="offline", dataset_name="imagenet1k",
                                     model_pool_dir=str(Path(setup["weights"]).parent), mean_norm=MEAN, std_norm=STD)
         models, hooks, _ = self.utils.load_recover_model(["ResNet18"], self.args, device)
@@ -120,7 +126,7 @@ class OfficialLoop:
         it = 0
         for stage, (budget, size) in enumerate(zip(plan, sizes)):
             optimizer = torch.optim.Adam([{"params": [inputs], "lr": LR}], betas=[0.5, 0.9], eps=1e-8)
-            aug = self.transforms.Compose([self.transforms.RandomResizedCrop(size),
+            aug = self.transforms.Compose([self.transforms.RandomResizedCrop(size, antialias=self.antialias),
                                            self.transforms.RandomHorizontalFlip()])
             for _ in range(budget):
                 schedule(optimizer, it, it)
@@ -152,7 +158,8 @@ class OfficialLoop:
         return inputs.detach()
 
     def describe(self) -> dict:
-        return {"pack": 1, "precision": "fp16" if self.device.type == "cuda" else "fp32"}
+        return {"pack": 1, "precision": "fp16" if self.device.type == "cuda" else "fp32", "antialias": self.antialias,
+                "cudnn_benchmark": torch.backends.cudnn.benchmark}
 
 
 # --------------------------------------------------------------------------- ours
@@ -228,9 +235,16 @@ def timed(loop, steps: int, device: torch.device) -> dict:
     return out
 
 
+TRACE_LIMIT = 4 << 20  # bytes of a gzipped trace kept beside its summary
+
+
 def profile(loop, device: torch.device, folder: Path, steps: int = 20) -> dict:
-    """A torch.profiler trace of `steps` steps: the busiest ops, and on CUDA the kernel time
-    against the wall time and the host syncs."""
+    """A torch.profiler summary of `steps` steps: the busiest ops, and on CUDA the kernel time
+    against the wall time and the host syncs; written to `folder`/summary.json, and the trace
+    beside it (trace.json.gz) where it is at most TRACE_LIMIT bytes gzipped."""
+    import gzip
+    import shutil
+
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -243,8 +257,15 @@ def profile(loop, device: torch.device, folder: Path, steps: int = 20) -> dict:
         loop.run(steps)
         sync(device.type)
         wall = time.perf_counter() - started
-    trace = folder / "trace.json"
-    prof.export_chrome_trace(str(trace))
+    raw = folder / "trace.json"
+    prof.export_chrome_trace(str(raw))
+    trace = folder / "trace.json.gz"
+    with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    trace_bytes = trace.stat().st_size
+    if trace_bytes > TRACE_LIMIT:
+        trace.unlink()
     events = prof.key_averages()
     cuda = device.type == "cuda"
 
@@ -252,7 +273,8 @@ def profile(loop, device: torch.device, folder: Path, steps: int = 20) -> dict:
         return getattr(e, "self_device_time_total", 0) if cuda else e.self_cpu_time_total
 
     top = sorted(events, key=self_us, reverse=True)[:12]
-    out = {"steps": steps, "wall_ms_per_step": 1000 * wall / steps, "trace": str(trace),
+    out = {"steps": steps, "wall_ms_per_step": 1000 * wall / steps,
+           "trace": str(trace) if trace_bytes <= TRACE_LIMIT else None, "trace_gzip_bytes": trace_bytes,
            "top": [{"op": e.key, "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps}
                    for e in top]}
     if cuda:
@@ -282,8 +304,9 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     random.seed(0)
     if device.type == "cuda":  # ours turns cuDNN's autotuning on itself (runtime.autotune_convolutions)
-        torch.backends.cudnn.benchmark = False  # the published script leaves it off
-    loop = OfficialLoop(setup, device) if setup["contender"] == "official" else OurLoop(setup, device)
+        published = setup.get("published") or {}
+        torch.backends.cudnn.benchmark = bool(published.get("cudnn_benchmark"))  # the published script: off
+    loop = OfficialLoop(setup, device) if setup.get("published") else OurLoop(setup, device)
     warm = timed(loop, 2 * 4, device)  # two steps per stage: every shape once
     print(json.dumps({"ready": True, "warmup_seconds": warm["seconds"], **loop.describe()}), flush=True)
     for line in sys.stdin:
@@ -291,8 +314,8 @@ def main(argv=None) -> None:
         try:
             if command == "quit":
                 break
-            if command == "run":
-                reply = timed(loop, setup["steps"], device)
+            if command == "run":  # `run`: the setup's steps; `run T`: one whole schedule of T steps
+                reply = timed(loop, int(arg) if arg else setup["steps"], device)
             elif command == "profile":
                 reply = profile(loop, device, Path(arg))
             else:

@@ -1,7 +1,7 @@
 """Seconds per student epoch on each device, for the same student, teacher and images.
 
     python -m bench.student_speed [--devices cpu,cuda] [--student resnet18] [--size 224]
-                                  [--images 100] [--classes 100] [--epochs 2] [--json]
+                                  [--images 100] [--classes 100] [--epochs 2] [--record FILE] [--json]
 
 The student is trained by `fadrm_ray.evaluation.training.train_student`, exactly as `fadrm evaluate` trains
 one (random-resized crops, flips, CutMix, the teacher's soft labels on each view, AdamW, batch
@@ -10,7 +10,8 @@ on a CPU in fp32. The images are random (the cost of a step does not depend on t
 teacher a random-weight torchvision ResNet-18 (likewise); the test split is 100 images, scored
 after every epoch (its cost is in each epoch's time). The first epoch warms up (cuDNN's
 choices, caches) and is left out: the figure is the mean of the others. Prints seconds per epoch on each device and, with both, the
-ratio CPU / CUDA.
+ratio CPU / CUDA. `--record FILE` appends each device's figures to FILE (JSON lines,
+bench/record.py) as soon as they are measured.
 """
 from __future__ import annotations
 
@@ -73,16 +74,20 @@ def main(argv=None) -> None:
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per device (the first is a warm-up)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default: torch's)")
+    parser.add_argument("--record", metavar="FILE", help="append each device's figures to FILE as measured")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first warms up)")
-    rows = []
+    from bench.record import Record
+
+    rows, record = [], Record(args.record)
     for device in [d.strip() for d in args.devices.split(",") if d.strip()]:
         if device.startswith("cuda") and not torch.cuda.is_available():
             parser.error("--devices cuda: torch sees no CUDA device")
         rows.append(epoch_seconds(device, args.student, args.size, args.images, args.classes, args.epochs,
                                   args.threads))
+        record("student_epoch", **rows[-1])
         print(f"  {device}: {rows[-1]['seconds_per_epoch']:.3f} s per epoch", file=sys.stderr, flush=True)
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "runs": rows}
     by = {r["device"].split(":")[0]: r["seconds_per_epoch"] for r in rows}

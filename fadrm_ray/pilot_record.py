@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,9 +32,6 @@ from fadrm_ray.recipes import RECIPE_FIELDS
 from fadrm_ray.fileio import atomic_write_text, cache_root, read_model
 from fadrm_ray.paired import PairedGain
 from fadrm_ray.config import PilotConfig
-
-if TYPE_CHECKING:
-    from fadrm_ray.data.base import ImageDataset
 
 PILOTS_DIR = ".pilots"
 MACHINE_PILOTS = "pilots"   # under fileio.cache_root()
@@ -145,7 +142,15 @@ class PilotRecord(BaseModel):
                 f"{tried}; {base}; {self.seconds:.0f} s)")
 
 
-def pilot_reason(cfg: DistillConfig, dataset: "ImageDataset") -> str | None:
+class NamedData(Protocol):
+    """What `pilot_reason` reads of a dataset (a `fadrm_ray.data.ImageDataset`): this record sits
+    below the store, which keeps it, and the data sources sit above the store, which they read."""
+
+    name: str
+    channels: int
+
+
+def pilot_reason(cfg: DistillConfig, dataset: NamedData) -> str | None:
     """Why no pilot is run for `cfg` on `dataset` (a recipe given, nothing left to `auto`, data
     with a measured or published recipe...), or None when one is: the recipe is `auto`, some
     recipe field is left to it, and the data is colour data no one measured."""

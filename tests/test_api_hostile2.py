@@ -16,7 +16,7 @@ import time
 import pytest
 
 from api.local_ray import RayHead
-from bench.api_probes import raw_exchange
+from bench.api_probes.server import raw_exchange
 from tests.api_helpers import REPO, TOKEN, request, running_service, wait_state
 from tests.ray_helpers import wait_for
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.api_probes4 import grow_soft_labels, peak_growth_kib
+from bench.api_probes.store import grow_soft_labels, peak_growth_kib
 from fadrm_ray.layout import RunLayout
 from tests.api_helpers import TOKEN, flip_a_byte, running_service, request, wait_state
 

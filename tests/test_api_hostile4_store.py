@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.probes import READY_EVERY_S
 from tests.api_helpers import ApiServer, request, running_service, wait_state
+from tests.ray_helpers import wait_for
 
 pytestmark = [pytest.mark.ray]
 STORE_MB = 256
@@ -187,7 +189,8 @@ def test_a_full_or_read_only_store_is_a_503_in_one_line_and_loses_nothing(tight,
                 assert "full" in _refused_in_one_line(http.get(base + route), tight.root), route
             new = http.post("/v1/distillations", json=request(classes=(4, 6), ipc=1, seed=4))
             assert "full" in _refused_in_one_line(new, tight.root)
-            assert http.get("/readyz").status_code == 503
+            # /readyz answers from the readiness its thread checks every READY_EVERY_S seconds.
+            wait_for(lambda: http.get("/readyz").status_code == 503, timeout=10 * READY_EVERY_S, interval=0.2)
             assert http.get(base).json()["state"] == "succeeded" and _job_ids(http) == before
         finally:
             filler.unlink()
@@ -198,7 +201,7 @@ def test_a_full_or_read_only_store_is_a_503_in_one_line_and_loses_nothing(tight,
 
         for route in ROUTES:
             assert http.get(base + route).status_code == 200, route
-        assert http.get("/readyz").status_code == 200
+        wait_for(lambda: http.get("/readyz").status_code == 200, timeout=10 * READY_EVERY_S, interval=0.2)
         assert http.get(base).json()["error"] is None and _job_ids(http) == before
     check = verify_run(tight.seen_store / job["run_id"])
     assert check.complete and not check.bad_units, check

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.limits import OverLimit, RequestLimits, check_totals
-from bench.api_probes import PROBES, post_raw, probe_body
+from bench.api_probes.limits import PROBES, post_raw, probe_body
 from tests.api_helpers import request
 
 pytestmark = [pytest.mark.ray]

@@ -32,3 +32,31 @@ def test_the_service_pack_is_the_library_pack(digits, digits_teacher, tmp_path):
         assert StoredSoftLabels(served, images, seed=seed).epochs == 2
     with pytest.raises(SoftLabelError, match="meta.json missing"):
         pack_to_file([tmp_path], tmp_path / "none.parquet")
+
+
+def test_packing_is_linear_in_the_stored_epochs(digits, digits_teacher, tmp_path):
+    """1,000 stored epochs pack in a time per epoch within 3x of 100 epochs' (the pack once re-summed
+    every buffered table after each epoch: 6x at 1,000 epochs, and worse beyond). CPU time of this
+    process, the best of two packs, so a busy machine does not decide it."""
+    import shutil
+    import time
+
+    labeler = SoftLabeler.from_paths([digits_teacher[0]], digits)
+    images = digits.train.load(torch.cat([digits.train.indices_of_class(c)[:2] for c in (3, 7)]))
+    one = precompute_soft_labels(OnlineSoftLabels(images, labeler, AugmentSpec(out_size=8, hflip=digits.hflip), 4, 0),
+                                 1, tmp_path / "one", LabelStorage(topk=2))
+    per_epoch = {}
+    for epochs in (100, 1000):
+        folder = tmp_path / f"e{epochs}" / one.name
+        folder.mkdir(parents=True)
+        shutil.copy(one / "meta.json", folder / "meta.json")
+        for epoch in range(epochs):  # the same small epoch table, as many times as asked
+            shutil.copy(one / "epoch=00000.parquet", folder / f"epoch={epoch:05d}.parquet")
+        seconds = []
+        for attempt in range(2):
+            started = time.process_time()
+            packed = pack_to_file([folder], tmp_path / f"packed-{epochs}-{attempt}.parquet")
+            seconds.append(time.process_time() - started)
+        assert pq.read_metadata(packed).num_rows == epochs * pq.read_metadata(folder / "epoch=00000.parquet").num_rows
+        per_epoch[epochs] = min(seconds) / epochs
+    assert per_epoch[1000] <= 3 * per_epoch[100], per_epoch

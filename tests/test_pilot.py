@@ -278,7 +278,8 @@ def test_a_sweep_fixes_the_stores_pilot_choice_in_every_trial_unless_it_sweeps_t
                                                                                           one_thread):
     from fadrm_ray.models import load_teacher
     from tune.space import trial_config
-    from tune.sweep import SweepRequest, prepare, with_pilot
+    from tune.prepare import prepare, with_pilot
+    from tune.request import SweepRequest
 
     data = _frames(tmp_path / "frames", 6, 4)
     assert main(["squeeze", "--dataset", f"imagefolder:{data}", "--epochs", "1", "--out", str(tmp_path / "t"),

@@ -16,7 +16,8 @@ from fadrm_ray.config import make_config  # noqa: E402
 from fadrm_ray.runs import execute  # noqa: E402
 from fadrm_ray.runs.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import distill, events, wait_for  # noqa: E402
+from fadrm_ray.layout import RunLayout  # noqa: E402
+from tests.ray_helpers import distill, events, ray_or_tune_lines, wait_for  # noqa: E402
 
 LOCAL = ExecutionSpec(local=True, device="cpu", progress=False)
 
@@ -97,6 +98,8 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
 
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
+    assert ray_or_tune_lines(second.stdout + second.stderr) == []  # the embedded Ray's lines: in the run's ray.log
+    assert "Started a local Ray instance" in RunLayout(run_dir).ray_log.read_text()
     starts = events(run_dir, "run_started")
     # the ledger rebuilt from the store knows every finished stage (a stage may have finished on the
     # worker after the driver stopped logging: its checkpoint counts too)

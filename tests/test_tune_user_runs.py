@@ -1,5 +1,6 @@
 """Sweeps as users run them: a relative dataset path from another folder, trials that all fail,
-Ctrl-C before any trial started, and the best config judged against its noise."""
+Ctrl-C at every stage (Ray starting, the patches, a trial, the confirmation, the writing of the
+results), only fadrm's own lines on the terminal, and the best config judged against its noise."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from actors.cli import main
+from tests.ray_helpers import ray_or_tune_lines
+from tune.session import PAUSE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--ipc", "1", "--param", "iterations=4", "--param", "precision=fp32", "--seeds", "1", "--epochs", "4",
@@ -50,17 +53,21 @@ def test_a_relative_imagefolder_path_from_another_folder_finishes_its_trials(tmp
             progress=False)
     monkeypatch.chdir(work)
     args = ["tune", "--dataset", "imagefolder:data/shapes", "--teacher", "t/teacher.pt", *TINY,
-            "--param", "alpha=0.3,0.7", "--confirm-seeds", "1", "--out", "sweep", "--json"]
+            "--param", "alpha=0.3,0.7", "--confirm-seeds", "0", "--out", "sweep", "--json"]
     assert main(args) == 0, capsys.readouterr().err[-3000:]
-    summary = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert ray_or_tune_lines(out + err) == []  # in the sweep's ray.log instead
+    summary = json.loads(out)
     assert summary["states"]["done"] == 2 and not summary["failed"], summary["rows"]
     assert summary["ray_session"] == str(work / "sweep" / "ray")  # the sweep's Ray session and logs under OUT
     assert list((work / "sweep" / "ray").glob("session_*/logs"))
+    assert summary["ray_log"] == str(work / "sweep" / "ray.log")
+    assert "Configuration for experiment" in (work / "sweep" / "ray.log").read_text()
     saved = json.loads((work / "sweep" / "sweep.json").read_text())["identity"]
     assert saved["dataset"] == f"imagefolder:{work / 'data' / 'shapes'}"
     monkeypatch.chdir(tmp_path)  # the same sweep, named from elsewhere by absolute paths, resumes
     again = ["tune", "--dataset", f"imagefolder:{work / 'data' / 'shapes'}", "--teacher", str(work / "t" / "teacher.pt"),
-             *TINY, "--param", "alpha=0.3,0.7", "--confirm-seeds", "1", "--out", str(work / "sweep"), "--json"]
+             *TINY, "--param", "alpha=0.3,0.7", "--confirm-seeds", "0", "--out", str(work / "sweep"), "--json"]
     assert main(again) == 0
     resumed = json.loads(capsys.readouterr().out)
     assert resumed["resumed"] and resumed["states"]["done"] == 2
@@ -86,11 +93,14 @@ def test_a_sweep_whose_every_trial_fails_exits_1_with_the_reason_in_one_line(dig
     assert not (out / "best.yaml").exists()
 
 
-def _interrupt_when(command: list[str], ready, timeout: float = 300) -> subprocess.CompletedProcess:
+def _interrupt_when(command: list[str], ready, timeout: float = 300, env: dict | None = None,
+                    ignoring: bool = False) -> subprocess.CompletedProcess:
     """Run `command` in its own process group, send SIGINT to the group (as Ctrl-C in a terminal
-    does) once `ready()`, and return what it did."""
+    does) once `ready()`, and return what it did. `ignoring`: started with SIGINT ignored, as a
+    script's background job is (`cmd &`), which signals sent to it later must still stop."""
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignoring else None)
     try:
         deadline = time.monotonic() + timeout
         while not ready():
@@ -111,7 +121,7 @@ def test_ctrl_c_before_any_trial_started_exits_130_with_an_interrupted_results_m
                                                                                   tmp_path):
     out = tmp_path / "sweep"
     command = [sys.executable, "-m", "actors.cli", "tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]),
-               *TINY, "--param", "alpha=0.3,0.7", "--confirm-seeds", "1", "--out", str(out)]
+               *TINY, "--param", "alpha=0.3,0.7", "--confirm-seeds", "0", "--out", str(out)]
     done = _interrupt_when(command, lambda: (out / moment).exists())
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -123,6 +133,34 @@ def test_ctrl_c_before_any_trial_started_exits_130_with_an_interrupted_results_m
         again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stderr[-3000:]
         assert json.loads((out / "summary.json").read_text())["states"]["done"] == 2
+
+
+STAGES = {"patches": "before any trial started", "trial": "during the trials",
+          "confirmation": "during the confirmation of the best trials", "results": "while the results were written"}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_ctrl_c_at_every_stage_exits_130_with_no_best_yaml_and_only_fadrms_lines(stage, digits_teacher, tmp_path):
+    """SIGINT to a sweep started as a script's background job (SIGINT ignored as it starts), at a
+    moment of each stage it reaches for certain (FADRM_TUNE_PAUSE: the patches' task, the trial
+    and the confirmation's task wait for it; the driver waits after writing best.yaml)."""
+    out, marker = tmp_path / "sweep", tmp_path / "paused"
+    command = [sys.executable, "-m", "actors.cli", "tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]),
+               *TINY, "--param", "alpha=0.5", "--confirm-seeds", "0", "--out", str(out)]
+    done = _interrupt_when(command, marker.exists, env={**os.environ, PAUSE_ENV: f"{stage}:{marker}"}, ignoring=True)
+    assert done.returncode == 130, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.stdout == "" and all(line.startswith("fadrm tune: ") for line in lines), lines  # fadrm's own
+    assert f"fadrm tune: interrupted {STAGES[stage]}: " in done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["interrupted_during"] == STAGES[stage]
+    assert (out / "results.md").read_text().startswith(f"**Interrupted** {STAGES[stage]}")
+    assert not (out / "best.yaml").exists() and summary["best"] is None
+    states = {s: n for s, n in summary["states"].items() if n}
+    assert states == {"patches": {"pending": 1}, "trial": {"interrupted": 1}, "confirmation": {"done": 1},
+                      "results": {"done": 1}}[stage]
+    assert "Started a local Ray instance" in (out / "ray.log").read_text()
 
 
 # --------------------------------------------------------------------------- no Ray
@@ -172,3 +210,24 @@ def test_the_best_is_judged_on_new_seeds_against_the_runner_up_and_random_real_i
     assert "Trial a led on the trials' own seeds; on these seeds trial b is ahead." in text
     assert "level with the runner-up (within two standard errors)" in text
     assert "above random real images by more than two standard errors" in text
+
+
+def test_two_seeds_give_no_standard_error_and_no_verdict():
+    """`--confirm-seeds 0` on trials of two seeds: the comparisons are on those two seeds, whose
+    standard error rests on one difference; none is written ("± 0.00 s.e." on two seeds that agree
+    would read as certain), and nothing is called above, below or level."""
+    from types import SimpleNamespace
+
+    from tune.confirm import judge
+    from tune.space import parse_space, split_space
+
+    p = SimpleNamespace(swept=split_space(parse_space(["alpha=0.3,0.5"]))[1])
+    done = [row.model_copy(update={"top1_per_seed": seeds}) for row, seeds in
+            zip(_rows(("a", 0.3, 70.0), ("b", 0.5, 69.0)), ([70.0, 70.0], [69.0, 69.0]))]
+    again = {"a": _again("a", [0, 1], [70.0, 70.0], [60.0, 60.0])}
+    c = judge(p, done, done[:1], again, [0, 1], [], shared=True)
+    assert c.best == "a" and not c.new_seeds and c.trials[0].stderr is None
+    text = "\n".join(c.lines)
+    assert "±" not in text and "two standard errors" not in text and "no usable s.e. on 2 seeds" in text
+    assert "2 seeds give no usable standard error, so the seeds cannot tell it from the runner-up" in text
+    assert "2 seeds give no usable standard error, so the seeds cannot tell it from random real images" in text

@@ -5,12 +5,19 @@
   working folders are under OUT/ray. Ray puts its Unix sockets in that folder, whose paths may
   not pass 107 bytes; where OUT is too deep for that, Ray is given a short link in the system's
   temporary folder that points to OUT/ray, so the files still live under OUT.
+- `obeyed_interrupt`: around the whole sweep, SIGINT raises KeyboardInterrupt, whatever this
+  process inherited. A command started as a background job of a script inherits SIGINT ignored;
+  Tune's fit installs a handler of its own regardless, so without this the sweep would obey a
+  SIGINT during its trials and ignore one during the confirmation.
 - `tune_fit_interrupts`: Tune's fit catches the first SIGINT itself (it ends the fit and saves its
   state) and leaves its own handler installed when no SIGINT came, which would swallow a later
   Ctrl-C. The block says whether a SIGINT came during the fit and puts the handler back.
 - `held_interrupt`: files written whole: a SIGINT inside the block is held off, and said.
 - `wait_interruptibly`: `ray.get` of several refs that a Ctrl-C ends even where Ray drops the
   KeyboardInterrupt its native wait raised.
+- `pause_point`: a moment of each stage (the patches, a trial, the confirmation, the results) at
+  which a test can interrupt the sweep for certain: where FADRM_TUNE_PAUSE names the stage, the
+  process that reaches it makes a file and waits there for the SIGINT. Nothing otherwise.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -80,6 +88,22 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
+def obeyed_interrupt() -> Iterator[None]:
+    """Inside the block SIGINT raises KeyboardInterrupt, even where this process inherited it
+    ignored (module docstring); the handler of before is put back."""
+    if not _main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler not installed from Python, which cannot be put back
+            signal.signal(signal.SIGINT, before)
+
+
+@contextlib.contextmanager
 def tune_fit_interrupts() -> Iterator[Callable[[], bool]]:
     """Around `Tuner.fit`: yields a function that tells, after the fit, whether a SIGINT came
     during it (Tune caught it, or it raised here); the SIGINT handler of before is put back."""
@@ -132,3 +156,22 @@ def wait_interruptibly(refs: list, poll_s: float = 0.5) -> list:
             if interrupted():
                 raise KeyboardInterrupt
         return ray.get(list(refs))
+
+
+PAUSE_ENV = "FADRM_TUNE_PAUSE"
+PAUSE_STAGES = ("patches", "trial", "confirmation", "results")
+PAUSE_S = 300.0
+
+
+def pause_point(stage: str, until: Callable[[], bool] = lambda: False) -> None:
+    """Where FADRM_TUNE_PAUSE is `STAGE:FILE` and `stage` is STAGE, create FILE, then wait there
+    until `until()` (a SIGINT held off, in the driver), until this process ends (a Ray task, which
+    the interrupted sweep ends) or a KeyboardInterrupt ends the wait, or PAUSE_S seconds at most.
+    Elsewhere, nothing: the moments a test interrupts the sweep at (module docstring)."""
+    wanted, _, marker = os.environ.get(PAUSE_ENV, "").partition(":")
+    if wanted != stage or not marker:
+        return
+    Path(marker).touch()
+    deadline = time.monotonic() + PAUSE_S
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,18 +1,28 @@
-"""What the sweep's driver hands every trial: typed, frozen, and pickled by Ray with the trainable
-(`tune.with_parameters(run_trial, sweep=TrialSettings(...))`), so a trial reads attributes that
-were checked once in the driver instead of dict keys it has to trust.
+"""The bottom of the sweep: its constants (the folder names in OUT, Tune's time attribute) and the
+records its parts hand each other. What the sweep's driver hands every trial is typed, frozen, and
+pickled by Ray with the trainable (`tune.with_parameters(run_trial, sweep=TrialSettings(...))`),
+so a trial reads attributes that were checked once in the driver instead of dict keys it has to
+trust; what a trial hands back (its reports, the line it appends as it starts) is validated back
+into its model. Every other module of tune/ may import this one; it imports none of them.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from fadrm_ray.config import DistillConfig, EvalConfig
 from fadrm_ray.settings import Count, Index, Indices
 
 # Tune's time attribute: percent of the students' whole schedule (a TrialReport field).
 TIME_ATTR = "student_pct"
+# In OUT: Tune's experiment (its state, and each trial's folder), and what every part of the sweep
+# did, one JSON object per line (the trials' lines are `TrialStarted` and free-form events).
+EXPERIMENT = "experiment"
+EVENTS = "events.jsonl"
+# In OUT: Ray's and Tune's own lines of the sweep's driver, off the terminal (actors.ray_output).
+RAY_LOG = "ray.log"
 
 
 def _config_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -154,3 +164,52 @@ class Reevaluated(BaseModel):
     random_real_per_seed: list[float] | None = None
     random_run_id: str | None = None
     random_error: str | None = None
+
+
+class TrialStarted(BaseModel):
+    """The line a trial appends to the sweep's events.jsonl as it starts (tune.trainable), read back
+    by the driver (`started_trials`): a trial that started and did not end was interrupted, not
+    pending, whatever Tune's saved state says of it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event: Literal["trial_started"] = "trial_started"
+    trial: str
+    values: dict[str, Any]
+    node_id: str
+    host: str
+
+
+def started_trials(events: str | Path) -> dict[str, dict[str, Any]]:
+    """{trial id: its swept values} of every trial that started, in this run of the sweep or an
+    earlier one, from the sweep's events.jsonl (a line still being written, or another event's,
+    is skipped; a missing file has none)."""
+    try:
+        lines = Path(events).read_text().splitlines()
+    except OSError:
+        return {}
+    started = {}
+    for line in lines:
+        try:
+            entry = TrialStarted.model_validate_json(line)
+        except ValidationError:
+            continue
+        started[entry.trial] = entry.values
+    return started
+
+
+# The driver's progress callback (a tune.progress.SweepProgress) for the fit it runs. Tune pickles
+# the callbacks with its experiment, and `Tuner.restore` unpickles them: a SweepProgress pickles
+# as a call of `restored_progress`, so the restored Tuner calls the one this driver activated.
+_active_progress: list = []
+
+
+def activate_progress(progress) -> None:
+    _active_progress[:] = [progress]
+
+
+def restored_progress():
+    """The driver's active progress callback, in place of the one pickled with the experiment."""
+    if not _active_progress:
+        raise RuntimeError("a sweep's experiment is resumed by the same `fadrm tune` command, not by Tuner.restore")
+    return _active_progress[-1]

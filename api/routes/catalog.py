@@ -1,32 +1,30 @@
 """What a request may name: the operator's datasets and teachers, and the presets."""
 from __future__ import annotations
 
-import logging
-
 from fastapi import APIRouter
 
 from fadrm_ray.config import make_config
 from fadrm_ray.recipes import PRESETS
 
 from api.catalog import UnknownName, UnusableTeacher
-from api.models import DatasetInfo, TeacherListed
+from api.models import DatasetInfo, Problem, TeacherListed
 from api.routes.common import AUTH, ERRORS, ServiceDep
+from api.store_errors import Unavailable
 
-log = logging.getLogger("fadrm.api")
+READING_RETRY_S = 2
 router = APIRouter(tags=["catalog"], dependencies=AUTH, responses=ERRORS)
 
 
-@router.get("/v1/datasets")
-def datasets(service: ServiceDep) -> list[DatasetInfo]:
-    out = []
-    for name in service.catalog.dataset_names():
-        try:
-            d = service.catalog.dataset(name).describe()
-        except Exception as exc:  # an operator's dataset that cannot be read now: listed by name only
-            log.warning("dataset %s: %s", name, exc)
-            continue
-        out.append(DatasetInfo(**{**d, "name": name}))
-    return out
+@router.get("/v1/datasets", responses={503: {"model": Problem, "description": "the service is still reading its "
+                                                                   "datasets as it starts (see Retry-After)"}})
+async def datasets(service: ServiceDep) -> list[DatasetInfo]:
+    """The datasets as the service read them when it started (api.catalog.read_all): nothing is
+    loaded in the request. A dataset that cannot be read is left out (the service's log says why)."""
+    catalog = service.catalog
+    if pending := catalog.pending():
+        raise Unavailable(f"the service is still reading its datasets as it starts ({', '.join(pending)}); retry in "
+                          f"{READING_RETRY_S} s", retry_after=READING_RETRY_S)
+    return [DatasetInfo(**d) for name in catalog.dataset_names() if isinstance(d := catalog.described[name], dict)]
 
 
 @router.get("/v1/teachers")

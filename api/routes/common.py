@@ -29,21 +29,28 @@ async def service_of(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(service_of)]
 
 
-async def authorized(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
-    """401 without a bearer token, 403 for a wrong one, 429 past the token's request rate."""
+async def token_only(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
+    """401 without a bearer token, 403 for a wrong one (no rate limit: the probes'); the token."""
     settings = request.app.state.service.settings
-    limiter: RateLimiter = request.app.state.token_limiter
     if credentials is None:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
                             headers={"WWW-Authenticate": "Bearer"})
     if not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
         raise HTTPException(403, "the bearer token is not valid for this service")
-    if (wait := limiter.retry_after(credentials.credentials)) is not None:
+    return credentials.credentials
+
+
+async def authorized(request: Request, token: str = Depends(token_only)) -> None:
+    """`token_only`, then 429 past the token's request rate."""
+    settings = request.app.state.service.settings
+    limiter: RateLimiter = request.app.state.token_limiter
+    if (wait := limiter.retry_after(token)) is not None:
         raise HTTPException(429, f"more than {settings.rate_limit:g} requests a second with this token; "
                                  f"retry in {wait} s", headers={"Retry-After": str(wait)})
 
 
 AUTH = [Depends(authorized)]
+TOKEN_ONLY = [Depends(token_only)]
 
 
 def json_response(model) -> Response:

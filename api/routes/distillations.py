@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from fadrm_ray.config import EvalConfig
 from fadrm_ray.evaluation.soft_labels import SoftLabelError
+from fadrm_ray.evaluation.verify_files import SoftLabelDamaged
 
 from api.downloads import FileAnswer
 from api.models import MAX_TEACHERS, STATES, DistillationRequest, Job, JobList, Problem, Report
@@ -187,6 +188,8 @@ def soft_labels(service: ServiceDep, job_id: str = JobId):
         try:
             path = service.build(job, files.soft_labels,
                                  functools.partial(write_soft_labels, evaluation_file=files.evaluation))
+        except SoftLabelDamaged:  # a 409 naming the file and the repair (api.store_errors), said once in the record
+            raise
         except SoftLabelError:
             raise Conflict(job, f"the soft labels of job {job.id} are no longer in the store (its run was "
                                  "evaluated again or cleaned); submit the request again") from None

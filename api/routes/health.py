@@ -1,37 +1,26 @@
-"""/healthz (open: what probes and balancers ask) and /readyz (Ray reachable, store writable)."""
+"""/healthz (open: what probes and balancers ask) and /readyz (Ray reachable, the store writable,
+the catalog read; the token, no rate limit). Both are answered from the readiness the service
+checks in a thread of its own (api.probes): `api.probes.Probes` answers GET and HEAD before
+routing; these routes are what the schema shows of them, and answer the same bytes."""
 from __future__ import annotations
 
-import secrets
-
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from api.models import Ready
-from api.routes.common import AUTH, ERRORS, ServiceDep
+from api.probes import ALIVE
+from api.routes.common import ERRORS, TOKEN_ONLY, ServiceDep
 
 router = APIRouter(tags=["service"])
+_NOT_LIMITED = {k: v for k, v in ERRORS.items() if k != 429}
 
 
-@router.get("/healthz")  # no token, no rate limit; on the event loop, never waiting for a worker thread
-async def healthz() -> dict[str, bool]:
-    return {"ok": True}
+@router.get("/healthz", response_model=dict[str, bool])  # no token, no rate limit
+async def healthz() -> Response:
+    return Response(ALIVE, media_type="application/json")
 
 
-@router.get("/readyz", dependencies=AUTH, responses={**ERRORS, 503: {"model": Ready}})
-def readyz(service: ServiceDep) -> Ready:
-    ray_ok = service.drivers.ray_reachable()
-    store_ok = _writable(service.settings.state_dir)
-    why = service.ray_watch.error
-    ready = Ready(ready=ray_ok and store_ok, ray=ray_ok, store=store_ok,
-                  detail=None if ray_ok else f"Ray is not reachable: {why}" if why else "Ray is not reachable (yet)")
-    return ready if ready.ready else JSONResponse(ready.model_dump(), status_code=503)
-
-
-def _writable(folder) -> bool:
-    try:
-        probe = folder / f".probe-{secrets.token_hex(4)}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
+@router.get("/readyz", dependencies=TOKEN_ONLY, response_model=Ready, responses={**_NOT_LIMITED, 503: {"model": Ready}})
+async def readyz(service: ServiceDep) -> Response:
+    status, body = service.readiness.answer
+    return Response(body, status_code=status, media_type="application/json")

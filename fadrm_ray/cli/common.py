@@ -31,6 +31,8 @@ STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cu
 IPC_HELP = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
 SKIP_BAD_IMAGES_HELP = ("with an image folder as --dataset: leave out its image files that cannot be read (each "
                         "named once, the count recorded in the run) instead of refusing the folder")
+# The Ray doors: Ray's and Tune's own lines go to a ray.log under the run or sweep folder unless asked.
+VERBOSE_HELP = "show Ray's (and Tune's) own lines on the terminal instead of the ray.log of the run or sweep"
 
 
 class CLIError(Exception):
@@ -89,6 +91,7 @@ def execution_parser() -> Parser:
                            help="distill actors (default: one per GPU, else one per --cpus-per-worker CPUs)")
     execution.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each distill actor holds")
     execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
+    execution.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return execution
 
 
@@ -119,7 +122,7 @@ def execution_spec(args) -> "ExecutionSpec":
     return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
                          device=args.device, threads=args.threads, data_root=getattr(args, "data_root", None),
-                         progress=not args.quiet)
+                         progress=not args.quiet, verbose=args.verbose)
 
 
 def door_of(spec: "ExecutionSpec", ray_distill: "Door | None") -> "Door":

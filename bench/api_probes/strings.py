@@ -1,7 +1,5 @@
-"""Hostile requests, round three: what a client could make the service answer with a 5xx, leak or
-show, on a `fadrm serve` of its own.
-
-    python -m bench.api_probes3 [--out DIR] [--json] [--bursts 10] [--idle 11] [--teacher-mb 200]
+"""What a client could make the service answer with a 5xx, leak or show (`strings`), on a
+`fadrm serve` of its own (the request rate limit raised: the probes, not the limit).
 
 - `strings`: JSON strings no UTF-8 encoder takes or no name should hold (escaped lone surrogates,
   non-characters, control bytes, a NUL, a right-to-left override) in every typed field, an
@@ -20,25 +18,19 @@ show, on a `fadrm serve` of its own.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.api_probes import _healthz_while, _median, _serve
+from bench.api_load import _wait_ready
+from bench.api_probes.server import BASE, Server, healthz_while, median
 from fadrm_ray.layout import RunLayout
 
 NASTY = ["\\ud800", "\\udfff", "a\\ud83d", "\\ufffe", "\\uffff", "\\u0000", "\\u001b[31m", "x\\u202e"]
-BASE = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
-        "overrides": {"iterations": 8, "precision": "fp32"}}
 
 
 def string_bodies() -> list[tuple[str, bytes]]:
@@ -99,7 +91,7 @@ def broken_teacher(root: Path, url: str, headers: dict, port: int, megabytes: in
             f.write(os.urandom(1 << 20))
     stop = threading.Event()
     health: list[float] = []
-    watcher = threading.Thread(target=lambda: health.extend(_healthz_while(port, stop)))
+    watcher = threading.Thread(target=lambda: health.extend(healthz_while(port, stop)))
     watcher.start()
     times, listed = [], set()
     try:
@@ -122,8 +114,8 @@ def broken_teacher(root: Path, url: str, headers: dict, port: int, megabytes: in
         refused = http.post("/v1/distillations", json={**BASE, "teacher": "broken"})
     log = (root / "serve.log").read_text(errors="replace")
     path.unlink()
-    return {"file_mb": megabytes, "listings": len(times), "listing_median_s": round(_median(times), 3),
-            "listing_max_s": round(max(times), 3), "healthz_median_ms": round(1000 * _median(health), 1),
+    return {"file_mb": megabytes, "listings": len(times), "listing_median_s": round(median(times), 3),
+            "listing_max_s": round(max(times), 3), "healthz_median_ms": round(1000 * median(health), 1),
             "healthz_max_ms": round(1000 * max(health), 1), "reads_logged": log.count("teacher broken is not offered"),
             "listed": "broken" in listed, "status": refused.status_code,
             "path_shown": str(root) in refused.text, "detail": refused.json()["detail"][0]["msg"]}
@@ -150,40 +142,18 @@ def damaged_run(root: Path, http: httpx.Client) -> dict:
     return {"routes": routes, "job_error": http.get(base).json()["error"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bench.api_load import TOKEN, _free_port, _teacher, _wait_ready
-
-    parser = argparse.ArgumentParser(prog="python -m bench.api_probes3", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="folder for the store and teacher (default: a temp dir)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--bursts", type=int, default=10)
-    parser.add_argument("--idle", type=float, default=11.0, help="seconds of quiet before each burst")
-    parser.add_argument("--teacher-mb", type=int, default=200)
-    args = parser.parse_args(argv)
-    root = Path(args.out or tempfile.mkdtemp(prefix="fadrm-api-probes3-"))
-    (root / "teachers").mkdir(parents=True, exist_ok=True)
-    (root / "teachers" / "bench.pt").write_bytes(_teacher(root / "teacher").read_bytes())
-    port = _free_port()
-    proc, env = _serve(root, port, rate_limit=1000, rate_burst=2000)  # the probes, not the rate limit
-    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
+def run_all(root: Path, bursts: int, idle: float, teacher_mb: int) -> dict:
+    server = Server(root, rate_limit=1000, rate_burst=2000)
     out: dict = {}
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        with server.client() as http:
             _wait_ready(http)
             out["strings"] = strings(http)
-            out["no_token"] = no_token(url)
+            out["no_token"] = no_token(server.url)
             out["damaged_run"] = damaged_run(root, http)
             job_id = http.get("/v1/distillations").json()["jobs"][0]["id"]
-        out["descriptors"] = descriptors(url, headers, proc.pid, job_id, args.bursts, args.idle)
-        out["broken_teacher"] = broken_teacher(root, url, headers, port, args.teacher_mb)
+        out["descriptors"] = descriptors(server.url, server.headers, server.proc.pid, job_id, bursts, idle)
+        out["broken_teacher"] = broken_teacher(root, server.url, server.headers, server.port, teacher_mb)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=env, capture_output=True,
-                       timeout=120)
-    print(json.dumps(out, indent=None if args.json else 1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        server.stop()
+    return out

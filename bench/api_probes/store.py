@@ -1,8 +1,6 @@
-"""Hostile clients, round four: each class below against a `fadrm serve` of its own on loopback,
-one line each, with the slowest `/healthz` meanwhile (timed every 0.1 s); the last line is the
-service's (every `/healthz`, its open files and RSS after a warm-up and at the end).
-
-    python -m bench.api_probes4 [--out DIR] [--json] [--seconds 30] [--records 10] [--soft-label-mib 104]
+"""The store under a hostile client (`store`): each class below against a `fadrm serve` of its
+own on loopback, one line each, with the slowest `/healthz` meanwhile (timed every 0.1 s); the
+last line is the service's (every `/healthz`, its open files and RSS after a warm-up and at the end).
 
 The store is a 1 GiB tmpfs in a mount namespace of the server's (`unshare -rm`) where the machine
 allows one; else a plain folder, and `full_store` is skipped (the machine's own disk is not
@@ -22,87 +20,22 @@ leaves them), `full_store` (the disk filled, then the space back).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.api_load import TOKEN, _free_port, _teacher, _wait_ready
-from bench.api_probes import _median
+from bench.api_load import TOKEN, _wait_ready
+from bench.api_probes.server import BASE, Server, done, median, tmpfs_allowed
 
-BASE = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 4,
-        "overrides": {"iterations": 8, "precision": "fp32"}}
+BASE = {**BASE, "ipc": 4}
 ROUTES = ("/dataset", "/dataset?format=imagefolder", "/preview.png", "/report", "/recipe", "/teacher")
-TMPFS_MB = 1024
-
-
-class Server:
-    """`fadrm serve` on a port of its own, its store a tmpfs where `tmpfs` (module docstring)."""
-
-    def __init__(self, root: Path, tmpfs: bool, **settings):
-        self.root, self.tmpfs, self.port = root, tmpfs, _free_port()
-        self.store = root / "store"
-        self.store.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(self.store),
-                    "FADRM_TEACHERS": str(root / "teachers"), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
-                    "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                   os.environ.get("PYTHONPATH", "")]),
-                    **{f"FADRM_{k.upper()}": str(v) for k, v in settings.items()}}
-        command = [sys.executable, "-m", "actors.cli", "serve", "--port", str(self.port)]
-        if tmpfs:
-            command = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size={TMPFS_MB}m tmpfs "{self.store}" && '
-                       'exec "$0" "$@"', *command]
-        with open(root / "serve.log", "ab") as log:
-            self.proc = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.url, self.headers = f"http://127.0.0.1:{self.port}", {"Authorization": f"Bearer {TOKEN}"}
-
-    @property
-    def seen(self) -> Path:
-        """The store as the server sees it."""
-        return Path(f"/proc/{self.proc.pid}/root") / self.store.relative_to("/") if self.tmpfs else self.store
-
-    def inside(self, *command: str) -> list[str]:
-        """`command` as run in the server's namespace (there is none without a tmpfs)."""
-        ns = ["nsenter", "-t", str(self.proc.pid), "-U", "-m", "--preserve-credentials"]
-        return [*ns, *command] if self.tmpfs else list(command)
-
-    def client(self, token: bool = True, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers if token else {}, timeout=120, **kw)
-
-    def stop(self) -> None:
-        from api.local_ray import RayHead, alive, signal_group
-
-        record = self.seen / ".fadrm-api" / "ray-head.json"
-        head = RayHead.model_validate_json(record.read_text()) if record.exists() else None
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(120)
-        if head is not None and alive(head.pid, head.pid_start):  # what --stop-ray does, for a head
-            signal_group(head.pid, signal.SIGTERM)                  # whose record the namespace hid
-            time.sleep(5)
-            signal_group(head.pid, signal.SIGKILL)
-            shutil.rmtree(head.temp_dir, ignore_errors=True)
-
-
-def _done(http: httpx.Client, body: dict) -> dict:
-    job = http.post("/v1/distillations", json=body).json()
-    while job["state"] not in ("succeeded", "failed", "cancelled"):
-        time.sleep(0.3)
-        job = http.get(f"/v1/distillations/{job['id']}").json()
-    if job["state"] != "succeeded":
-        raise SystemExit(f"job {job['id']} {job['state']}: {job['error']}")
-    return job
 
 
 def _ids(http: httpx.Client) -> set[str]:
@@ -154,7 +87,7 @@ def repair(s: Server) -> dict:
     from fadrm_ray.layout import RunLayout
 
     with s.client() as http:
-        job = _done(http, {**BASE, "classes": [1, 8], "ipc": 2, "seed": 31})
+        job = done(http, {**BASE, "classes": [1, 8], "ipc": 2, "seed": 31})
         layout, base = RunLayout(s.seen / job["run_id"]), f"/v1/distillations/{job['id']}"
         part = layout.parts_on_disk()[0]
         part.write_bytes(bytes(b ^ 0xFF if i == 100 else b for i, b in enumerate(part.read_bytes())))
@@ -199,7 +132,7 @@ def full_store(s: Server) -> dict:
     if not s.tmpfs:
         return {"skipped": "no tmpfs of its own on this machine (unshare -rm); the machine's disk is not filled"}
     with s.client() as http:
-        job = _done(http, {**BASE, "classes": [2, 5], "ipc": 1, "seed": 3})
+        job = done(http, {**BASE, "classes": [2, 5], "ipc": 1, "seed": 3})
         base = f"/v1/distillations/{job['id']}"
         filler = _fill(s.seen)
         full = {r: http.get(base + r) for r in ROUTES[:3]}
@@ -273,8 +206,8 @@ def soft_labels(s: Server, mib: int) -> dict:
     evaluation = {"epochs": 2, "seeds": 1, "soft_labels": "stored"}
     body = {**BASE, "classes": [0, 9], "ipc": 1, "seed": 51, "evaluate": True, "evaluation": evaluation}
     with s.client() as http:
-        small = _done(http, body)
-        larger = _done(http, {**body, "evaluation": {**evaluation, "lr": 0.002}})
+        small = done(http, body)
+        larger = done(http, {**body, "evaluation": {**evaluation, "lr": 0.002}})
         http.get(f"/v1/distillations/{small['id']}/soft-labels").raise_for_status()
     folder = next(RunLayout(s.seen / small["run_id"]).soft_labels.glob("*/meta.json")).parent
     rows = grow_soft_labels(folder, mib * 2**20)
@@ -300,7 +233,7 @@ def soft_labels(s: Server, mib: int) -> dict:
 
 def conditional(s: Server) -> dict:
     with s.client() as http:
-        job = _done(http, {**BASE, "classes": [2, 6], "ipc": 1, "seed": 41})
+        job = done(http, {**BASE, "classes": [2, 6], "ipc": 1, "seed": 41})
         base = f"/v1/distillations/{job['id']}"
         tag = http.get(base + "/dataset").headers["etag"]
         asked = {"If-None-Match": tag, "If-Match": '"other"', "If-Unmodified-Since": "Mon, 01 Jan 1990 00:00:00 GMT"}
@@ -353,22 +286,9 @@ def eval_budget(s: Server) -> dict:
     return {"status": r.status_code, "detail": r.json()["detail"][0]["msg"][:150] if r.status_code == 422 else None}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.api_probes4", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="folder for the store and teacher (default: a temp dir)")
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of a line per class")
-    parser.add_argument("--seconds", type=float, default=30.0, help="of the retention race")
-    parser.add_argument("--records", type=int, default=10, help="FADRM_MAX_JOB_RECORDS")
-    parser.add_argument("--soft-label-mib", type=int, default=104)
-    args = parser.parse_args(argv)
-    root = Path(args.out or tempfile.mkdtemp(prefix="fadrm-api-probes4-"))
-    (root / "teachers").mkdir(parents=True, exist_ok=True)
-    shutil.copy(_teacher(root / "teacher"), root / "teachers" / "bench.pt")
-    probe = root / "probe"
-    probe.mkdir(exist_ok=True)
-    tmpfs = bool(shutil.which("nsenter")) and subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs '{probe}'"], capture_output=True).returncode == 0
-    s = Server(root, tmpfs, max_job_records=args.records, rate_limit=1000, rate_burst=2000, max_ipc=5,
+def run_all(root: Path, seconds: float, records: int, soft_label_mib: int) -> dict:
+    tmpfs = tmpfs_allowed(root)
+    s = Server(root, tmpfs, max_job_records=records, rate_limit=1000, rate_burst=2000, max_ipc=5,
                max_images=20, max_eval_work=1000)
     out: dict = {}
     # /healthz every 0.1 s from a process of its own (the probes' threads would slow a watcher in
@@ -391,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         with s.client() as http:
             _wait_ready(http)
             for classes in RACED:  # the runs the retention race asks for again
-                job = _done(http, {**BASE, "classes": classes, "ipc": 5})
+                job = done(http, {**BASE, "classes": classes, "ipc": 5})
             for route in ROUTES:  # every route once: what it loads, loaded
                 http.get(f"/v1/distillations/{job['id']}{route}")
         watcher = subprocess.Popen([sys.executable, "-c", watch, f"{s.url}/healthz", str(timings)])
@@ -399,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         start = (files(), status_kib(s.proc.pid, "VmRSS") // 1024)
         probes = {"forwarded": forwarded, "refusals": refusals, "too_large": too_large, "eval_budget": eval_budget,
                   "conditional": conditional, "repair": repair,
-                  "soft_labels": lambda s: soft_labels(s, args.soft_label_mib),
-                  "retention": lambda s: retention(s, args.seconds), "full_store": full_store}
+                  "soft_labels": lambda s: soft_labels(s, soft_label_mib),
+                  "retention": lambda s: retention(s, seconds), "full_store": full_store}
         for name, probe in probes.items():
             began = time.monotonic()
             out[name] = probe(s)
@@ -410,20 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         watcher.wait()
         times = [t for _, t in health()]
         out["service"] = {"tmpfs_store": tmpfs, "healthz": f"{len(times)} answers, median "
-                          f"{1000 * _median(times):.1f} ms, max {1000 * max(times):.1f} ms",
+                          f"{1000 * median(times):.1f} ms, max {1000 * max(times):.1f} ms",
                           "open_files": f"{start[0]} -> {files()}",
                           "rss_mib": f"{start[1]} -> {status_kib(s.proc.pid, 'VmRSS') // 1024}"}
     finally:
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
         s.stop()
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for name, result in out.items():
-            print(f"{name}: " + "; ".join(f"{k}={v}" for k, v in result.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return out

@@ -1,47 +1,39 @@
-"""Hostile requests with a valid token: the table of probes, and how fast the service refuses them.
+"""Requests with a valid token that ask for work without bound (`limits`), and floods of what a
+client can make the service spend or keep (`floods`).
 
-    python -m bench.api_probes [--out DIR] [--json] [--round-two-only] [--seconds 15]
-
-Each probe is one request a client could send to make the server build or run something
-without bound (a count of 10**7, a non-finite number, a path for the model factory); the
-service must refuse it with a 422 naming the field, before any job exists, and stay
-responsive. `tests/test_api_limits.py` asserts exactly that for every probe here; this command
-starts `fadrm serve` on a fresh store (as bench.api_load does) and prints, per probe, the
-status, the time the refusal took, and the time of a `/healthz` right after it.
-
-Round two (`round_two`, on a service of its own with the default rate limit, request timeout and
-connection cap, a 20 s retention and a cap of 100 records) measures what a client can make the
-service spend or keep, each against the figures that stalled or filled it before:
-
-- `errors_flood`: one token sends its allowed rate (20 a second) of 64 KB bodies of 6,500 unknown
-  keys for `--seconds`; the size and time of one 422, and `/healthz` latency meanwhile;
-- `non_finite`: 1e400, -1e400, NaN, Infinity and a 4,000-digit integer in each typed field;
-  how many answers were 5xx (none should be);
-- `two_lengths`, `utf16`: a request naming Transfer-Encoding and Content-Length; a UTF-16 body;
-- `slow_sockets`: 50 connections sending a request one byte a second, 50 sending nothing, 50
-  stopping mid-body; how long until the service closed each;
-- `connection_cap`: 300 idle connections at once; how many were refused, and `/healthz` then;
-- `anonymous_flood`: 4 threads for `--seconds` sending 15 KB paths without a token; the
-  statuses, how many were past the per-address limit, and how many bytes of log each request left;
-- `records`: POST then DELETE, over and over, for `--seconds`; the records kept then, and after
-  the retention;
-- `ray_head`: the service's Ray head killed (SIGKILL); seconds until `/readyz` is 200 again,
-  with no job sent.
+- `limits`: each probe of the table is one request a client could send to make the server build
+  or run something without bound (a count of 10**7, a non-finite number, a path for the model
+  factory); the service must refuse it with a 422 naming the field, before any job exists, and
+  stay responsive (`tests/test_api_limits.py` asserts exactly that for every probe here). Per
+  probe: the status, the time the refusal took, and the time of a `/healthz` right after it.
+- `floods` (a service of its own with the default rate limit, request timeout and connection
+  cap, a 20 s retention and a cap of 100 records), each against the figures that stalled or
+  filled it before: `errors_flood` (one token at its allowed rate, 20 a second, of 64 KB bodies
+  of 6,500 unknown keys for `--seconds`; the size and time of one 422, and `/healthz` latency
+  meanwhile); `non_finite` (1e400, -1e400, NaN, Infinity and a 4,000-digit integer in each typed
+  field: how many answers were 5xx); `two_lengths`, `utf16`; `slow_sockets` (50 connections
+  sending a request one byte a second, 50 sending nothing, 50 stopping mid-body: how long until
+  the service closed each); `connection_cap` (300 idle connections at once); `anonymous_flood`
+  (4 threads for `--seconds` sending 15 KB paths without a token: statuses, how many were past the
+  per-address limit, the bytes of log each request left); `records` (POST then DELETE, over and
+  over, for `--seconds`: the records kept then, and after the retention); `ray_head` (the
+  service's Ray head killed: seconds until `/readyz` is 200 again, with no job sent).
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import signal
-import subprocess
-import sys
-import tempfile
+import socket
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from api.local_ray import RayHead
+from bench.api_load import TOKEN, _wait_ready
+from bench.api_probes.server import BASE, Server, healthz_while, median, raw_exchange
 
 # (name, where the change goes: "overrides", "evaluation" or "body", the change, the field the 422 names)
 PROBES = [
@@ -100,55 +92,6 @@ def post_raw(http: httpx.Client, body: dict) -> httpx.Response:
     return http.post("/v1/distillations", content=json.dumps(body), headers={"Content-Type": "application/json"})
 
 
-def _serve(root: Path, port: int, **settings) -> tuple[subprocess.Popen, dict]:
-    """`fadrm serve` on 127.0.0.1:`port` with these FADRM_* settings, its log in root/serve.log."""
-    import os
-
-    from bench.api_load import REPO, TOKEN
-
-    env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(root / "store"),
-           "FADRM_TEACHERS": str(root / "teachers"), "FADRM_WORKERS": "1", "FADRM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           **{f"FADRM_{k.upper()}": str(v) for k, v in settings.items()}}
-    log = open(root / "serve.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "actors.cli", "serve", "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    return proc, env
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2] if values else float("nan")
-
-
-def raw_exchange(port: int, data: bytes, timeout: float = 15.0) -> tuple[bytes, bool]:
-    """Send `data` on a new connection: what came back, and whether the server closed it."""
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        got = b""
-        try:
-            while chunk := s.recv(65536):
-                got += chunk
-        except TimeoutError:
-            return got, False
-    return got, True
-
-
-def _healthz_while(port: int, stop) -> list[float]:
-    """`/healthz` latencies (s), one request every 0.1 s until `stop` is set."""
-    times = []
-    with httpx.Client(timeout=30) as http:
-        while not stop.is_set():
-            started = time.perf_counter()
-            http.get(f"http://127.0.0.1:{port}/healthz")
-            times.append(time.perf_counter() - started)
-            time.sleep(0.1)
-    return times
-
-
 def build_422(text: str, repeat: int = 20) -> dict:
     """In this process: the time to validate `text` as a request and build the service's 422 for
     it (api.refusals), against FastAPI's own 422 of the same errors (every error's input echoed)."""
@@ -181,22 +124,14 @@ def build_422(text: str, repeat: int = 20) -> dict:
             "fastapi_default_ms": round(theirs_ms, 1), "fastapi_default_bytes": len(theirs)}
 
 
-def round_two(root: Path, seconds: float) -> dict:
-    """The probes of round two (module docstring), on a service of their own under `root`."""
-    import os
-    import socket
-    import threading
-
-    from bench.api_load import TOKEN, _free_port, _wait_ready
-
-    port = _free_port()
-    proc, env = _serve(root, port, job_retention="20s", max_job_records=100)
-    url = f"http://127.0.0.1:{port}"
+def floods(root: Path, seconds: float) -> dict:
+    """The floods (module docstring), on a service of their own under `root`."""
+    server = Server(root, job_retention="20s", max_job_records=100)
+    port, url = server.port, server.url
     out: dict = {}
-    base = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
-            "overrides": {"iterations": 8, "precision": "fp32"}}
+    base = BASE
     try:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+        with server.client() as http:
             _wait_ready(http)
             post_raw(http, probe_body(base, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
 
@@ -207,7 +142,7 @@ def round_two(root: Path, seconds: float) -> dict:
             single_ms = 1000 * (time.perf_counter() - started)
             stop = threading.Event()
             health: list[float] = []
-            watcher = threading.Thread(target=lambda: health.extend(_healthz_while(port, stop)))
+            watcher = threading.Thread(target=lambda: health.extend(healthz_while(port, stop)))
             watcher.start()
             statuses, sent_bytes, t0 = [], 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
@@ -222,7 +157,7 @@ def round_two(root: Path, seconds: float) -> dict:
                                    "answer_bytes": len(one.content), "one_422_ms": round(single_ms, 1),
                                    "requests": len(statuses), "statuses": sorted(set(statuses)),
                                    "answer_bytes_total": sent_bytes,
-                                   "healthz_median_ms": round(1000 * _median(health), 1),
+                                   "healthz_median_ms": round(1000 * median(health), 1),
                                    "healthz_max_ms": round(1000 * max(health), 1),
                                    "in_process": build_422(unknown)}
 
@@ -271,7 +206,7 @@ def round_two(root: Path, seconds: float) -> dict:
             t.join()
         out["slow_sockets"] = {"sockets": len(threads), "closed": len(closed_after),
                                "closed_after_s_max": round(max(closed_after), 1),
-                               "closed_after_s_median": round(_median(closed_after), 1)}
+                               "closed_after_s_median": round(median(closed_after), 1)}
 
         # Many idle connections at once.
         held, refused = [], 0
@@ -319,7 +254,7 @@ def round_two(root: Path, seconds: float) -> dict:
                                   "past_the_limit": sum(limited),
                                   "log_bytes": grown, "log_bytes_per_request": round(grown / max(1, len(anon_codes)), 1)}
 
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+        with server.client() as http:
             # POST then DELETE, over and over, at 8 pairs a second (16 requests, under the
             # token's 20 a second), waiting out any 429.
             def sent(call) -> httpx.Response:
@@ -363,10 +298,7 @@ def round_two(root: Path, seconds: float) -> dict:
             out["ray_head"] = {"readyz_200_again_after_s": round(time.monotonic() - killed, 1),
                                "jobs_sent": 0}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=env, capture_output=True,
-                       timeout=120)
+        server.stop()
     return out
 
 
@@ -374,59 +306,32 @@ def post_raw_text(http: httpx.Client, text: str | bytes) -> httpx.Response:
     return http.post("/v1/distillations", content=text, headers={"Content-Type": "application/json"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bench.api_load import TOKEN, _free_port, _start, _teacher, _wait_ready
 
-    parser = argparse.ArgumentParser(prog="python -m bench.api_probes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="folder for the store and teacher (default: a temp dir)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--round-two-only", action="store_true", help="only the probes of round two")
-    parser.add_argument("--seconds", type=float, default=15.0, help="length of each flood of round two")
-    args = parser.parse_args(argv)
-    root = Path(args.out or tempfile.mkdtemp(prefix="fadrm-api-probes-"))
-    (root / "teachers").mkdir(parents=True, exist_ok=True)
-    (root / "teachers" / "bench.pt").write_bytes(_teacher(root / "teacher").read_bytes())
-    two_root = root / "round-two"
-    (two_root / "teachers").mkdir(parents=True, exist_ok=True)
-    (two_root / "teachers" / "bench.pt").write_bytes((root / "teachers" / "bench.pt").read_bytes())
-    if args.round_two_only:
-        print(json.dumps(round_two(two_root, args.seconds), indent=None if args.json else 1))
-        return 0
-    port = _free_port()
-    proc, env = _start(root, port)
-    base = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
-            "overrides": {"iterations": 8, "precision": "fp32"}}
+
+def limits(root: Path) -> dict:
+    """Each probe of the table against a service of its own: status, time, /healthz after."""
+    server = Server(root, rate_limit=0)
     rows = []
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"},
-                          timeout=60) as http:
+        with server.client() as http:
             _wait_ready(http)
-            post_raw(http, probe_body(base, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
+            post_raw(http, probe_body(BASE, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
             for name, where, change, _ in PROBES:
                 started = time.perf_counter()
-                response = post_raw(http, probe_body(base, where, change))
+                response = post_raw(http, probe_body(BASE, where, change))
                 took = time.perf_counter() - started
                 started = time.perf_counter()
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code
+                health = httpx.get(f"{server.url}/healthz", timeout=10).status_code
                 rows.append({"probe": name, "status": response.status_code, "ms": round(1000 * took, 1),
                              "healthz": health, "healthz_ms": round(1000 * (time.perf_counter() - started), 1)})
             jobs = len(http.get("/v1/distillations", params={"limit": 100}).json()["jobs"])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--stop-ray"], env=env, capture_output=True,
-                       timeout=120)
-    second = round_two(two_root, args.seconds)
-    if args.json:
-        print(json.dumps({"probes": rows, "jobs_made": jobs, "round_two": second}))
-    else:
-        print("| probe | status | refused in (ms) | /healthz right after (ms) |\n|---|---|---|---|")
-        for r in rows:
-            print(f"| {r['probe']} | {r['status']} | {r['ms']} | {r['healthz_ms']} |")
-        print(f"jobs made: {jobs}")
-        print(json.dumps(second, indent=1))
-    return 0
+        server.stop()
+    return {"probes": rows, "jobs_made": jobs}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def print_limits(result: dict) -> None:
+    print("| probe | status | refused in (ms) | /healthz right after (ms) |\n|---|---|---|---|")
+    for r in result["probes"]:
+        print(f"| {r['probe']} | {r['status']} | {r['ms']} | {r['healthz_ms']} |")
+    print(f"jobs made: {result['jobs_made']}")
