@@ -191,6 +191,9 @@ def describe_check(check: RunCheck, repaired: list[str] | None = None) -> list[s
     if check.report_stale:
         lines.append(f"report/ no longer describes the run ({', '.join(check.report_stale)}): "
                      f"rerun `fadrm evaluate`")
+    if check.content_digest is not None:
+        lines.append(f"content digest: {check.content_digest} (its images and labels: equal for equal runs "
+                     f"wherever they are stored)")
     if check.bad_units or check.files:
         what = [f"{len(check.bad_units)} unit(s)"] if check.bad_units else []
         what += [f"{len(check.files)} other file(s)"] if check.files else []
@@ -200,7 +203,4 @@ def describe_check(check: RunCheck, repaired: list[str] | None = None) -> list[s
                         f"mends what it can; not {', '.join(unmended)} (see above)"))
     else:
         lines.append("verified: every file matches its manifest or reads whole as what it is")
-    if check.content_digest is not None:
-        lines.append(f"content digest: {check.content_digest} (its images and labels: equal for equal runs "
-                     f"wherever they are stored)")
     return lines
