@@ -53,7 +53,7 @@ def test_a_training_folder_beside_its_val_folder_is_refused_naming_the_parent(tm
     assert main(["squeeze", "--dataset", f"imagefolder:{data / 'train'}", "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"imagefolder:{data}" in err and "val/" in err
-    assert get_dataset(f"imagefolder:{data}").split_note is None  # its own val/ is the test split
+    assert get_dataset(f"imagefolder:{data}").split_note() is None  # its own val/ is the test split
 
 
 def test_a_split_made_here_is_said_by_each_command_and_recorded_in_the_run(tmp_path, capsys, one_thread):

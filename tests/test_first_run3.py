@@ -242,8 +242,18 @@ def test_a_teacher_well_below_the_full_data_student_is_named_the_weak_part():
     from fadrm_ray.evaluation.ranking import TEACHERS_RECORD
     from fadrm_ray.evaluation.scores import Ranking
 
-    line = weak_teacher(Ranking(full_hard_top1=93.5), [67.5])
-    assert "the teacher is the weak part" in line and "26.0 points below" in line and "--epochs 60" in line
-    assert weak_teacher(Ranking(full_hard_top1=93.5), [90.0]) is None  # within a few points
-    assert weak_teacher(Ranking(full_hard_top1=93.5, full_source=TEACHERS_RECORD), [67.5]) is None
-    assert weak_teacher(Ranking(), [67.5]) is None and weak_teacher(None, [67.5]) is None
+    from fadrm_ray.teacher_record import ImportRecord, TeacherRecord
+
+    squeezed = TeacherRecord(model_name="convnet-bn", test_accuracy=67.5, squeeze_config={"epochs": 20})
+    line = weak_teacher(Ranking(full_hard_top1=93.5), [squeezed])
+    assert "the teacher is the weak part" in line and "26.0 points below" in line
+    assert "(`fadrm squeeze --epochs 80`)" in line  # four times its own 20 epochs
+    # Imported: the remedy is where its weights came from, not squeeze.
+    imported = TeacherRecord(model_name="timm:resnet18", test_accuracy=67.5, imported=ImportRecord(
+        source="file /w/sprites.safetensors", normalization="flags", eval_images=100, chance=10.0))
+    line = weak_teacher(Ranking(full_hard_top1=93.5), [imported])
+    assert "squeeze" not in line and "trained elsewhere (file /w/sprites.safetensors)" in line
+    assert "`fadrm import-teacher --model timm:resnet18 --weights FILE`" in line
+    assert weak_teacher(Ranking(full_hard_top1=93.5), [squeezed.model_copy(update={"test_accuracy": 90.0})]) is None
+    assert weak_teacher(Ranking(full_hard_top1=93.5, full_source=TEACHERS_RECORD), [squeezed]) is None
+    assert weak_teacher(Ranking(), [squeezed]) is None and weak_teacher(None, [squeezed]) is None
