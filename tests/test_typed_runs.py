@@ -28,6 +28,7 @@ NOT_RUN_FILES = {
     ("api/job_records.py", "config"): "the service's own job record (plan.json), an older service's kept readable",
     ("api/requests.py", "config"): "the service's job record as submitted, before it is validated",
     ("api/service.py", "run_id"): "a job record the service could not validate, listed as it is",
+    ("api/probes.py", "path"): "an ASGI scope (the request's path), not a run file",
     ("bench/accuracy.py", "iterations"): "the bench's own table of overrides",
     ("bench/speed/contender.py", "pack"): "the bench's own overrides",
     ("bench/faults.py", "complete"): "`fadrm verify --json`'s output, a command's reply",
