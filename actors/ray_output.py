@@ -20,7 +20,10 @@ With `verbose`, nothing is moved: Ray's lines are on the terminal as Ray writes 
 stdout on stderr, with `stdout=True`).
 
 A block without a file (`log=None`: `fadrm distill` asking a cluster for its GPUs before it knows
-its run) keeps Ray's records in memory, and the next block with a file writes them first.
+its run) keeps Ray's records in memory for its `owner` (the run's ExecutionSpec, by identity:
+an equal spec is another run's), and the next block with a file for the same owner writes them
+first. Records no block took are dropped with their owner: they never reach another run's log.
+A block without `stdout` makes its file only once there is a record to write.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import contextlib
 import logging
 import re
 import sys
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Iterator
@@ -36,25 +40,45 @@ RAY_LOGGER = "ray"
 # Ray's own format (ray._private.log), which `ray.init` puts on every handler of the logger.
 FORMAT = "%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_kept: deque[logging.LogRecord] = deque(maxlen=1000)  # records of blocks without a file, oldest dropped
+KEPT_MAX = 1000  # records kept for one owner; the oldest are dropped
+# id(owner) -> the records blocks without a file kept for it; an entry leaves with its owner.
+_kept: dict[int, deque[logging.LogRecord]] = {}
 
 
-class _LogFile(logging.StreamHandler):
-    """Ray's records in the log file, without the colour codes Ray puts into some of them."""
+class _LogFile(logging.FileHandler):
+    """Ray's records in the log file (appended; with `delay`, made at the first record), without
+    the colour codes Ray puts into some of them."""
+
+    def __init__(self, log: Path, delay: bool):
+        super().__init__(log, mode="a", encoding="utf-8", delay=delay)
+        self.setFormatter(logging.Formatter(FORMAT))
 
     def format(self, record: logging.LogRecord) -> str:
         return _ANSI.sub("", super().format(record))
 
 
 class _Kept(logging.Handler):
+    def __init__(self, owner: object):
+        super().__init__()
+        key = id(owner)
+        if key not in _kept:
+            _kept[key] = deque(maxlen=KEPT_MAX)
+            weakref.finalize(owner, _kept.pop, key, None)
+        self.records = _kept[key]
+
     def emit(self, record: logging.LogRecord) -> None:
-        _kept.append(record)
+        self.records.append(record)
 
 
 @contextlib.contextmanager
-def ray_output(log: Path | None, verbose: bool = False, stdout: bool = False) -> Iterator[None]:
+def ray_output(log: Path | None, verbose: bool = False, stdout: bool = False,
+               owner: object = None) -> Iterator[None]:
     """Inside the block, Ray's and Tune's lines go to `log` (appended; module docstring), or stay
-    on the terminal with `verbose`. The `ray` logger's handlers are put back at the end."""
+    on the terminal with `verbose`; with `log` None, they are kept for `owner` (an object that
+    can be weakly referenced), whose next block with a file writes them first. The `ray`
+    logger's handlers are put back at the end."""
+    if log is None and owner is None:
+        raise ValueError("ray_output without a log file keeps Ray's records for an owner: give owner")
     if verbose:
         with contextlib.redirect_stdout(sys.stderr) if stdout else contextlib.nullcontext():
             yield
@@ -65,16 +89,16 @@ def ray_output(log: Path | None, verbose: bool = False, stdout: bool = False) ->
     saved = (list(logger.handlers), logger.propagate)
     with contextlib.ExitStack() as stack:
         if log is None:
-            handler: logging.Handler = _Kept()
+            handler: logging.Handler = _Kept(owner)
         else:
             log.parent.mkdir(parents=True, exist_ok=True)
-            file = stack.enter_context(open(log, "a", encoding="utf-8", buffering=1))
-            handler = _LogFile(file)
-            handler.setFormatter(logging.Formatter(FORMAT))
-            while _kept:
-                handler.handle(_kept.popleft())
-            if stdout:
-                stack.enter_context(contextlib.redirect_stdout(file))
+            handler = _LogFile(log, delay=not stdout)
+            stack.callback(handler.close)
+            if stdout:  # one stream for both, line by line: the file keeps their order
+                handler.stream.reconfigure(line_buffering=True)
+                stack.enter_context(contextlib.redirect_stdout(handler.stream))
+            for record in _kept.pop(id(owner), ()) if owner is not None else ():
+                handler.handle(record)
         logger.handlers[:] = [handler]
         logger.propagate = False
         try:

@@ -93,21 +93,23 @@ def test_a_sweep_whose_every_trial_fails_exits_1_with_the_reason_in_one_line(dig
     assert not (out / "best.yaml").exists()
 
 
-def _interrupt_when(command: list[str], ready, timeout: float = 300, env: dict | None = None,
+def _interrupt_when(command: list[str], *moments, timeout: float = 300, env: dict | None = None,
                     ignoring: bool = False) -> subprocess.CompletedProcess:
     """Run `command` in its own process group, send SIGINT to the group (as Ctrl-C in a terminal
-    does) once `ready()`, and return what it did. `ignoring`: started with SIGINT ignored, as a
-    script's background job is (`cmd &`), which signals sent to it later must still stop."""
+    does) once each of `moments()` in turn, and return what it did. `ignoring`: started with
+    SIGINT ignored, as a script's background job is (`cmd &`), which signals sent to it later
+    must still stop."""
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env,
                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignoring else None)
     try:
         deadline = time.monotonic() + timeout
-        while not ready():
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the sweep did not get there in time"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
+        for ready in moments:
+            while not ready():
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, "the sweep did not get there in time"
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -163,7 +165,48 @@ def test_ctrl_c_at_every_stage_exits_130_with_no_best_yaml_and_only_fadrms_lines
     assert "Started a local Ray instance" in (out / "ray.log").read_text()
 
 
+@pytest.mark.ray
+def test_a_ctrl_c_as_the_sweep_ends_changes_nothing_and_a_second_one_loses_nothing(digits_teacher, tmp_path):
+    """Ctrl-C is often pressed twice, or late. A finished sweep that gets a SIGINT as it leaves Ray
+    (its files written) stays finished, best.yaml and all. The same command again (it resumes the
+    finished sweep), interrupted once as Ray starts and once more while it reads Tune's saved
+    experiment, is written as interrupted all the same: its finished trial in the results, and
+    the best.yaml of the first run removed."""
+    out, leaving, reading = tmp_path / "sweep", tmp_path / "leaving", tmp_path / "reading"
+    command = [sys.executable, "-m", "actors.cli", "tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]),
+               *TINY, "--param", "alpha=0.5", "--confirm-seeds", "0", "--out", str(out)]
+    done = _interrupt_when(command, leaving.exists, env={**os.environ, PAUSE_ENV: f"shutdown:{leaving}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is False and summary["states"]["done"] == 1 and summary["best"] is not None
+    assert (out / "best.yaml").is_file()
+
+    first = (out / "sweep.json").stat().st_ino  # rewritten whole once the pilot is done, before Ray starts
+    again = _interrupt_when(command, lambda: (out / "sweep.json").stat().st_ino != first, reading.exists,
+                            env={**os.environ, PAUSE_ENV: f"saved:{reading}"})
+    assert again.returncode == 130, again.stderr[-3000:]
+    assert "fadrm tune: interrupted while Ray started: 1 of 1 trials finished" in again.stderr, again.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["interrupted_during"] == "while Ray started"
+    assert summary["states"]["done"] == 1 and summary["best"] is None
+    assert (out / "results.md").read_text().startswith("**Interrupted** while Ray started")
+    assert not (out / "best.yaml").exists()
+
+
 # --------------------------------------------------------------------------- no Ray
+def test_a_pause_at_a_stage_the_sweep_does_not_have_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """FADRM_TUNE_PAUSE with a misspelt stage (or no FILE) would wait for a pause that never
+    comes: refused in one line, exit 2, before anything is made."""
+    for value in (f"result:{tmp_path / 'paused'}", "trial"):
+        monkeypatch.setenv(PAUSE_ENV, value)
+        code = main(["tune", "--dataset", "digits", "--teacher", str(tmp_path / "t.pt"), "--param", "alpha=0.5",
+                     "--out", str(tmp_path / "sweep")])
+        assert code == 2
+        assert capsys.readouterr().err == (f"fadrm tune: error: {PAUSE_ENV}={value!r}: give STAGE:FILE, STAGE one of "
+                                           f"patches, trial, confirmation, results, shutdown, saved; or unset it\n")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_trials_error_is_one_line_without_colours_or_traceback():
     from ray.tune.error import TuneError
 

@@ -21,9 +21,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tune.settings import EVENTS, EXPERIMENT, TIME_ATTR, TrialReport, restored_progress, started_trials
+from tune.settings import EVENTS, EXPERIMENT, TIME_ATTR, TrialReport, TrialStarted, restored_progress
 from tune.space import Param
 
 if TYPE_CHECKING:
@@ -129,6 +129,24 @@ def _log(folder: str | None) -> str | None:
         return None
     path = Path(folder) / "error.txt"
     return str(path) if path.is_file() else None
+
+
+def started_trials(events: str | Path) -> dict[str, dict[str, Any]]:
+    """{trial id: its swept values} of every trial that started, in this run of the sweep or an
+    earlier one, from the sweep's events.jsonl (a line still being written, or another event's,
+    is skipped; a missing file has none)."""
+    try:
+        lines = Path(events).read_text().splitlines()
+    except OSError:
+        return {}
+    started = {}
+    for line in lines:
+        try:
+            entry = TrialStarted.model_validate_json(line)
+        except ValidationError:
+            continue
+        started[entry.trial] = entry.values
+    return started
 
 
 def collect_rows(grid, p: "Prepared", progress) -> list[TrialRow]:

@@ -1,16 +1,18 @@
-"""The bottom of the sweep: its constants (the folder names in OUT, Tune's time attribute) and the
-records its parts hand each other. What the sweep's driver hands every trial is typed, frozen, and
-pickled by Ray with the trainable (`tune.with_parameters(run_trial, sweep=TrialSettings(...))`),
-so a trial reads attributes that were checked once in the driver instead of dict keys it has to
+"""The bottom of the sweep: its constants (the folder names in OUT, Tune's time attribute), the
+records its parts hand each other, and the driver's progress callback for the fit it runs (at
+the bottom, and here, because Tune pickles it by this module's name with the experiment:
+`restored_progress`). What the sweep's driver hands every trial is typed, frozen, and pickled
+by Ray with the trainable (`tune.with_parameters(run_trial, sweep=TrialSettings(...))`), so a
+trial reads attributes that were checked once in the driver instead of dict keys it has to
 trust; what a trial hands back (its reports, the line it appends as it starts) is validated back
-into its model. Every other module of tune/ may import this one; it imports none of them.
+into its model (tune.results reads them). Every other module of tune/ may import this one; it
+imports none of them.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fadrm_ray.config import DistillConfig, EvalConfig
 from fadrm_ray.settings import Count, Index, Indices
@@ -168,8 +170,8 @@ class Reevaluated(BaseModel):
 
 class TrialStarted(BaseModel):
     """The line a trial appends to the sweep's events.jsonl as it starts (tune.trainable), read back
-    by the driver (`started_trials`): a trial that started and did not end was interrupted, not
-    pending, whatever Tune's saved state says of it."""
+    by the driver (tune.results.started_trials): a trial that started and did not end was
+    interrupted, not pending, whatever Tune's saved state says of it."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -178,24 +180,6 @@ class TrialStarted(BaseModel):
     values: dict[str, Any]
     node_id: str
     host: str
-
-
-def started_trials(events: str | Path) -> dict[str, dict[str, Any]]:
-    """{trial id: its swept values} of every trial that started, in this run of the sweep or an
-    earlier one, from the sweep's events.jsonl (a line still being written, or another event's,
-    is skipped; a missing file has none)."""
-    try:
-        lines = Path(events).read_text().splitlines()
-    except OSError:
-        return {}
-    started = {}
-    for line in lines:
-        try:
-            entry = TrialStarted.model_validate_json(line)
-        except ValidationError:
-            continue
-        started[entry.trial] = entry.values
-    return started
 
 
 # The driver's progress callback (a tune.progress.SweepProgress) for the fit it runs. Tune pickles

@@ -25,7 +25,10 @@ A SIGINT at any moment after the checks (loading the data, the pilot, Ray starti
 the trials: Tune ends its fit and saves its state, the confirmation, the writing of the results)
 ends the sweep with its results written as interrupted: every trial labelled done, stopped,
 error, interrupted or pending, and no best.yaml; the same command resumes it. That holds where
-the command inherited SIGINT ignored, too (tune.session.obeyed_interrupt).
+the command inherited SIGINT ignored, too (tune.session.obeyed_interrupt). Once the sweep is
+ending, a SIGINT is held off to the end (tune.session.held_from_then): a second one while an
+interrupted sweep leaves Ray, reads Tune's saved experiment and writes its results changes
+nothing, nor does one while a finished sweep leaves Ray, its files written.
 """
 from __future__ import annotations
 
@@ -175,9 +178,10 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
     """Run (or resume) the sweep; returns its summary (files, best trial, costs, and whether it
     was interrupted). Every file is written before Ray is left; a SIGINT at any moment after the
     checks ends it with its results written as interrupted."""
-    from tune.session import held_interrupt, obeyed_interrupt, sweep_ray
+    from tune.session import check_pause, held_from_then, held_interrupt, obeyed_interrupt, pause_point, sweep_ray
 
-    with obeyed_interrupt():
+    check_pause()
+    with obeyed_interrupt(), held_from_then() as hold:
         stage = _Stage(check(req), time.perf_counter())
         try:
             import ray.tune  # noqa: F401 - here, so that a Ctrl-C inside the import is an interrupted sweep too
@@ -195,22 +199,30 @@ def run_sweep(req: SweepRequest) -> "SweepSummary":
                 # is dropped by Python: held off until Ray is up, then the sweep ends as interrupted.
                 with held_interrupt() as came:
                     stage.ray_dir = ray_up.enter_context(sweep_ray(p.out, p.request.address))
+                    # However the sweep ends (its files written, interrupted, failed), a SIGINT
+                    # during Ray's teardown is held off: it would cut the teardown short, and a
+                    # finished sweep would be written again as interrupted.
+                    ray_up.callback(lambda: pause_point("shutdown", until=hold()))
                 if came():
                     raise KeyboardInterrupt
                 try:
-                    return _sweep_on_ray(p, stage)
+                    return _sweep_on_ray(p, stage, hold)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:
                     raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
         except KeyboardInterrupt:
+            # Interrupted: a second Ctrl-C while Tune's saved experiment is read and the results
+            # are written changes nothing.
+            held = hold()
             from tune.results import saved_rows
 
+            pause_point("saved", until=held)
             with _ray_lines(stage.p):  # Tune's warnings as it reads its saved experiment
-                return _finish(stage.p, saved_rows(stage.p), stage, interrupted=True)
+                return _finish(stage.p, saved_rows(stage.p), stage, hold, interrupted=True)
 
 
-def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
+def _sweep_on_ray(p: Prepared, stage: _Stage, hold: Callable[[], Callable[[], bool]]) -> "SweepSummary":
     import ray
     from ray import tune
 
@@ -245,31 +257,30 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
         rows = collect_rows(grid, p, progress)
     stage.resumed, stage.patches = restore, patch_cost
     if came() or held() or any(r.state in ("interrupted", "pending") for r in rows):
-        return _finish(p, rows, stage, interrupted=True)
+        return _finish(p, rows, stage, hold, interrupted=True)
     stage.what = "during the confirmation of the best trials"
     try:
         confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), ray.put(blobs),
                                                wait_interruptibly)
     except KeyboardInterrupt:
-        return _finish(p, rows, stage, interrupted=True)
+        return _finish(p, rows, stage, hold, interrupted=True)
     except Exception as exc:  # noqa: BLE001 - the trials' results stand without it
         confirmation, again = None, {}
         stage.random_note = f"not compared: the confirmation of the best trials failed ({error_line(exc)})"
-    return _finish(p, rows, stage, confirmation=confirmation, again=again)
+    return _finish(p, rows, stage, hold, confirmation=confirmation, again=again)
 
 
-def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, interrupted: bool = False, confirmation=None,
-            again: dict | None = None) -> "SweepSummary":
-    """Write the results and summary.json, each file whole: a SIGINT meanwhile is held off, and a
-    sweep it interrupts has its results written again as interrupted (no best.yaml). Returns the
-    summary."""
-    from tune.session import held_interrupt
-
-    with held_interrupt() as came:
-        summary = _write(p, rows, stage, interrupted, confirmation, again, came)
-        if came() and not interrupted:
-            stage.what = "while the results were written"
-            summary = _write(p, rows, stage, True, None, None, came)
+def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, hold: Callable[[], Callable[[], bool]],
+            interrupted: bool = False, confirmation=None, again: dict | None = None) -> "SweepSummary":
+    """Write the results and summary.json, each file whole. From here to the sweep's end a SIGINT
+    is held off (`hold`, tune.session.held_from_then): one while the files are written has a
+    finished sweep's results written again as interrupted (no best.yaml); one after that, as
+    the sweep leaves Ray, changes nothing. Returns the summary."""
+    came = hold()
+    summary = _write(p, rows, stage, interrupted, confirmation, again, came)
+    if came() and not interrupted:
+        stage.what = "while the results were written"
+        summary = _write(p, rows, stage, True, None, None, came)
     return summary
 
 
