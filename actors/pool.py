@@ -51,7 +51,7 @@ class WorkerPool:
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts      # attempts of one task before the run fails
         self.progress = progress
-        self.share_patches = share_patches    # False: every worker scores the classes it needs (bench.scaling)
+        self.share_patches = share_patches    # False: every worker scores the classes it needs (bench.speed.scaling)
         self.device = self.device_type = "cuda" if gpus_per_worker else "cpu"
         self.workers: list = self._start_workers(workers or self._default_workers())
         self.parallelism = len(self.workers)
