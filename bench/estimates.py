@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench.decode import cpu_name
+from fadrm_ray.pilot_record import PilotRecord
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -51,19 +52,20 @@ def main(argv: list[str] | None = None) -> dict:
         sys.stderr.write(done.stderr)
         raise SystemExit(f"fadrm distill exited {done.returncode}")
     said = json.loads(done.stdout)
-    record = (said.get("pilot") or {}).get("record") or {}
-    rows = [r for r in [record.get("random_real"), *record.get("rows", [])] if r]
+    pilot = PilotRecord.model_validate(said["pilot"]["record"]) if "pilot" in said else None
+    measured = pilot if pilot is not None and pilot.seconds else None
+    rows = [] if measured is None else [r for r in [measured.random_real, *measured.rows] if r is not None]
     out = {"cpu": cpu_name(), "cpus": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
            "load_average_after": [round(v, 2) for v in os.getloadavg()], "dataset": args.dataset, "ipc": args.ipc,
            "flags": extra, "command_seconds": round(wall, 1),
-           "pilot": None if not record.get("seconds") else {
-               "estimated": record["estimated_seconds"], "took": record["seconds"],
-               "ratio": round(record["seconds"] / record["estimated_seconds"], 3),
-               "share_of_run": round(record["estimated_seconds"] / record["run_estimate_seconds"], 3)
-               if record.get("run_estimate_seconds") else None,
-               "sets": {r["recipe"]: {"estimated": r.get("estimated_seconds"), "took": r["seconds"]} for r in rows}},
+           "pilot": None if measured is None else {
+               "estimated": measured.estimated_seconds, "took": measured.seconds,
+               "ratio": round(measured.seconds / measured.estimated_seconds, 3),
+               "share_of_run": round(measured.estimated_seconds / measured.run_estimate_seconds, 3)
+               if measured.run_estimate_seconds else None,
+               "sets": {r.recipe: {"estimated": r.estimated_seconds, "took": r.seconds} for r in rows}},
            "run": None if said.get("estimated_seconds") is None else {
-               "recipe": record.get("chosen"), "estimated": said["estimated_seconds"],
+               "recipe": None if pilot is None else pilot.chosen, "estimated": said["estimated_seconds"],
                "took": round(said["seconds"], 1),
                "ratio": round(said["seconds"] / said["estimated_seconds"], 3)},
            "notes": [line for line in done.stderr.splitlines() if line.startswith("fadrm: note:")]}
