@@ -21,10 +21,10 @@
 #                   the eager fp32 step's losses and gradients within bounds (bench.gpu_steps checks)
 #   2 side_by_side  the published loop (as released, with cuDNN autotuning, and like for like), ours
 #                   eager and fast at pack 1 and fast at a fixed pack chosen once from the card's
-#                   memory; whole stage schedules; profiles (bench.side_by_side)
+#                   memory; whole stage schedules; profiles (bench.speed.side_by_side)
 #   3 end_to_end    import a torchvision teacher, distill with 2 Ray workers sharing the GPU, evaluate there
-#   4 students      a student epoch on the GPU against the CPU (bench.student_speed)
-#   5 share         one process against two sharing the GPU (bench.side_by_side --share 2)
+#   4 students      a student epoch on the GPU against the CPU (bench.speed.students)
+#   5 share         one process against two sharing the GPU (bench.speed.side_by_side --share 2)
 #
 # --core skips 3-5. --dry-run runs every step CPU-sized and uncompiled, to test this script anywhere,
 # under five times the budgets (a small, shared CPU; FADRM_GPU_CHECK_BUDGET_SCALE=K sets the
@@ -148,12 +148,12 @@ cmd_install() {
 cmd_env() { "$PYTHON" -m bench.gpu_steps env --device "$DEVICE" --out "$1"; }
 cmd_checks() { "$PYTHON" -m bench.gpu_steps checks --device "$DEVICE" --out "$1" --record "$2"; }
 cmd_side_by_side() {
-    "$PYTHON" -m bench.side_by_side "${SBS[@]}" --ours "$OURS" --pack "$PACK" --profile "$DIR/profiles" \
+    "$PYTHON" -m bench.speed.side_by_side "${SBS[@]}" --ours "$OURS" --pack "$PACK" --profile "$DIR/profiles" \
         --profile-for "$PROFILED" --record "$2" --json >"$1"
 }
 cmd_end_to_end() { "$PYTHON" -m bench.gpu_steps e2e --device "$DEVICE" --work "$WORK/e2e" --out "$1" --record "$2"; }
-cmd_students() { "$PYTHON" -m bench.student_speed "${STUDENT[@]}" --record "$2" --json >"$1"; }
-cmd_share() { "$PYTHON" -m bench.side_by_side --share 2 "${SHARE[@]}" --record "$2" --json >"$1"; }
+cmd_students() { "$PYTHON" -m bench.speed.students "${STUDENT[@]}" --record "$2" --json >"$1"; }
+cmd_share() { "$PYTHON" -m bench.speed.side_by_side --share 2 "${SHARE[@]}" --record "$2" --json >"$1"; }
 
 # Run one step under its budget; write DIR/<label><name>.json: {step, ok, seconds, budget, result?, measured?, error?}.
 failed=()

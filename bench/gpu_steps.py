@@ -37,8 +37,8 @@ from pathlib import Path
 from bench.record import Record
 
 MODULES = ("torch", "torchvision", "timm", "pyarrow", "ray", "pydantic", "pydantic_settings", "mlxtend", "yaml",
-           "tqdm", "matplotlib", "PIL", "sklearn", "fadrm_ray", "actors.cli", "tune", "bench.side_by_side",
-           "bench.student_speed")
+           "tqdm", "matplotlib", "PIL", "sklearn", "fadrm_ray", "actors.cli", "tune", "bench.speed.side_by_side",
+           "bench.speed.students")
 
 
 def env(args) -> dict:
@@ -149,8 +149,8 @@ def checks(args) -> dict:
     import torch
     import torchvision
 
-    from bench.side_by_side import compile_disabled
-    from bench.speed_imagenet import ImagenetTiming, imagenet_timing
+    from bench.speed.side_by_side import compile_disabled
+    from bench.speed.imagenet import ImagenetTiming, imagenet_timing
     from fadrm_ray.config import make_config
     from fadrm_ray.frozen_teacher import FrozenTeacher
     from fadrm_ray.packing import fast_path

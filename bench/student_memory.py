@@ -76,12 +76,23 @@ class StopAfter(Exception):
     """Raised by the counting labeler once the student has taken its steps."""
 
 
+def this_checkouts_timing():
+    """This checkout's bench/speed/timing.py, loaded by path: the package measured may be another
+    checkout's (first on PYTHONPATH), whose bench/ need not have it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("this_checkouts_timing",
+                                                  Path(__file__).resolve().parent / "speed" / "timing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def student(run: Path, steps: int) -> dict:
     """One student process's peak RSS over `steps` steps of `train_student` on the run's images."""
     import torch
     import torchvision
 
-    from bench.speed_worker import peak_rss_mb, status_mb
     from fadrm_ray.config import EvalConfig
     from fadrm_ray.data.base import ImageDataset, Split
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
@@ -89,6 +100,8 @@ def student(run: Path, steps: int) -> dict:
     from fadrm_ray.evaluation.training import train_student
     from fadrm_ray.store import open_run
 
+    timing = this_checkouts_timing()
+    peak_rss_mb, status_mb = timing.peak_rss_mb, timing.status_mb
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     imported = status_mb("VmRSS")
     started = time.perf_counter()

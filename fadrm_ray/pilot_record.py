@@ -57,6 +57,7 @@ class PilotRow(BaseModel):
     images: int = 0                      # the images its students trained on
     vs_random: PairedGain | None = None  # paired over random real images (None for their own row)
     seconds: float                       # its distillation and students
+    estimated_seconds: float | None = None  # what the pilot's plan estimated for it
 
 
 class PilotRecord(BaseModel):
@@ -76,9 +77,24 @@ class PilotRecord(BaseModel):
     random_real: PilotRow | None = None
     chosen: str                          # the recipe the runs take
     estimated_seconds: float = 0.0
-    run_estimate_seconds: float = 0.0    # the run's recover time as the pilot estimated it
+    run_estimate_seconds: float = 0.0    # the run's time at the size's own recipe, as the pilot estimated it
+    run_estimates: dict[str, float] = {}  # the run's time at each recipe tried, as the pilot estimated it
     seconds: float = 0.0
     skipped: str | None = None           # why it did not run (then `chosen` is the size's recipe)
+
+    def run_estimate(self) -> tuple[float, str] | None:
+        """The run's estimated seconds at the recipe chosen, and how it was made: its steps as they
+        were timed when the pilot began, times what the pilot's own sets then took against their
+        estimates (this machine's speed as it went on to be, other work on it included); None
+        where the pilot estimated no run."""
+        timed = self.run_estimates.get(self.chosen)
+        if timed is None:
+            return None
+        if not (self.seconds and self.estimated_seconds):  # skipped: no set measured
+            return timed, "from its steps timed on this machine"
+        factor = self.seconds / self.estimated_seconds
+        return timed * factor, (f"from its steps timed on this machine ({timed:.1f} s), times {factor:.2f} as the "
+                                f"pilot's sets took against their estimates")
 
     @property
     def chosen_row(self) -> PilotRow | None:

@@ -45,3 +45,14 @@ def test_the_lanes_together_are_the_readme_command():
         chosen = [lane.evaluate(has) for lane in chosen_by]
         assert sum(chosen) <= 1 and any(chosen) == readme_command.evaluate(has), marks
 
+
+def test_ci_installs_as_the_readme_says():
+    """`.ci/run` installs with the README's test command (quietly), and its CPU path is the README's
+    commented line for a machine without a GPU, word for word."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    install = re.search(r"^(pip install .*) && python -m pytest$", readme, re.M).group(1)
+    assert install.replace("pip install ", "pip install -q ", 1) in ci.splitlines()
+    cpu = re.search(r"^# No GPU\? Once, before them: (pip config --site set .*)$", readme, re.M)
+    assert cpu and "download.pytorch.org/whl/cpu" in cpu.group(1)
+    assert "  " + cpu.group(1) in ci.splitlines()

@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
+import pytest
 import torch
 
 from fadrm_ray.cli import main
@@ -166,6 +168,7 @@ PILOT_FLAGS = ["--pilot-set", "recover_share=0.01", "--pilot-set", "student_step
 
 
 def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, capsys, one_thread):
+    from fadrm_ray.estimate import seconds_text
     from fadrm_ray.store import open_run
 
     data = f"imagefolder:{_frames(tmp_path / 'frames', 30, 8)}"
@@ -178,9 +181,18 @@ def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, 
     assert main(distill) == 0
     out, err = capsys.readouterr()
     notes = [line for line in err.splitlines() if "pilot" in line]
-    assert "beside random real images on 4 classes at IPC 2" in notes[0] and " s here " in notes[0]  # cost first
+    # Its cost first, as a share of the run it sizes, and the run's own estimate at each recipe.
+    assert "beside random real images on 4 classes at IPC 2" in notes[0] and " s here, " in notes[0]
+    assert re.search(r" s here, (\d+% of|[\d.]+x) this run's estimated [\d.]+ s at recipe cifar \([\d.]+ s at "
+                     r"crops-random, [\d.]+ s at whole, [\d.]+ s at gentle\)", notes[0]), notes[0]
     said = json.loads(out)
     record = PilotRecord.model_validate(said["pilot"]["record"])
+    # The run's estimate at the recipe chosen, said before it starts and kept beside its time.
+    assert set(record.run_estimates) == {"cifar", "crops-random", "whole", "gentle"}
+    factor = record.seconds / record.estimated_seconds  # as the pilot's own sets took against their estimates
+    assert said["estimated_seconds"] == pytest.approx(record.run_estimates[record.chosen] * factor)
+    assert f"this run: about {seconds_text(said['estimated_seconds'])} at recipe {record.chosen}, from its steps " \
+           f"timed on this machine ({record.run_estimates[record.chosen]:.1f} s), times {factor:.2f}" in err
     rows = {row.recipe: row for row in record.rows}
     assert list(rows) == ["cifar", "crops-random", "whole", "gentle"]
     # What it chose follows its rule from what it measured (the measurements themselves move with

@@ -1,4 +1,4 @@
-"""bench.side_by_side: the published recover loop and ours, each in its own process, on one device.
+"""bench.speed.side_by_side: the published recover loop and ours, each in its own process, on one device.
 
 The published code is not part of this project: tests/data/published-standin is a stand-in with
 the names the worker imports from it (a few lines each), so the published contender runs on
@@ -19,14 +19,14 @@ STANDIN = ROOT / "tests" / "data" / "published-standin"
 
 
 def side_by_side(*flags: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--device", "cpu", "--size", "16", "--batch", "4",
+    out = subprocess.run([sys.executable, "-m", "bench.speed.side_by_side", "--device", "cpu", "--size", "16", "--batch", "4",
                           "--steps", "8", "--rounds", "2", "--json", *flags], cwd=ROOT, check=True,
                          stdout=subprocess.PIPE, text=True, timeout=600).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def test_the_published_code_is_asked_for_by_name():
-    bad = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--official", str(ROOT / "tests")], cwd=ROOT,
+    bad = subprocess.run([sys.executable, "-m", "bench.speed.side_by_side", "--official", str(ROOT / "tests")], cwd=ROOT,
                          stderr=subprocess.PIPE, text=True)
     assert bad.returncode == 2 and "recover/utils_recover.py" in bad.stderr
 

@@ -6,7 +6,7 @@
   resolutions, give each group the images of its own separate run;
 - channels-last and contiguous runs agree; the teacher stays frozen; no per-step host sync is
   needed for the loss curves;
-- the speed benchmark's reference loop is a working FADRM loop (bench/speed_reference.py).
+- the speed benchmark's reference loop is a working FADRM loop (bench/speed/reference_loop.py).
 """
 import math
 from pathlib import Path
@@ -202,7 +202,7 @@ def test_compiled_loss_matches_eager(teacher_model):
 
 # --------------------------------------------------------------------------- the benchmark's reference
 def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
-    from bench.speed_reference import image_losses, reference_recover
+    from bench.speed.reference_loop import image_losses, reference_recover
 
     cfg = cfg_for(iterations=40)
     p = patches(1)
@@ -228,14 +228,16 @@ def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
 
 
 def test_bench_imagenet_timing_runs_in_its_tiny_cpu_form():
-    """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages, packing."""
-    from bench.speed_imagenet import ImagenetTiming, imagenet_timing
+    """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages (the side-by-side's
+    at 32 px), packing."""
+    from bench.speed.contender import stage_sizes
+    from bench.speed.imagenet import ImagenetTiming, imagenet_timing
 
     info = imagenet_timing(ImagenetTiming(device="cpu", packs=[1, 2], iterations=4, precisions=["fp32"], tiny=True),
                            log=lambda m: None)
     assert [r["pack"] for r in info["runs"]] == [1, 2]
     for r in info["runs"]:
-        assert r["finite"] and r["resolutions"] == [28, 32, 28, 32] and r["images_per_step"] == 10 * r["pack"]
+        assert r["finite"] and r["resolutions"] == stage_sizes(32) == [29, 32, 29, 32] and r["images_per_step"] == 10 * r["pack"]
         assert r["seconds_per_image_at_T2000"] == pytest.approx(r["seconds"] / 4 * 2000 / r["images_per_step"])
 
 

@@ -69,9 +69,9 @@ class Probes:
         self.app, self.readiness = app, readiness
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path")
-        if scope["type"] != "http" or path not in (HEALTHZ, READYZ) or scope["method"] not in ("GET", "HEAD"):
+        if scope["type"] != "http" or scope["path"] not in (HEALTHZ, READYZ) or scope["method"] not in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
+        path = scope["path"]
         refused = query_problems(scope.get("query_string", b"").decode("latin-1"), {})
         if refused is not None:  # a probe takes no parameter
             status, body = 422, json.dumps(refused).encode()

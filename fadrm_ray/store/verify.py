@@ -3,7 +3,8 @@
 Readers stop at the first file that fails (`reader.py`); this check goes on, so that a repair
 (`fadrm_ray.repair`) knows every unit to recompute. For each unit manifest it checks that every
 file it lists is inside the run, exists, has the recorded sha256, parses, holds the recorded
-rows (labels and IPC range), and that every image decodes; for a complete run, that
+rows (labels and IPC range), and that every image decodes (their content digest, `store.digest`,
+is taken as they do); for a complete run, that
 manifest.json and the unit manifests agree. Part files no manifest lists are leftovers of
 crashed attempts: reported, never read, not a failure.
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store import manifests
+from fadrm_ray.store.digest import ContentDigest
 from fadrm_ray.store.checkpoints import load_checkpoint
 from fadrm_ray.store.reader import load_part, unit_parts
 from fadrm_ray.store.records import COLUMNS, StoreError, decode_image
@@ -52,6 +54,9 @@ class RunCheck(BaseModel):
     problems: dict[str, list[str]]   # unit_id -> what is wrong
     unlisted: list[str]
     report_stale: dict[str, str] = {}  # report files that no longer describe the run (the caller adds them)
+    # What the run holds (store.digest: equal for equal runs wherever they are); None where a
+    # unit fails or the images were not decoded.
+    content_digest: str | None = None
     files: dict[str, FileProblem] = {}
 
     @property
@@ -76,7 +81,7 @@ def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> RunCheck:
             problems[uid].append(message)
     if not units and not problems and layout.parts_on_disk():
         raise StoreError(f"{layout.run_dir} has part files but no manifests: there is nothing to verify them against")
-    rows, listed = 0, set()
+    rows, listed, digest = 0, set(), ContentDigest()
     for uid, manifest in units.items():
         try:
             parts = unit_parts(layout, manifest)
@@ -92,9 +97,10 @@ def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> RunCheck:
                 continue
             rows += table.num_rows
             if decode:
+                labels, ipcs = table.column("label").to_pylist(), table.column("ipc_index").to_pylist()
                 for i, image in enumerate(table.column("image").to_pylist()):
                     try:
-                        decode_image(image["bytes"], f"{part.path} row {i}")
+                        digest.add(labels[i], ipcs[i], decode_image(image["bytes"], f"{part.path} row {i}"))
                     except StoreError as exc:
                         problems[uid].append(str(exc))
                         break
@@ -102,6 +108,7 @@ def verify_run(run_dir: str | os.PathLike, *, decode: bool = True) -> RunCheck:
                     units=len(set(units) | set(problems)), rows=rows, bad_units=sorted(problems),
                     problems={uid: problems[uid] for uid in sorted(problems)},
                     unlisted=[layout.relative(p) for p in layout.parts_on_disk() if p not in listed],
+                    content_digest=digest.hexdigest() if decode and not problems else None,
                     files=store_file_problems(layout))
 
 
@@ -184,6 +191,9 @@ def describe_check(check: RunCheck, repaired: list[str] | None = None) -> list[s
     if check.report_stale:
         lines.append(f"report/ no longer describes the run ({', '.join(check.report_stale)}): "
                      f"rerun `fadrm evaluate`")
+    if check.content_digest is not None:
+        lines.append(f"content digest: {check.content_digest} (its images and labels: equal for equal runs "
+                     f"wherever they are stored)")
     if check.bad_units or check.files:
         what = [f"{len(check.bad_units)} unit(s)"] if check.bad_units else []
         what += [f"{len(check.files)} other file(s)"] if check.files else []

@@ -1,7 +1,7 @@
 """A stand-in for `recover/utils_recover.py` of the published FADRM code (github.com/Jiacheng8/FADRM),
 written for this project's tests; it is not that code.
 
-It has the names and signatures bench/side_by_side_worker.py imports from a checkout of the
+It has the names and signatures bench/speed/contender.py imports from a checkout of the
 published code (`load_recover_model`, `BNFeatureHook`, `lr_cosine_policy`, `clip`), each doing
 the work of the published recover step in a few lines: the frozen torchvision teacher loaded
 from `<model_pool_dir>/<name>.pth` with a hook on every BatchNorm layer that measures the

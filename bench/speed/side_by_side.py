@@ -1,11 +1,11 @@
 """The published FADRM recover loop and ours, side by side on one device, in one run.
 
-    python -m bench.side_by_side --official DIR [--device cpu|cuda] [--size 32] [--batch 10]
-                                 [--rounds 3] [--steps N] [--published NAMES] [--ours NAMES]
-                                 [--schedule T [--schedule-for NAMES]] [--profile DIR
-                                 [--profile-for NAMES]] [--record FILE] [--json]
-    python -m bench.side_by_side --no-official ...     ours alone (where the published code is absent)
-    python -m bench.side_by_side --share 2 ...         ours in 2 processes sharing the device, against 1
+    python -m bench.speed.side_by_side --official DIR [--device cpu|cuda] [--size 32] [--batch 10]
+                                       [--rounds 3] [--steps N] [--published NAMES] [--ours NAMES]
+                                       [--schedule T [--schedule-for NAMES]] [--profile DIR
+                                       [--profile-for NAMES]] [--record FILE] [--json]
+    python -m bench.speed.side_by_side --no-official ...   ours alone (where the published code is absent)
+    python -m bench.speed.side_by_side --share 2 ...       ours in 2 processes sharing the device, against 1
 
 DIR is a checkout of the published code (github.com/Jiacheng8/FADRM: `recover/recover.py`,
 `recover/utils_recover.py`, `models/`); `$FADRM_OFFICIAL` may name it instead. It is imported
@@ -16,7 +16,7 @@ weights, the same for every contender: a step's cost does not depend on them), `
 (224 on CUDA, 32 on a CPU), MRO stages at 200/224 of the size (D_ds, D, D_ds, D), ARC alpha 0.5,
 lr 0.25, r_bn 0.01, crops of 8-100 %, flips, rolls of up to 32 px (4 below 128 px), one batch of
 `--batch` classes (100 on CUDA, 10 on a CPU) starting from the same random patches. Each
-contender runs in its own process (bench/side_by_side_worker.py), warms up every stage shape,
+contender runs in its own process (bench/speed/contender.py), warms up every stage shape,
 then times `--steps` steps (four stages and three merges) per round; the rounds alternate the
 contenders, so a change of load hits them all, and each figure is the median over rounds.
 
@@ -57,7 +57,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,8 +66,10 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.decode import cpu_name
 from bench.record import Record
+from bench.speed.contender import ContenderSetup, Published, inputs
+from bench.speed.workers import Worker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T_PUBLISHED = 2000
 # The engine's settings per contender; "fast" is the engine's own fast path on the device.
 OURS = {"ours-eager-pack1": {"pack": 1, "compile": False},
@@ -77,9 +78,9 @@ OURS = {"ours-eager-pack1": {"pack": 1, "compile": False},
         "ours-fast-auto": {"pack": "auto", "fast": True},
         "ours-fast-packed": {"pack": "fixed", "fast": True}}  # the pack of --pack N
 # The published loop's settings per contender (module docstring).
-PUBLISHED = {"official": {"antialias": True, "cudnn_benchmark": False},
-             "official-benchmark": {"antialias": True, "cudnn_benchmark": True},
-             "official-like": {"antialias": False, "cudnn_benchmark": True}}
+PUBLISHED = {"official": Published(antialias=True, cudnn_benchmark=False),
+             "official-benchmark": Published(antialias=True, cudnn_benchmark=True),
+             "official-like": Published(antialias=False, cudnn_benchmark=True)}
 
 
 def fast_overrides(device: str) -> dict:
@@ -98,50 +99,6 @@ def compile_disabled() -> str | None:
     return "torch._dynamo is disabled" if torch._dynamo.config.disable else None
 
 
-class Contender:
-    """One contender's worker process."""
-
-    def __init__(self, name: str, setup: dict, work: Path, env: dict):
-        self.name = name
-        path = work / f"{name}.json"
-        path.write_text(json.dumps({**setup, "contender": name}))
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.side_by_side_worker", str(path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
-        self.hello: dict = {}
-
-    def ready(self) -> dict:
-        """Wait for the worker's warm-up (the workers warm up, and compile, at the same time)."""
-        if not self.hello:
-            self.hello = self._read()
-        return self.hello
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the {self.name} worker exited (status {self.proc.wait()}); its error is above")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise SystemExit(f"{self.name}: {reply['error']}")
-        return reply
-
-    def ask(self, command: str) -> dict:
-        self.send(command)
-        return self._read()
-
-    def send(self, command: str) -> None:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
-
-
 def worker_env(device: str) -> dict:
     """Every contender: the passive OpenMP policy and thread count a heavy process of ours gets
     (fadrm_ray.runtime), glibc's own malloc settings (ours applies its own in-process, with
@@ -157,7 +114,7 @@ def worker_env(device: str) -> dict:
 
 
 class Setting(BaseModel):
-    """What one `python -m bench.side_by_side` call times (its flags, checked once)."""
+    """What one `python -m bench.speed.side_by_side` call times (its flags, checked once)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     device: str
@@ -184,19 +141,29 @@ class Setting(BaseModel):
         return 32 if self.size >= 128 else min(4, max(1, self.size // 8))
 
 
-def _inputs(setting: Setting, work: Path) -> dict:
-    """The worker setup every contender shares: the random ResNet-18's weights (saved under the name
-    the published loader looks for) and the patches, in `work`."""
-    import torchvision
+def setups(setting: Setting, work: Path) -> dict[str, ContenderSetup]:
+    """Each contender's setup; the random ResNet-18 and the patches they share are written to `work`."""
+    shared = {"device": setting.device, "size": setting.size, "batch": setting.batch, "steps": setting.steps,
+              "jitter": setting.jitter, **inputs(work, setting.size, setting.batch)}
+    out = {}
+    for name in setting.names:
+        overrides = dict(OURS.get(name, {}))  # the published contenders have none
+        if name == "ours-fast-packed":  # its pack is fixed by --pack
+            overrides["pack"] = setting.pack
+        if overrides.pop("fast", False):
+            overrides.update(fast_overrides(setting.device))
+        published = PUBLISHED.get(name)
+        out[name] = ContenderSetup(contender=name, official=setting.official if published else None,
+                                   published=published, overrides=overrides, **shared)
+    return out
 
-    torch.manual_seed(0)
-    weights = work / "ResNet18.pth"
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), weights)
-    patches = work / "patches.pt"
-    torch.save(torch.randint(0, 256, (setting.batch, 3, setting.size, setting.size), dtype=torch.uint8,
-                             generator=torch.Generator().manual_seed(1)), patches)
-    return {"device": setting.device, "size": setting.size, "batch": setting.batch, "steps": setting.steps,
-            "jitter": setting.jitter, "weights": str(weights), "patches": str(patches), "official": setting.official}
+
+def start(setup: ContenderSetup, work: Path, env: dict, name: str | None = None) -> Worker:
+    """A contender's worker process (bench/speed/contender.py), its setup written to `work`."""
+    name = name or setup.contender
+    path = work / f"{name}.json"
+    path.write_text(setup.model_dump_json())
+    return Worker(name, "bench.speed.contender", [str(path)], env)
 
 
 def side_by_side(setting: Setting, log=print) -> dict:
@@ -204,18 +171,11 @@ def side_by_side(setting: Setting, log=print) -> dict:
     names, steps, record = setting.names, setting.steps, Record(setting.record)
     with tempfile.TemporaryDirectory(prefix="fadrm-side-by-side-") as tmp:
         work = Path(tmp)
-        base = _inputs(setting, work)
         env = worker_env(setting.device)
         contenders = {}
         try:
-            for name in names:
-                overrides = dict(OURS.get(name, {}))  # the published contenders have none
-                if overrides.get("pack") == "fixed":
-                    overrides["pack"] = setting.pack
-                if overrides.pop("fast", False):
-                    overrides.update(fast_overrides(setting.device))
-                contenders[name] = Contender(name, {**base, "overrides": overrides,
-                                                    "published": PUBLISHED.get(name)}, work, env)
+            for name, setup in setups(setting, work).items():
+                contenders[name] = start(setup, work, env)
             for name in names:
                 hello = contenders[name].ready()
                 record("ready", contender=name, **hello)
@@ -224,14 +184,14 @@ def side_by_side(setting: Setting, log=print) -> dict:
             for r in range(setting.rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
-                    runs[name].append(contenders[name].ask("run"))
+                    runs[name].append(contenders[name].ask(run=steps))
                     record("round", contender=name, round=r, pack=contenders[name].hello["pack"], **runs[name][-1])
                 log(f"  round {r + 1}/{setting.rounds}: " + ", ".join(
                     f"{n} {1000 * runs[n][-1]['seconds'] / steps / contenders[n].hello['pack']:.1f} ms" for n in names))
             schedules = {}
             for name in names if setting.schedule else []:  # one whole stage schedule of T steps
                 if setting.schedule_for is None or name in setting.schedule_for:
-                    schedules[name] = contenders[name].ask(f"run {setting.schedule}")
+                    schedules[name] = contenders[name].ask(run=setting.schedule)
                     record("schedule", contender=name, pack=contenders[name].hello["pack"], **schedules[name])
                     log(f"  {name}: a whole schedule of {setting.schedule} steps in {schedules[name]['seconds']:.2f} s")
             profiles = {}
@@ -239,7 +199,7 @@ def side_by_side(setting: Setting, log=print) -> dict:
                 for name in names:  # the pack-1 contenders: what one step costs, op by op
                     if contenders[name].hello["pack"] == 1 and (setting.profile_for is None or
                                                                 name in setting.profile_for):
-                        profiles[name] = contenders[name].ask(f"profile {Path(setting.profile).resolve() / name}")
+                        profiles[name] = contenders[name].ask(profile=str(Path(setting.profile).resolve() / name))
                         record("profile", contender=name, **profiles[name])
         finally:
             for c in contenders.values():
@@ -254,18 +214,18 @@ def share(setting: Setting, processes: int = 2, log=print) -> dict:
     steps, record = setting.steps, Record(setting.record)
     with tempfile.TemporaryDirectory(prefix="fadrm-share-") as tmp:
         work = Path(tmp)
-        base = {**_inputs(setting, work), "official": None, "overrides": dict(OURS["ours-eager-pack1"])}
+        setup = setups(setting.model_copy(update={"official": None, "ours": ["ours-eager-pack1"]}), work)
         env = worker_env(setting.device)
-        workers = [Contender(f"ours-eager-pack1-{i}", base, work, env) for i in range(processes)]
+        workers = [start(setup["ours-eager-pack1"], work, env, f"ours-eager-pack1-{i}") for i in range(processes)]
         try:
             for w in workers:
                 w.ready()
             alone, together = [], []
             for _ in range(setting.rounds):
-                alone.append(1000 * workers[0].ask("run")["seconds"] / steps)
+                alone.append(1000 * workers[0].ask(run=steps)["seconds"] / steps)
                 for w in workers:
-                    w.send("run")
-                replies = [w._read() for w in workers]
+                    w.send(run=steps)
+                replies = [w.read() for w in workers]
                 # all of them ran `steps` steps in the time of the slowest
                 together.append(1000 * max(r["seconds"] for r in replies) / (steps * processes))
                 record("share", one_ms_per_step=alone[-1], shared_ms_per_step=together[-1], processes=processes)
@@ -368,7 +328,7 @@ def report(out: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.side_by_side", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.speed.side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--official", default=os.environ.get("FADRM_OFFICIAL"),
                         help="a checkout of github.com/Jiacheng8/FADRM (default: $FADRM_OFFICIAL)")
     parser.add_argument("--no-official", action="store_true", help="time ours alone")

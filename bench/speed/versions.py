@@ -1,16 +1,17 @@
 """This checkout's recover step and student epoch against another checkout's, on this CPU.
 
-    python -m bench.step_versions --other DIR [--rounds 3] [--steps 40] [--json]
+    python -m bench.speed.versions --other DIR [--rounds 3] [--steps 40] [--json]
 
 DIR is another checkout of this project (e.g. `git worktree add /tmp/old COMMIT`). Each round runs
 one fresh process per checkout, taking turns, so a change of load hits both; each process times:
 
-- the eager recover step at pack 1 of the side-by-side setting (bench/side_by_side.py: a random
-  torchvision ResNet-18, 32 px, MRO 28/32, 10 classes, as a run configures it on this CPU, bf16
+- the eager recover step at pack 1 of the side-by-side setting (bench.speed.side_by_side: a random
+  torchvision ResNet-18, 32 px, MRO 29/32, 10 classes, as a run configures it on this CPU, bf16
   where the CPU has it), `--steps` steps after a warm-up of every stage shape, `init_state` outside
   the timed window; and its operator calls per step, counted by torch.profiler (every recorded
-  call, nested ones included) over 20 steps;
-- a student epoch (`bench.student_speed`'s: a ResNet-18 student, 100 random images of 32 px, 10
+  call, nested ones included) over 20 steps; each checkout's own loop, timed and profiled by this
+  checkout's bench/speed/timing.py;
+- a student epoch (`bench.speed.students`'s: a ResNet-18 student, 100 random images of 32 px, 10
   classes, the teacher's soft labels, AdamW, batch 16; the first epoch a warm-up).
 
 Prints the median over rounds of each figure for both checkouts, and their ratio.
@@ -25,23 +26,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
+# Run in each checkout's own process (PYTHONPATH: that checkout), with that checkout's loop (its
+# bench.speed.contender, or bench.side_by_side_worker from before bench/speed/) and student epoch,
+# timed and profiled by this checkout's bench/speed/timing.py, loaded by path: one clock for both.
 _WORKER = r"""
-import json, sys, tempfile, time
+import importlib.util, json, sys, tempfile
 from pathlib import Path
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-steps = int(sys.argv[1])
-from bench.side_by_side import OURS, Setting, _inputs
-from bench.side_by_side_worker import OurLoop
+steps, timing_file = int(sys.argv[1]), sys.argv[2]
+spec = importlib.util.spec_from_file_location("this_checkouts_timing", timing_file)
+timing = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(timing)
 from fadrm_ray.recover import init_state, recover
 
-setting = Setting(device="cpu", size=32, batch=10, steps=steps)
 with tempfile.TemporaryDirectory() as tmp:
-    setup = {**_inputs(setting, Path(tmp)), "overrides": dict(OURS["ours-eager-pack1"]),
-             "contender": "ours-eager-pack1"}
+    try:
+        from bench.speed.contender import ContenderSetup, OurLoop, inputs
+        setup = ContenderSetup(contender="ours-eager-pack1", device="cpu", size=32, batch=10, steps=steps, jitter=4,
+                               overrides={"pack": 1, "compile": False}, **inputs(Path(tmp), 32, 10))
+    except ModuleNotFoundError:  # a checkout from before bench/speed/
+        from bench.side_by_side import OURS, Setting, _inputs
+        from bench.side_by_side_worker import OurLoop
+        setup = {**_inputs(Setting(device="cpu", size=32, batch=10, steps=steps), Path(tmp)),
+                 "overrides": dict(OURS["ours-eager-pack1"]), "contender": "ours-eager-pack1"}
     loop = OurLoop(setup, torch.device("cpu"))
 
     def state(n):
@@ -52,32 +62,31 @@ with tempfile.TemporaryDirectory() as tmp:
     cfg, s = state(8)
     recover(s, [loop.teacher], cfg, "cpu")  # every stage shape once
     cfg, s = state(steps)
-    started = time.perf_counter()
-    recover(s, [loop.teacher], cfg, "cpu")
-    ms = 1000 * (time.perf_counter() - started) / steps
+    seconds = timing.timed(lambda: recover(s, [loop.teacher], cfg, "cpu"), "cpu")[0]
     cfg, s = state(20)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        recover(s, [loop.teacher], cfg, "cpu")
-    ops = len(prof.events()) / 20
+    ops = timing.profile(lambda: recover(s, [loop.teacher], cfg, "cpu"), "cpu", 20)["op_calls_per_step"]
     precision = cfg.precision
 
-from bench.student_speed import epoch_seconds
+try:
+    from bench.speed.students import epoch_seconds
+except ModuleNotFoundError:
+    from bench.student_speed import epoch_seconds
 epoch = epoch_seconds("cpu", "resnet18", 32, 100, 10, 3)["seconds_per_epoch"]
-print(json.dumps({"step_ms": ms, "ops_per_step": ops, "epoch_s": epoch, "precision": precision}))
+print(json.dumps({"step_ms": 1000 * seconds / steps, "ops_per_step": ops, "epoch_s": epoch, "precision": precision}))
 """
 
 
 def measure(tree: Path, steps: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _WORKER, str(steps)], cwd=tree, env=env, capture_output=True,
-                         text=True, timeout=1800)
+    out = subprocess.run([sys.executable, "-c", _WORKER, str(steps), str(ROOT / "bench" / "speed" / "timing.py")],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise SystemExit(f"{tree}: the worker failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.step_versions", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.speed.versions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--other", required=True, help="another checkout of this project")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40, help="timed recover steps per round")

@@ -1,4 +1,4 @@
-"""The tables of the ImageNet rehearsal (`python -m bench.imagenet_rehearsal`): phase x class count
+"""The tables of the ImageNet rehearsal (`python -m bench.rehearsal.imagenet`): phase x class count
 (seconds, seconds per class, peak memory, dataset listings), the `fadrm distill` split, and the
 summary of per-class costs and peak memory growth between class counts."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The efficiency table of FADRM's paper (its Table 2) on this machine: every method on one
 setting side by side in one run.
 
-    python -m bench.efficiency [--dataset digits] [--ipc 1] [--classes 0,1,2] [--teachers 2]
-                               [--scale 0.05] [--device cpu|cuda] [--threads 1] [--json]
+    python -m bench.speed.efficiency [--dataset digits] [--ipc 1] [--classes 0,1,2] [--teachers 2]
+                                     [--scale 0.05] [--device cpu|cuda] [--threads 1] [--json]
 
 Each method is its preset here (docs/method.md sections 7 and 7c), resolved for the dataset, at
 its own published iteration budget (PUBLISHED_BUDGET). Multi-teacher methods (fadrm+, g-vbsm,
@@ -128,7 +128,7 @@ def table(rows: list[dict], device: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.speed.efficiency", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="digits")
     p.add_argument("--ipc", type=int, default=1)
     p.add_argument("--classes", default="0,1,2", help="comma-separated class indices; empty = all")

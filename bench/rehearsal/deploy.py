@@ -2,7 +2,7 @@
 real two-node Ray cluster (`Rehearsal`: a head and a worker started with `ray start` on
 127.0.0.1, each with its own temp dir, a private HOME, free ports and token authentication) to
 run them against. Shared by tests/test_deploy.py, tests/test_deploy_rehearsal.py and
-`python -m bench.submit_repeat`.
+`python -m bench.rehearsal.submit_repeat`.
 
 Every process a `Rehearsal` starts carries a marker in its environment; `close` stops each by its
 id (the process groups of `ray start`, then what is left, by pid), never with Ray's own stop
@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 
 

@@ -1,20 +1,20 @@
-"""One contender of bench/side_by_side.py in a process of its own.
+"""One contender of bench.speed.side_by_side in a process of its own, and the loops it times.
 
-    python -m bench.side_by_side_worker SETUP.json
+    python -m bench.speed.contender SETUP.json
 
-SETUP.json (written by the parent) names the contender, the device, the image size, the batch,
-the timed and warm-up steps, the random ResNet-18's weights file and the patches. The worker
+SETUP.json (a `ContenderSetup`, written by the parent) names the contender, the device, the image
+size, the batch, the timed steps, the random ResNet-18's weights file and the patches. The worker
 builds its loop, warms it up (every stage shape once, so cuDNN's choices and any compiling are
-behind it), prints one JSON line `{"ready": ...}`, then answers each stdin line `run` with one
-JSON line: the seconds of `steps` timed steps (four stages and their merges) and the peak memory
-of that run; `run T` the same over one whole schedule of T steps; `profile DIR` profiles 20 steps,
-writes DIR/summary.json (and the trace, gzipped, where it is small) and answers with the summary;
-`quit` ends it.
+behind it), prints its hello, then answers each command line (a `ContenderCommand`,
+bench/speed/workers.py) with one JSON line: `{"run": T}` the seconds of T steps (four stages and
+their merges: the setup's steps, or one whole schedule) and the peak memory of that run;
+`{"profile": DIR}` a profile of 20 steps (bench/speed/timing.py), written to DIR/summary.json (and
+the trace, gzipped, where it is small), answered with the summary; `{"quit": true}` ends it.
 
 The contenders:
 
 - the published loop (`official`, `official-benchmark`, `official-like`: the setup's
-  `published` settings, bench/side_by_side.py's PUBLISHED): its per-iteration work, driven through its own modules
+  `published` settings, bench.speed.side_by_side's PUBLISHED): its per-iteration work, driven through its own modules
   imported from the directory the parent was given: the teacher built, loaded and frozen by its
   `utils_recover.load_recover_model` (torchvision's ResNet-18 from a state dict, as its
   `imagenet1k` offline path does), its `BNFeatureHook`s, its `lr_cosine_policy` and `clip`, and
@@ -28,16 +28,15 @@ The contenders:
   but in `official-benchmark` and `official-like`. The published `utils_recover` imports OpenCV at the top for
   reading patch files, which this loop does not do; where OpenCV is not installed a stand-in
   module takes its name and raises if called.
-- `ours:NAME`: `fadrm_ray.recover` at the same setting, the config overrides NAME stands for
-  (bench/side_by_side.py's OURS), with the engine's own `pack` (an integer, or "auto": what a
-  default run packs on this device).
+- `ours-*` (`OurLoop`): `fadrm_ray.recover` at the same setting, with the config overrides the
+  contender stands for (bench.speed.side_by_side's OURS) and the engine's own `pack` (an integer,
+  or "auto": what a default run packs on this device). bench.speed.imagenet times the same loop
+  in its own process, against pack size and precision.
 """
 from __future__ import annotations
 
-import json
 import random
 import sys
-import time
 import types
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,10 +44,68 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from bench.speed_worker import peak_rss_mb, reset_peak_rss, sync
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from bench.speed.timing import profile, timed
+from bench.speed.workers import serve
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's, as the published imagenet1k path
 LR, ALPHA, R_BN, FIRST_BN = 0.25, 0.5, 0.01, 10.0              # the released ImageNet-1K recover script's
+
+
+class Published(BaseModel):
+    """How a published contender runs the published loop (bench.speed.side_by_side's PUBLISHED)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    antialias: bool          # the crop resampled with antialias, as torchvision's RandomResizedCrop does
+    cudnn_benchmark: bool    # cuDNN's autotuning (the published script leaves it off)
+
+
+class ContenderSetup(BaseModel):
+    """What one contender's process builds and times, written by its parent as JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    contender: str
+    device: str
+    size: int                        # image size D; MRO stages at `stage_sizes(D)`
+    batch: int                       # classes per batch, one image each
+    steps: int                       # the timed steps of a round, a multiple of 4
+    jitter: int
+    weights: str                     # the random ResNet-18's state dict, named as the published loader looks for it
+    patches: str                     # uint8 (batch, 3, D, D), torch.save'd
+    official: str | None = None      # a checkout of the published code (its contenders only)
+    published: Published | None = None
+    overrides: dict = {}             # ours: config overrides; `pack` an integer, "auto" or absent (1)
+    teacher: str | None = None       # ours: a teacher checkpoint instead of `weights` (its own mean/std)
+
+
+class ContenderCommand(BaseModel):
+    """One command to a contender's process: `run` steps (four stages and their merges), or a
+    `profile` of 20 steps written to that folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run: int | None = None
+    profile: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.run is None) == (self.profile is None):
+            raise ValueError("a command is either run or profile")
+        return self
+
+
+def inputs(work: Path, size: int, batch: int) -> dict:
+    """The files every contender shares, in `work`: the random ResNet-18's weights (saved under the
+    name the published loader looks for) and the patches (ContenderSetup's `weights`, `patches`)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    weights = work / "ResNet18.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), weights)
+    patches = work / "patches.pt"
+    torch.save(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(1)), patches)
+    return {"weights": str(weights), "patches": str(patches)}
 
 
 def stage_sizes(size: int) -> list[int]:
@@ -92,23 +149,23 @@ def _absent(name: str, why: str) -> types.ModuleType:
 class OfficialLoop:
     """The published loop's per-iteration work on one batch (module docstring)."""
 
-    def __init__(self, setup: dict, device: torch.device):
+    def __init__(self, setup: ContenderSetup, device: torch.device):
         from torchvision import transforms
 
-        self.utils = import_official(setup["official"])
-        self.device, self.steps = device, setup["steps"]
-        self.antialias = bool(setup["published"]["antialias"])
+        self.utils = import_official(setup.official)
+        self.device, self.steps = device, setup.steps
+        self.antialias = setup.published.antialias
         self.args = SimpleNamespace(pretrained_model_type="offline", dataset_name="imagenet1k",
-                                    model_pool_dir=str(Path(setup["weights"]).parent), mean_norm=MEAN, std_norm=STD)
+                                    model_pool_dir=str(Path(setup.weights).parent), mean_norm=MEAN, std_norm=STD)
         models, hooks, _ = self.utils.load_recover_model(["ResNet18"], self.args, device)
         self.model, self.hooks = models[0], hooks[0]
         self.transforms = transforms
-        patches = torch.load(setup["patches"])  # uint8 (B, 3, D, D)
+        patches = torch.load(setup.patches)  # uint8 (B, 3, D, D)
         mean, std = torch.tensor(MEAN).view(1, -1, 1, 1), torch.tensor(STD).view(1, -1, 1, 1)
         self.patch = ((patches.float() / 255 - mean) / std).to(device)
         self.targets = torch.arange(patches.shape[0], device=device)
-        self.jitter = setup["jitter"]
-        self.sizes = stage_sizes(setup["size"])
+        self.jitter = setup.jitter
+        self.sizes = stage_sizes(setup.size)
 
     def prepare(self, steps: int) -> None:
         """The starting images (outside the timed window, as ours: `OurLoop.prepare`)."""
@@ -164,9 +221,10 @@ class OfficialLoop:
 
 # --------------------------------------------------------------------------- ours
 class OurLoop:
-    """`fadrm_ray.recover` at the same setting, with the overrides of one contender."""
+    """`fadrm_ray.recover` at the same setting, with the overrides of one contender; with the
+    setup's `teacher`, that checkpoint (and its normalization) instead of the random ResNet-18."""
 
-    def __init__(self, setup: dict, device: torch.device):
+    def __init__(self, setup: ContenderSetup, device: torch.device):
         import torchvision
 
         from fadrm_ray.packing import pack_limit
@@ -174,16 +232,21 @@ class OurLoop:
         from fadrm_ray.runtime import tune_allocator
 
         tune_allocator()
-        self.device, self.size = device, setup["size"]
-        model = torchvision.models.resnet18(weights=None)
-        model.load_state_dict(torch.load(setup["weights"], weights_only=True))
-        self.teacher = FrozenTeacher(model.to(device))
-        self.patches = torch.load(setup["patches"])  # uint8 (B, 3, D, D)
+        self.device, self.size = device, setup.size
+        self.patches = torch.load(setup.patches)  # uint8 (B, 3, D, D)
         self.classes = list(range(self.patches.shape[0]))
-        self.overrides = dict(setup["overrides"])
+        self.mean, self.std, self.num_classes = MEAN, STD, 1000
+        if setup.teacher is None:
+            model = torchvision.models.resnet18(weights=None)
+            model.load_state_dict(torch.load(setup.weights, weights_only=True))
+            self.described = "torchvision resnet18 (random init)"
+        else:
+            model = self._teacher(setup.teacher)
+        self.teacher = FrozenTeacher(model.to(device))
+        self.overrides = dict(setup.overrides)
         low = stage_sizes(self.size)[0]
         self.base = {"downsample_size": low, "classes": self.classes, "lr": LR, "alpha": ALPHA, "r_bn": R_BN,
-                     "first_bn_weight": FIRST_BN, "jitter": setup["jitter"], "crop_scale_min": 0.08,
+                     "first_bn_weight": FIRST_BN, "jitter": setup.jitter, "crop_scale_min": 0.08,
                      "bound": "clamp", "flip": True, "k": 3}
         probe = self.config(8, pack=self.overrides.get("pack", 1), ipc=1)
         self.pack = pack_limit(probe, len(self.classes), self.size, 3, [self.teacher], device)
@@ -193,7 +256,19 @@ class OurLoop:
 
         values = {**self.base, **{k: v for k, v in self.overrides.items() if k != "pack"}, **extra,
                   "iterations": steps}
-        return make_config("fadrm", overrides=values).resolve(self.size, 1000, True, self.device.type, channels=3)
+        return make_config("fadrm", overrides=values).resolve(self.size, self.num_classes, True, self.device.type,
+                                                               channels=3)
+
+    def _teacher(self, path: str):
+        from fadrm_ray.models import load_teacher
+
+        model, info = load_teacher(path)
+        if info.in_chans != 3 or info.num_classes < len(self.classes):
+            raise SystemExit(f"teacher {path}: needs 3 input channels and at least {len(self.classes)} classes, has "
+                             f"{info.in_chans} and {info.num_classes}")
+        self.mean, self.std, self.num_classes = list(info.mean), list(info.std), info.num_classes
+        self.described = f"{info.model_name} from {path} (test top-1 {info.test_accuracy:.2f}%)"
+        return model
 
     def prepare(self, steps: int) -> None:
         """The starting state (`init_state`: patches normalized and resized on the host), outside
@@ -202,7 +277,8 @@ class OurLoop:
 
         self.cfg = self.config(steps, pack=self.pack, ipc=self.pack)
         patches = self.patches.unsqueeze(0).expand(self.pack, *self.patches.shape).contiguous()
-        self.state = init_state(self.cfg, self.classes, list(range(self.pack)), patches, self.size, 3, MEAN, STD)
+        self.state = init_state(self.cfg, self.classes, list(range(self.pack)), patches, self.size, 3, self.mean,
+                                self.std)
 
     def run(self, steps: int) -> torch.Tensor:
         from fadrm_ray.recover import recover
@@ -217,112 +293,31 @@ class OurLoop:
 
 
 # --------------------------------------------------------------------------- the process
-def timed(loop, steps: int, device: torch.device) -> dict:
+def run_once(loop, steps: int, device: torch.device) -> dict:
+    """`steps` steps of `loop`, its starting state made outside the timed window."""
     loop.prepare(steps)
-    reset_peak_rss()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    sync(device.type)
-    started = time.perf_counter()
-    x = loop.run(steps)
-    sync(device.type)
-    seconds = time.perf_counter() - started
-    out = {"seconds": seconds, "steps": steps, "finite": bool(torch.isfinite(x).all())}
-    if device.type == "cuda":
-        out["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    else:
-        out["peak_rss_mb"] = peak_rss_mb()
-    return out
-
-
-TRACE_LIMIT = 4 << 20  # bytes of a gzipped trace kept beside its summary
-
-
-def profile(loop, device: torch.device, folder: Path, steps: int = 20) -> dict:
-    """A torch.profiler summary of `steps` steps: the busiest ops, and on CUDA the kernel time
-    against the wall time and the host syncs; written to `folder`/summary.json, and the trace
-    beside it (trace.json.gz) where it is at most TRACE_LIMIT bytes gzipped."""
-    import gzip
-    import shutil
-
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    folder.mkdir(parents=True, exist_ok=True)
-    loop.prepare(steps)
-    sync(device.type)
-    with torch_profile(activities=activities) as prof:
-        started = time.perf_counter()
-        loop.run(steps)
-        sync(device.type)
-        wall = time.perf_counter() - started
-    raw = folder / "trace.json"
-    prof.export_chrome_trace(str(raw))
-    trace = folder / "trace.json.gz"
-    with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    trace_bytes = trace.stat().st_size
-    if trace_bytes > TRACE_LIMIT:
-        trace.unlink()
-    events = prof.key_averages()
-    cuda = device.type == "cuda"
-
-    def self_us(e):
-        return getattr(e, "self_device_time_total", 0) if cuda else e.self_cpu_time_total
-
-    top = sorted(events, key=self_us, reverse=True)[:12]
-    out = {"steps": steps, "wall_ms_per_step": 1000 * wall / steps,
-           "trace": str(trace) if trace_bytes <= TRACE_LIMIT else None, "trace_gzip_bytes": trace_bytes,
-           "top": [{"op": e.key, "calls_per_step": e.count / steps, "ms_per_step": self_us(e) / 1000 / steps}
-                   for e in top]}
-    if cuda:
-        kernels = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1000
-        syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
-                                                           "cudaEventSynchronize"))
-        copies = sum(e.count for e in events if e.key.startswith("cudaMemcpy"))
-        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC",
-                                                             "cuLaunchKernel", "cuLaunchKernelEx"))
-        out.update(kernel_ms_per_step=kernels / steps, busy_share=kernels / (1000 * wall),
-                   host_syncs_per_step=syncs / steps, memcpy_calls_per_step=copies / steps,
-                   kernel_launches_per_step=launches / steps)
-    else:
-        out["ops_ms_per_step"] = sum(e.self_cpu_time_total for e in events) / 1000 / steps
-    # Every operator call the profiler recorded (nested calls counted), and those called from
-    # Python directly (no recorded parent): what each step asks of the dispatcher.
-    recorded = prof.events()
-    out["op_calls_per_step"] = len(recorded) / steps
-    out["top_level_op_calls_per_step"] = sum(1 for e in recorded if e.cpu_parent is None) / steps
-    (folder / "summary.json").write_text(json.dumps(out, indent=2))
-    return out
+    seconds, x, peak = timed(lambda: loop.run(steps), device.type)
+    return {"seconds": seconds, "steps": steps, "finite": bool(torch.isfinite(x).all()), **peak}
 
 
 def main(argv=None) -> None:
-    setup = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
-    device = torch.device(setup["device"])
+    setup = ContenderSetup.model_validate_json(Path((argv or sys.argv[1:])[0]).read_text())
+    device = torch.device(setup.device)
     torch.manual_seed(0)
     random.seed(0)
     if device.type == "cuda":  # ours turns cuDNN's autotuning on itself (runtime.autotune_convolutions)
-        published = setup.get("published") or {}
-        torch.backends.cudnn.benchmark = bool(published.get("cudnn_benchmark"))  # the published script: off
-    loop = OfficialLoop(setup, device) if setup.get("published") else OurLoop(setup, device)
-    warm = timed(loop, 2 * 4, device)  # two steps per stage: every shape once
-    print(json.dumps({"ready": True, "warmup_seconds": warm["seconds"], **loop.describe()}), flush=True)
-    for line in sys.stdin:
-        command, _, arg = line.strip().partition(" ")
-        try:
-            if command == "quit":
-                break
-            if command == "run":  # `run`: the setup's steps; `run T`: one whole schedule of T steps
-                reply = timed(loop, int(arg) if arg else setup["steps"], device)
-            elif command == "profile":
-                reply = profile(loop, device, Path(arg))
-            else:
-                reply = {"error": f"unknown command {command!r}"}
-        except Exception as exc:  # report and go on: the parent decides
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), flush=True)
+        torch.backends.cudnn.benchmark = bool(setup.published and setup.published.cudnn_benchmark)  # published: off
+    loop = OfficialLoop(setup, device) if setup.published else OurLoop(setup, device)
+    warm = run_once(loop, 2 * 4, device)  # two steps per stage: every shape once
+
+    def answer(line: dict) -> dict:
+        command = ContenderCommand.model_validate(line)
+        if command.run is not None:
+            return run_once(loop, command.run, device)
+        loop.prepare(20)
+        return profile(lambda: loop.run(20), device.type, 20, Path(command.profile))
+
+    serve({"warmup_seconds": warm["seconds"], **loop.describe()}, answer)
 
 
 if __name__ == "__main__":

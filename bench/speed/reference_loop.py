@@ -1,4 +1,4 @@
-"""The reference side of bench/recover_speed.py, and the measure both sides' images get.
+"""The reference side of bench.speed.engine_vs_reference, and the measure both sides' images get.
 
 `reference_recover` is the published recover loop's per-iteration work (SRe2L's recover
 script, which FADRM's builds on; docs/method.md sections 3-4): fp32, one batch of one image per

@@ -8,7 +8,7 @@ there). Each job gets its own --out under one folder and its own store. A submis
 kept when `ray job submit` exits 0 and its --out holds results.csv (one row per trial) and
 best.yaml.
 
-    python -m bench.submit_repeat --teacher TEACHER.pt [--runs 10] [--root DIR]
+    python -m bench.rehearsal.submit_repeat --teacher TEACHER.pt [--runs 10] [--root DIR]
 
 Prints one line per submission and, last, a JSON summary (runs, kept, failures with the tail of
 their log). Every process it starts is stopped by its id at the end.
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.deploy_rehearsal import REPO, Rehearsal, after_double_dash, readme_command, replace_flags
+from bench.rehearsal.deploy import REPO, Rehearsal, after_double_dash, readme_command, replace_flags
 
 COPY_IGNORES = (".git", "*.pt", ".hypothesis", "__pycache__", "*.egg-info", ".pytest_cache", "*.parquet")
 

@@ -1,19 +1,19 @@
 """Speed of the path users run: the `fadrm distill` command as typed, against the old defaults,
 across workers, and the time a run spends outside its recover stages.
 
-    python -m bench.scaling [--quick] [--datasets digits,mnist-sample] [--ipc 10] [--iterations T]
-                            [--sections defaults,workers,patches,omp] [--r18 [--teacher PATH]]
-                            [--json] [--out DIR]
+    python -m bench.speed.scaling [--quick] [--datasets digits,mnist-sample] [--ipc 10] [--iterations T]
+                                  [--sections defaults,workers,patches,omp] [--r18 [--teacher PATH]]
+                                  [--json] [--out DIR]
 
 Sections (each prints a table; all of them by default):
 
 - defaults: `fadrm distill` with no speed flag (Ray, one worker per CPU, `pack`/`ipc_per_unit`
   auto) against the old defaults (`--set pack=1 --set ipc_per_unit=1`, OpenMP's own wait policy:
   FADRM_DEFAULT_OMP=1), the same two with `--local`, and `--local` with the hand-set flags that
-  bench.recover_speed found fastest (every IPC batch in one unit and one step). Each is a fresh
-  process on a fresh store, timed from start to exit, so images/s includes what a user waits for
-  (Ray start, data, patch scoring, writes); "recover" is the time inside recover stages, from
-  the run's unit manifests.
+  bench.speed.engine_vs_reference found fastest (every IPC batch in one unit and one step). Each
+  is a fresh process on a fresh store, timed from start to exit, so images/s includes what a
+  user waits for (Ray start, data, patch scoring, writes); "recover" is the time inside recover
+  stages, from the run's unit manifests.
 - workers: images/s with `--local` (1 thread), 1 and 2 Ray workers (1 CPU each) on an embedded
   Ray started once in this process (its start is not counted), so that the Ray overhead and the
   2-worker speed-up are those of the coordinator and workers alone.
@@ -44,7 +44,7 @@ from pathlib import Path
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.store.run_files import RunManifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OLD_DEFAULTS = ["--set", "pack=1", "--set", "ipc_per_unit=1"]
 
 
@@ -107,7 +107,7 @@ def section_defaults(datasets, ipc, iterations, out, work) -> dict:
         runs = {"default": (common, {}), "old defaults": (common + OLD_DEFAULTS, {"FADRM_DEFAULT_OMP": "1"}),
                 "--local": (common + ["--local"], {}),
                 "--local, old defaults": (common + ["--local"] + OLD_DEFAULTS, {"FADRM_DEFAULT_OMP": "1"}),
-                "--local, hand-set best (recover_speed)": (common + ["--local"] + hand, {})}
+                "--local, hand-set best (engine_vs_reference)": (common + ["--local"] + hand, {})}
         rows[name] = {}
         for label, (argv, env) in runs.items():
             rows[name][label] = fadrm_distill(argv, work / "defaults", env)
@@ -117,7 +117,7 @@ def section_defaults(datasets, ipc, iterations, out, work) -> dict:
                        "--local / old defaults": r["--local"]["images_per_second"]
                        / r["--local, old defaults"]["images_per_second"],
                        "--local / hand-set best": r["--local"]["images_per_second"]
-                       / r["--local, hand-set best (recover_speed)"]["images_per_second"]}
+                       / r["--local, hand-set best (engine_vs_reference)"]["images_per_second"]}
     return rows
 
 
@@ -280,7 +280,7 @@ def report(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.speed.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs, to check the benchmark works")
     parser.add_argument("--datasets", default="digits,mnist-sample")
     parser.add_argument("--ipc", type=int, default=10)

@@ -1,7 +1,7 @@
 """Seconds per student epoch on each device, for the same student, teacher and images.
 
-    python -m bench.student_speed [--devices cpu,cuda] [--student resnet18] [--size 224]
-                                  [--images 100] [--classes 100] [--epochs 2] [--record FILE] [--json]
+    python -m bench.speed.students [--devices cpu,cuda] [--student resnet18] [--size 224]
+                                   [--images 100] [--classes 100] [--epochs 2] [--record FILE] [--json]
 
 The student is trained by `fadrm_ray.evaluation.training.train_student`, exactly as `fadrm evaluate` trains
 one (random-resized crops, flips, CutMix, the teacher's soft labels on each view, AdamW, batch
@@ -21,6 +21,8 @@ import sys
 import time
 
 import torch
+
+from bench.speed.timing import sync
 
 
 def epoch_seconds(device: str, student: str, size: int, images: int, classes: int, epochs: int,
@@ -49,8 +51,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
     spec = EvalSpec(device=device, threads=threads, progress=False)
 
     def on_epoch(seed, epoch, total, top1):  # after each epoch's test
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync(device)
         marks.append(time.perf_counter())
 
     started = time.perf_counter()
@@ -66,7 +67,7 @@ def epoch_seconds(device: str, student: str, size: int, images: int, classes: in
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.student_speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.speed.students", description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--student", default="resnet18", help="a student model name (fadrm_ray.models)")
     parser.add_argument("--size", type=int, default=224)

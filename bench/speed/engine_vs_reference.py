@@ -1,9 +1,8 @@
 """Recover speed: the engine's fastest path against a plain reference, side by side.
 
-    python -m bench.recover_speed [--quick] [--json] [--device cpu|cuda] [--ladder] [--table]
-                                  [--compile] [--evaluate] [--datasets mnist-sample,digits] [--out DIR]
-    python -m bench.recover_speed --imagenet [--device cuda] [--packs 1,2,4] [--precision fp16,bf16]
-                                  [--iterations 200] [--tiny] [--json-out FILE]
+    python -m bench.speed.engine_vs_reference [--quick] [--json] [--device cpu|cuda] [--ladder]
+                                              [--table] [--compile] [--evaluate]
+                                              [--datasets mnist-sample,digits] [--out DIR]
 
 Settings (--datasets): `mnist-sample` and `digits` are the small-image FADRM setting of
 bench/accuracy.py, a convnet-bn teacher (width 64, depth 3); `mnist32-r18` is mnist-sample
@@ -17,7 +16,7 @@ as bench/accuracy.py; 200 on mnist32-r18); the timed runs use fewer iterations, 
 four stages and ARC merges, because the cost of an iteration does not depend on T.
 
 Two paths:
-  (a) reference: `reference_recover` (bench/speed_reference.py), the published recover loop's
+  (a) reference: `reference_recover` (bench/speed/reference_loop.py), the published recover loop's
       per-iteration work (docs/method.md sections 3-4): fp32, one batch of one image per class
       at a time, the teacher frozen (`requires_grad = False`, as the published script sets it),
       BN statistics in forward hooks as the published hook takes them, the default glibc allocator.
@@ -26,7 +25,7 @@ Two paths:
       glibc allocator settings, and torch.compile with --compile.
 
 Fairness: same teacher file, patches, config, thread count and OpenMP settings on both sides.
-Each side runs in its own long-lived worker process (bench/speed_worker.py) and the runs
+Each side runs in its own long-lived worker process (bench/speed/sides.py) and the runs
 alternate (a, b, a, b, ...), so a change of load on this shared machine hits both; the speed-up
 is the median of the per-round ratios. glibc reads MALLOC_* only when a process starts, which
 is why the sides are separate processes: the reference worker gets the environment without any
@@ -40,15 +39,15 @@ Reported per side: ms per image-update (one optimizer step of one image), second
 image at T, peak memory (the worker's peak RSS during the run, VmHWM; on GPU the peak of
 torch.cuda.max_memory_allocated), and the speed-up (b)/(a) in images per second. Quality:
 both sides' final images (the last timed round with --quick, else a run at the full T) are
-measured by `image_losses` (bench/speed_reference.py), the same code for both: the teacher's
+measured by `image_losses` (bench/speed/reference_loop.py), the same code for both: the teacher's
 CE and BN loss; with --evaluate, students are trained on both image sets by
 fadrm_ray.evaluation.evaluate.evaluate_images.
 
 --ladder takes the speed-up apart, one change at a time; --table gives the engine's seconds per
 image against pack size (1, 2, 5, 10) and precision (fp32, bf16 on CPU; fp32, fp16 on CUDA).
 --quick finishes in about two minutes once the teachers are cached (training them the first
-time takes one to three minutes more). --imagenet times the engine at the ImageNet-1K setting
-instead (bench/speed_imagenet.py; bench/gpu_check.sh runs it on a GPU).
+time takes one to three minutes more). bench.speed.imagenet times the engine alone at the
+ImageNet-1K setting, bench.speed.side_by_side against the published code itself.
 
 This file is the parent: it prepares each dataset's setup, starts the two worker processes,
 alternates their runs, and writes the report.
@@ -65,9 +64,8 @@ from pathlib import Path
 
 import torch
 
-from bench.speed_imagenet import ImagenetTiming, imagenet_timing
-from bench.speed_reference import image_losses
-from bench.speed_worker import Side
+from bench.speed.reference_loop import image_losses
+from bench.speed.workers import Worker
 
 TEACHER = ("convnet-bn", {"width": 64, "depth": 3})  # t1 of bench/accuracy.py
 R18 = ("resnet18-cifar", {})
@@ -143,7 +141,7 @@ def measure(cells: list[tuple], rounds: int, iterations: int) -> list[list[dict]
     replies: list[list[dict]] = [[] for _ in cells]
     for _ in range(rounds):
         for i, (_label, worker, side, overrides) in enumerate(cells):
-            replies[i].append(worker.run(side=side, iterations=iterations, overrides=overrides))
+            replies[i].append(worker.ask(side=side, iterations=iterations, overrides=overrides))
     return replies
 
 
@@ -159,6 +157,15 @@ def _summary(replies: list[dict], T: int) -> dict:
     for key in ("precision", "pack", "channels_last", "compile"):
         out[key] = replies[0][key]
     return out
+
+
+def start_side(name: str, setup_path: Path, args, env: dict, log) -> Worker:
+    """One side's worker process (bench/speed/sides.py), warmed up; its hello logged."""
+    worker = Worker(name, "bench.speed.sides", [str(setup_path), "--device", args.device, "--threads",
+                                                str(args.threads)], env)
+    hello = worker.ready()
+    log(f"  worker {name}: pid {hello['pid']}, env {hello['env']}")
+    return worker
 
 
 def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> dict:
@@ -180,18 +187,18 @@ def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> d
     log(f"{name}: {setup['image_size']} px, {len(setup['classes'])} classes, IPC {IPC}, teacher top-1 "
         f"{setup['teacher_top1']:.1f}%, T = {T}; timed on {args.iterations} iterations x {args.rounds} rounds "
         f"(load {result['load_before']})")
-    ref = Side("reference", setup_path, args.device, args.threads, ref_env, log)
-    eng = Side("engine", setup_path, args.device, args.threads, eng_env, log)
+    ref = start_side("reference", setup_path, args, ref_env, log)
+    eng = start_side("engine", setup_path, args, eng_env, log)
     try:
         q_iters = args.quality_iterations if args.quality_iterations is not None else (args.iterations if args.quick else T)
         rounds, defaults = [], []
         for r in range(args.rounds):
             keep = r == args.rounds - 1 and q_iters == args.iterations  # the quality images come from this round
-            a = ref.run(side="reference", iterations=args.iterations,
+            a = ref.ask(side="reference", iterations=args.iterations,
                         save=str(out / f"images-{name}-reference.pt") if keep else None)
-            b = eng.run(side="engine", iterations=args.iterations, overrides=fast,
+            b = eng.ask(side="engine", iterations=args.iterations, overrides=fast,
                         save=str(out / f"images-{name}-engine.pt") if keep else None)
-            c = eng.run(side="engine", iterations=args.iterations, overrides={})  # what a default run does
+            c = eng.ask(side="engine", iterations=args.iterations, overrides={})  # what a default run does
             rounds.append((a, b))
             defaults.append(c)
             log(f"  round {r + 1}: reference {a['ms_per_image_update']:.3f} ms/img-update, engine "
@@ -216,8 +223,8 @@ def compare(name: str, setup_path: Path, setup: dict, args, out: Path, log) -> d
             qa, qb = rounds[-1]
         else:
             log(f"  quality: both sides once more, at {q_iters} iterations (load {_load()})")
-            qa = ref.run(side="reference", iterations=q_iters, save=str(out / f"images-{name}-reference.pt"))
-            qb = eng.run(side="engine", iterations=q_iters, overrides=fast, save=str(out / f"images-{name}-engine.pt"))
+            qa = ref.ask(side="reference", iterations=q_iters, save=str(out / f"images-{name}-reference.pt"))
+            qb = eng.ask(side="engine", iterations=q_iters, overrides=fast, save=str(out / f"images-{name}-engine.pt"))
         result["quality"] = quality(name, setup, out, args, log)
         result["quality"].update(iterations=q_iters, seconds={"reference": qa["seconds"], "engine": qb["seconds"]},
                                  speedup=qa["seconds"] / qb["seconds"])
@@ -329,7 +336,8 @@ def report(results: list[dict], args) -> str:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.speed.engine_vs_reference", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="about two minutes: fewer iterations and rounds")
     p.add_argument("--json", action="store_true", help="print one JSON object (with a `speedup` key)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -337,14 +345,14 @@ def main(argv=None) -> dict:
                    help=f"settings, of {', '.join(SETTINGS)}; the first one gives the headline speed-up")
     p.add_argument("--r18-teacher", default=None,
                    help="a resnet18-cifar checkpoint trained on mnist-sample at 32 px, for mnist32-r18")
-    p.add_argument("--out", default="bench-results/recover_speed", help="teachers, patches, images and results")
+    p.add_argument("--out", default="bench-results/engine_vs_reference", help="teachers, patches, images and results")
     p.add_argument("--iterations", type=int, default=None, help="timed iterations per run (default 100; quick 40)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 2)")
     p.add_argument("--quality-iterations", type=int, default=None,
                    help="iterations of the quality run (default: T; quick: --iterations)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of both sides")
     p.add_argument("--precision", default=None,
-                   help="engine precision (default: the config's auto); with --imagenet a comma list")
+                   help="engine precision (default: the config's auto)")
     p.add_argument("--compile", action="store_true", help="engine with torch.compile (compile time is reported)")
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--omp-wait", choices=("passive", "default"), default="passive",
@@ -355,30 +363,9 @@ def main(argv=None) -> dict:
     p.add_argument("--table-rounds", type=int, default=None, help="ladder/table rounds (default 2; quick 1)")
     p.add_argument("--evaluate", action="store_true", help="train students on both image sets (evaluate_images)")
     p.add_argument("--eval-seeds", type=int, default=2)
-    p.add_argument("--imagenet", action="store_true",
-                   help="instead: engine seconds per image at the ImageNet-1K setting (ResNet-18, 224 px, MRO)")
-    p.add_argument("--tiny", action="store_true", help="with --imagenet: a CPU-sized stand-in, to test the code")
-    p.add_argument("--packs", default="1,2,4", help="with --imagenet: pack sizes")
-    p.add_argument("--json-out", default=None, help="with --imagenet: also write the JSON here")
-    p.add_argument("--imagenet-teacher", default=None,
-                   help="with --imagenet: a teacher checkpoint (e.g. from `fadrm import-teacher`) instead of a random ResNet-18")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
-    if args.imagenet:
-        torch.set_num_threads(args.threads)
-        log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-        setup = ImagenetTiming(device=args.device, packs=[int(v) for v in args.packs.split(",")],
-                               iterations=args.iterations or 200, precisions=(args.precision or "auto").split(","),
-                               channels_last=not args.no_channels_last, compile=args.compile, tiny=args.tiny,
-                               teacher=args.imagenet_teacher)
-        result = imagenet_timing(setup, log)
-        if args.json_out:
-            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json_out).write_text(json.dumps(result, indent=2))
-        if args.json:
-            print(json.dumps(result))
-        return result
     mode = "quick" if args.quick else "full"
     args.iterations = args.iterations or (40 if args.quick else 100)
     args.rounds = args.rounds or (2 if args.quick else 3)
@@ -401,13 +388,13 @@ def main(argv=None) -> dict:
                "threads": args.threads, "omp_wait": args.omp_wait, "allocator_env": allocator_env(),
                "torch": torch.__version__, "cpu_bf16": _cpu_bf16(), "mode": mode,
                "seconds": round(time.perf_counter() - started, 1), "results": results}
-    (out / "recover_speed.json").write_text(json.dumps(summary, indent=2))
+    (out / "engine_vs_reference.json").write_text(json.dumps(summary, indent=2))
     if args.json:
         print(json.dumps(summary))
     else:
         print(report(results, args))
         print(f"\nheadline: {results[0]['dataset']} speed-up {summary['speedup']:.2f}x "
-              f"({summary['seconds']:.0f} s in all; JSON in {out / 'recover_speed.json'})")
+              f"({summary['seconds']:.0f} s in all; JSON in {out / 'engine_vs_reference.json'})")
     return summary
 
 

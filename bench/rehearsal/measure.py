@@ -1,4 +1,4 @@
-"""Measurements of the ImageNet rehearsal (`python -m bench.imagenet_rehearsal`), from /proc and inotify.
+"""Measurements of the ImageNet rehearsal (`python -m bench.rehearsal.imagenet`), from /proc and inotify.
 
 - `TreeSampler`: the memory of a process and all its descendants, sampled from /proc every 0.2 s: the
   peak of the tree's summed RSS (shared pages counted once per process), of its summed PSS (shared

@@ -1,6 +1,6 @@
 """A scale rehearsal of an ImageNet-1K run on this machine, done with the `fadrm` command.
 
-    python -m bench.imagenet_rehearsal [--classes 10,100,1000] [--train-per-class 2] [--val-per-class 1]
+    python -m bench.rehearsal.imagenet [--classes 10,100,1000] [--train-per-class 2] [--val-per-class 1]
                                        [--workers 2] [--iterations 4] [--out DIR] [--json]
 
 For each class count N, in DIR/runs/N (the working directory of every command):
@@ -58,12 +58,12 @@ import time
 from pathlib import Path
 
 from fadrm_ray.store.manifests import read_config, unit_manifest
-from bench.rehearsal_measure import ListingCounter, Phase, TreeSampler, become_subreaper, last_json, ledger_split
+from bench.rehearsal.measure import ListingCounter, Phase, TreeSampler, become_subreaper, last_json, ledger_split
 from bench.decode import cpu_name
 from fadrm_ray.layout import RunLayout
-from bench.rehearsal_report import report, summarize
+from bench.rehearsal.report import report, summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IMAGENET_MEAN = "0.485,0.456,0.406"
 IMAGENET_STD = "0.229,0.224,0.225"
 IMAGE_SIZE = (96, 72)  # width, height: not square, so the folder reader takes 224 px
@@ -328,7 +328,7 @@ def rehearse(n: int, args, out: Path, counter_for) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench.imagenet_rehearsal", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.rehearsal.imagenet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", default="10,100,1000", help="class counts, comma-separated (at most 1000)")
     parser.add_argument("--train-per-class", type=int, default=2)
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     subreaper = become_subreaper()
     result: dict = {"cpu": cpu_name(), "cpus": os.cpu_count(), "workers": args.workers, "iterations": args.iterations,
                     "train_per_class": args.train_per_class, "val_per_class": args.val_per_class,
-                    "subreaper": subreaper, "command": "python -m bench.imagenet_rehearsal " + " ".join(argv or sys.argv[1:]),
+                    "subreaper": subreaper, "command": "python -m bench.rehearsal.imagenet " + " ".join(argv or sys.argv[1:]),
                     "load_before": "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), "counts": []}
 
     def counter_for(folder: Path) -> ListingCounter:
