@@ -61,11 +61,8 @@ def test_the_base_install_brings_everything_the_rest_client_imports():
 
 # Files named after the round that added them (test_x2.py, probes3.py, test_x4_store.py): a
 # maintainer looks for the tests and benchmarks of a subject by its name. A word of a name may end
-# in a digit only where the digit is part of the subject itself (below); the API tests still named
-# by round are being renamed, and leave this list when they are.
+# in a digit only where the digit is part of the subject itself (below).
 SUBJECT_WORDS = {"fp16", "bf16", "fp32", "resnet18", "mnist32", "cifar10", "cifar100", "imagenet1k"}
-NAMED_BY_ROUND = {"tests/test_api_hostile2.py", "tests/test_api_hostile3.py", "tests/test_api_hostile4.py",
-                  "tests/test_api_hostile4_store.py", "tests/test_api_hostile5.py"}
 
 
 def numbered_words(name: str) -> list[str]:
@@ -83,7 +80,5 @@ def test_no_test_or_benchmark_is_named_after_a_round():
                      if p.suffix in (".py", ".sh") and "data" not in p.relative_to(REPO).parts)
     assert REPO / "bench" / "gpu_check.sh" in sources and REPO / "tests" / "test_house.py" in sources
     named = {p.relative_to(REPO).as_posix(): numbered_words(p.name) for p in sources}
-    offenders = sorted(path for path, words in named.items() if words and path not in NAMED_BY_ROUND)
+    offenders = sorted(path for path, words in named.items() if words)
     assert offenders == [], f"named by a number, not by subject: {offenders}"
-    stale = sorted(path for path in NAMED_BY_ROUND if not named.get(path))
-    assert stale == [], f"NAMED_BY_ROUND lists files that are gone or renamed: {stale}"
