@@ -18,6 +18,7 @@ import ray
 
 from actors.lifeline import Lifeline
 from actors.pool import WorkerPool
+from actors.ray_output import ray_output
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.runs import execute
 from fadrm_ray.runs.execute import DistillResult
@@ -149,7 +150,7 @@ def cluster_gpus(spec: ExecutionSpec) -> float:
     one), else those the cluster at `spec.address` (or the Ray of this process) reports."""
     if not spec.address and not ray.is_initialized():
         return float(local_gpus())
-    with ray_session(spec.address):
+    with ray_output(None, spec.verbose, owner=spec), ray_session(spec.address):  # to the ray.log of spec's run
         return float(ray.cluster_resources().get("GPU", 0))
 
 
@@ -160,12 +161,15 @@ def run(job: DistillJob, spec: ExecutionSpec, parts: JobParts | None = None) -> 
     spec says or, unset, as the job's device type needs (`WorkerPool.for_job`). `parts`: what
     building the job loaded in this process (the dataset is sent to the workers from it). A run
     that already holds every unit the job asks for is answered without starting Ray."""
-    if RunLayout(job.run_dir).unit_ids():  # a run with finished units may need no worker at all
+    layout = RunLayout(job.run_dir)
+    if layout.unit_ids():  # a run with finished units may need no worker at all
         try:
-            return execute.run_job(job, _AlreadyDone(job.device_type), parts)
+            with ray_output(layout.ray_log, spec.verbose, owner=spec):  # what its GPU count said, if anything
+                return execute.run_job(job, _AlreadyDone(job.device_type), parts)
         except _Unfinished:
             pass
-    with ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
+    with ray_output(layout.ray_log, spec.verbose, owner=spec), \
+            ray_session(spec.address, num_gpus=None if spec.address else local_gpus()):
         pool = WorkerPool.for_job(job, spec)
         try:
             return execute.run_job(job, pool, parts)

@@ -1,6 +1,6 @@
 """A job's evaluation, placed where its distillation ran.
 
-The service's driver (api/runner.py) evaluates a finished run here. On a GPU cluster it is a Ray
+The service's driver (api/jobs/runner.py) evaluates a finished run here. On a GPU cluster it is a Ray
 task holding one worker's GPU share: the students train, and the teachers label, on that GPU
 (`EvalSpec.device` cuda, mixed precision), as the DistillWorkers did, never on the driver's CPU.
 Where Ray hands the task a GPU that torch in the worker cannot see (a cluster that declares GPUs

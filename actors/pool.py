@@ -51,7 +51,7 @@ class WorkerPool:
         self.gpus_per_worker = gpus_per_worker
         self.max_attempts = max_attempts      # attempts of one task before the run fails
         self.progress = progress
-        self.share_patches = share_patches    # False: every worker scores the classes it needs (bench.scaling)
+        self.share_patches = share_patches    # False: every worker scores the classes it needs (bench.speed.scaling)
         self.device = self.device_type = "cuda" if gpus_per_worker else "cpu"
         self.workers: list = self._start_workers(workers or self._default_workers())
         self.parallelism = len(self.workers)
@@ -116,6 +116,7 @@ class WorkerPool:
         `run_finished`: the classes' patch scoring first (one task per class, the rankings then
         shared with every stage), then the units' stages."""
         run.log_started()
+        run.workers = len(workers)
         if run.tasks:
             run.share_context(parts)
             if self.share_patches:
@@ -153,6 +154,7 @@ class WorkerPool:
                     try:
                         ray.get(ref)
                         idle.append(worker)
+                        run.worker_back(worker)
                     except RayActorError as exc:
                         run.log(WorkerLost(worker=actor_name(worker), message=str(exc)[:500]))
                 else:
@@ -174,6 +176,7 @@ class WorkerPool:
             info: WorkerInfo = ray.get(ref)
         except RayActorError as exc:
             run.log(WorkerLost(worker=actor_name(worker), message=str(exc)[:500]))
+            run.worker_lost(worker, None, exc)
             return
         run.log(WorkerStarted(worker=actor_name(worker), **info.model_dump()))
 
@@ -187,7 +190,8 @@ class WorkerPool:
             raise RuntimeError(f"{task.name} failed {task.attempts} times; "
                                f"last error: {str(exc).splitlines()[0]}") from exc
         queue.appendleft(task)
-        if isinstance(exc, RayActorError):
+        if isinstance(exc, RayActorError):  # its process or node is gone: said once, counted out
+            run.worker_lost(worker, task, exc)
             probes[worker.ping.remote()] = worker  # answered once Ray restarted the actor
         else:
             idle.append(worker)

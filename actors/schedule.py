@@ -13,6 +13,7 @@ the pool.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -79,6 +80,8 @@ class RunSchedule:
         self.context: list = []               # [ref of the RunContext] and, once shared, [.., ref of the rankings]
         self.selections: dict[int, ClassSelection] = {}  # class -> its patch ranking, shared with every stage
         self.bar = None                       # the progress bar of the stages, while they run
+        self.workers = 0                      # the actors the run was given (set by progress_bar)
+        self.lost: set[str] = set()           # those lost and not back, by actor id (worker_lost)
 
     def log(self, entry: LedgerEntry) -> None:
         append_entry(self.ledger_path, entry)
@@ -134,16 +137,49 @@ class RunSchedule:
 
     @contextlib.contextmanager
     def progress_bar(self, workers: int, progress: bool = True):
-        """The progress bar of the stages, while they run on `workers` actors."""
+        """The progress bar of the stages, while they run on `workers` actors (its count is of the
+        workers alive: `worker_lost`, `worker_back`)."""
         from tqdm.auto import tqdm
 
+        self.workers = workers
         self.bar = tqdm(total=len(self.units) * self.stages, initial=self.stages_done, unit="stage",
-                        desc=f"distill {self.store.run_id} ({workers} workers)", disable=not progress)
+                        desc=self._desc(), disable=not progress)
         try:
             yield self.bar
         finally:
             self.bar.close()
             self.bar = None
+
+    def _desc(self) -> str:
+        alive = self.workers - len(self.lost)
+        return f"distill {self.store.run_id} ({alive} worker{'' if alive == 1 else 's'})"
+
+    def worker_lost(self, worker, task: Task | None, exc: Exception) -> None:
+        """Say once, in one line, that `worker` was lost (its process or node gone) and which unit
+        runs again; the bar counts one worker less until it is back (`worker_back`)."""
+        name = actor_name(worker)
+        if name in self.lost:
+            return
+        self.lost.add(name)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        again = f"; {task.name} runs again from its last stage checkpoint on a worker left" if task else ""
+        alive = max(0, self.workers - len(self.lost)) if self.workers else None
+        left = f" ({alive} of {self.workers} workers left)" if alive is not None else ""
+        self.say(f"a distill worker was lost ({type(exc).__name__}: {reason}){again}{left}")
+        if self.bar is not None:
+            self.bar.set_description_str(self._desc())
+
+    def worker_back(self, worker) -> None:
+        """`worker`, lost before, answers again (Ray restarted it): the bar counts it again."""
+        self.lost.discard(actor_name(worker))
+        if self.bar is not None:
+            self.bar.set_description_str(self._desc())
+
+    def say(self, line: str) -> None:
+        """One line for the user on stderr, above the progress bar where one is shown."""
+        from tqdm.auto import tqdm
+
+        tqdm.write(f"fadrm: {line}", file=sys.stderr)
 
     # ------------------------------------------------------------------ tasks
     def submit(self, worker, task: Task):

@@ -1,6 +1,6 @@
-"""`fadrm serve`: run the REST service under uvicorn (settings: api/config.py), registered with the
-`fadrm` command through the `fadrm.commands` entry point (pyproject.toml): a subcommand module of
-the shape of `fadrm_ray.cli`'s (NAME, HEAVY, add_parser(sub), run(args))."""
+"""`fadrm serve`: run the REST service under uvicorn (settings: api/planning/service_settings.py),
+registered with the `fadrm` command through the `fadrm.commands` entry point (pyproject.toml): a
+subcommand module of the shape of `fadrm_ray.cli`'s (NAME, HEAVY, add_parser(sub), run(args))."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-    from api.config import ServiceSettings
+    from api.planning.service_settings import ServiceSettings
 
     os.umask(UMASK)  # before anything is written, by this process or the ones it starts
     if not 0 < args.port < 65536:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> None:
                          "that ends TLS")
     settings = ServiceSettings.load(args.config)  # a bad setting: SettingsError, an InputError
     if args.stop_ray:
-        from api.local_ray import LocalRay
+        from api.jobs.local_ray import LocalRay
 
         stopped = LocalRay(settings.state_dir, settings.ray_cpus).stop()
         print(json.dumps({"stopped": stopped}) if args.json else ("stopped the local Ray head" if stopped
@@ -61,22 +61,22 @@ def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     _system_arrow_pool()
-    from api.app import create_app
-    from api.http import guarded_protocol, proxy_options, uvicorn_log_config
+    from api.web.app import create_app
+    from api.web.http import guarded_protocol, uvicorn_log_config
 
     app = create_app(settings)  # refuses a second service on the same store before binding
-    # X-Forwarded-For only from the proxies the operator names (FADRM_TRUSTED_PROXIES; none by default).
+    # X-Forwarded-For only from the proxies the operator names (FADRM_TRUSTED_PROXIES; none by
+    # default), read by the app itself (api.web.proxies), never by uvicorn's own default.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=True,
                 log_config=uvicorn_log_config(settings.log_file, settings.log_max_bytes, settings.log_backups),
                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_graceful_shutdown=10,
-                http=guarded_protocol(settings.request_timeout, settings.max_connections),
-                **proxy_options(settings.trusted_proxies))
+                http=guarded_protocol(settings.request_timeout, settings.max_connections), proxy_headers=False)
 
 
 def _system_arrow_pool() -> None:
     """Arrow's memory in this process from the C allocator, unless the operator chose a pool
-    (ARROW_DEFAULT_MEMORY_POOL). The files the service builds for downloads (api.packing,
-    api.outputs) allocate through Arrow, whose default pool (mimalloc) keeps what they free:
+    (ARROW_DEFAULT_MEMORY_POOL). The files the service builds for downloads (api.jobs.soft_label_packing,
+    api.jobs.job_outputs) allocate through Arrow, whose default pool (mimalloc) keeps what they free:
     about 30 MiB more at each build's peak. Arrow reads the variable once, when this process
     first asks for its pool; the jobs' drivers and Ray, started later, keep their own default."""
     chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")

@@ -95,29 +95,32 @@ def _wait_job(http: httpx.Client, job_id: str, states=("succeeded", "failed", "c
         time.sleep(0.2)
 
 
-async def _load(url: str, job_id: str, clients: int, seconds: float, interval: float) -> dict:
-    latencies: dict[str, list[float]] = {"poll": [], "list": []}
+async def poll_load(url: str, paths: dict[str, str], clients: int, seconds: float, interval: float,
+                    token: str | None = TOKEN) -> dict:
+    """`clients` clients (one connection each) asking `paths` (kind -> path) in turn for
+    `seconds`, each waiting `interval` between its requests: the latency percentiles of each kind
+    and of all, the rate, and the answers other than 200."""
+    latencies: dict[str, list[float]] = {kind: [] for kind in paths}
     slow: list[tuple[float, float]] = []  # (seconds into the load, latency) of requests over 1 s
     errors: dict[str, int] = {}
     stop_at = begin = float("inf")
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    paths = [f"/v1/distillations/{job_id}", "/v1/distillations?limit=20"]
-    kinds = ["poll", "list"]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    kinds, paths = list(paths), list(paths.values())
 
     async def client(http: httpx.AsyncClient, k: int) -> None:
-        await http.get(paths[k % 2])  # opens this client's connection; not measured
+        await http.get(paths[k % len(paths)])  # opens this client's connection; not measured
         await ready.wait()
         i = k
         while time.perf_counter() < stop_at:
             started = time.perf_counter()
             try:
-                response = await http.get(paths[i % 2])
+                response = await http.get(paths[i % len(paths)])
                 if response.status_code != 200:
                     errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
             except httpx.HTTPError as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
             took = time.perf_counter() - started
-            latencies[kinds[i % 2]].append(took)
+            latencies[kinds[i % len(kinds)]].append(took)
             if took > 1.0:
                 slow.append((round(started - begin, 2), round(took, 2)))
             i += 1
@@ -150,9 +153,9 @@ async def _load(url: str, job_id: str, clients: int, seconds: float, interval: f
         return {"requests": len(values), "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
                 "max_ms": pct(1.0)}
 
-    every = latencies["poll"] + latencies["list"]
+    every = [t for kind in kinds for t in latencies[kind]]
     return {"requests": len(every), "seconds": round(wall, 1), "rate_per_s": round(len(every) / wall, 1),
-            **summary(every), "poll": summary(latencies["poll"]), "list": summary(latencies["list"]),
+            **summary(every), **{kind: summary(latencies[kind]) for kind in kinds},
             "errors": sum(errors.values()), "error_kinds": errors, "over_1s": sorted(slow)[:100]}
 
 
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             baseline = _wait_job(http, _run_job(http, seed=1, iterations=args.iterations))
             loaded_id = _run_job(http, seed=2, iterations=args.iterations)
             running = _wait_job(http, loaded_id, states=("running", "succeeded", "failed"))
-            load = asyncio.run(_load(url, loaded_id, args.clients, args.seconds, args.interval))
+            polled = {"poll": f"/v1/distillations/{loaded_id}", "list": "/v1/distillations?limit=20"}
+            load = asyncio.run(poll_load(url, polled, args.clients, args.seconds, args.interval))
             loaded = _wait_job(http, loaded_id)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -55,7 +55,7 @@ looked for in the loaded package's own folder only, and any fadrm_ray module loa
 elsewhere is reported (a WARNING line; `modules_from_elsewhere` in --json).
 
 The figures in docs/benchmarks/evaluate-reads.md are of the 1,000-class rehearsal run
-(`python -m bench.imagenet_rehearsal --classes 1000 --no-rest --out DIR`), evaluated once so that
+(`python -m bench.rehearsal.imagenet --classes 1000 --no-rest --out DIR`), evaluated once so that
 every result is cached, then measured from DIR/runs/1000 with the same arguments:
     python -m bench.evaluate_reads --run store/RUN_ID -- --epochs 1 --seeds 1 --quiet --threads 2 \\
         --set reference_steps=10

@@ -35,7 +35,7 @@ def _events(out: Path) -> list[dict]:
 
 
 def measure(args, teacher: str, share: bool) -> dict:
-    from tune.sweep import SweepRequest, run_sweep
+    from tune import SweepRequest, run_sweep
 
     out = Path(args.out) / ("shared" if share else "per-trial")
     shutil.rmtree(out, ignore_errors=True)

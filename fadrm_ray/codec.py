@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -30,13 +31,24 @@ _TAIL_BYTES = 64
 
 
 class FileCheck(NamedTuple):
-    """What `check_file` found: `problem` None for a readable image, else one word (empty,
-    unreadable, truncated, oversized); its mode and size as stored where Pillow read its header."""
+    """What `check_file` found: `problem` None for a readable image, else what is wrong with it:
+    `empty`, `oversized`, or `unreadable: ` and the decoder's own reason (Pillow's words: "image
+    file is truncated (103 bytes not processed)" for a file cut short in its pixels, "broken data
+    stream when reading image file" for garbage behind a valid header, "cannot identify image
+    file" for bytes no format of Pillow's starts with); its mode and size as stored where Pillow
+    read its header."""
 
     problem: str | None
     mode: str = ""
     width: int = 0
     height: int = 0
+
+
+def _unreadable(exc: BaseException) -> str:
+    """`unreadable: REASON`, the decoder's reason in one line (without the repr of the stream it read)."""
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    reason = re.sub(r"\s*<[^<>]*(BytesIO|BufferedReader)[^<>]*>", "", reason).strip() or type(exc).__name__
+    return f"unreadable: {reason}"
 
 
 def _open(data: bytes | bytearray | memoryview):
@@ -99,8 +111,9 @@ def check_file(path: str) -> FileCheck:
     """Whether the image file at `path` can be read whole, from its head and its end, without
     decoding it: Pillow identifies it from its header (format, mode, size), and a JPEG or PNG
     must end with its end marker. One that does not (cut short, or padded past the last bytes
-    looked at) is decoded whole and is `truncated` where that fails. Other formats are taken on
-    their header. Never raises: a file that cannot be opened is `unreadable`."""
+    looked at) is decoded whole, and is `unreadable` with the decoder's reason where that fails
+    (cut short, or garbage behind a valid header: the decoder says which). Other formats are taken
+    on their header. Never raises: a file that cannot be opened is `unreadable` too."""
     from PIL import Image
 
     try:
@@ -112,7 +125,7 @@ def check_file(path: str) -> FileCheck:
             except Exception as exc:  # not an image Pillow knows, or cut short inside its header
                 if os.fstat(fh.fileno()).st_size == 0:
                     return FileCheck("empty")
-                return FileCheck("truncated" if "truncated" in str(exc).lower() else "unreadable")
+                return FileCheck(_unreadable(exc))
             found = FileCheck(None, image.mode, *image.size)
             mark = _END_MARKS.get(image.format or "")
             if mark is None:
@@ -123,12 +136,13 @@ def check_file(path: str) -> FileCheck:
                 return found
             fh.seek(0)
             data = fh.read()
-    except OSError:
-        return FileCheck("unreadable")
+    except OSError as exc:
+        return FileCheck(_unreadable(exc))
     try:
-        _open(data)
-    except CodecError:
-        return found._replace(problem="truncated")
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError...
+        return found._replace(problem=_unreadable(exc))
     return found
 
 

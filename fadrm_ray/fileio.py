@@ -8,6 +8,7 @@ replaces a file that is already there, and are checked by `check_output_dir` /
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -138,23 +139,29 @@ def _nearest_existing(path: Path) -> Path:
     return Path.cwd()
 
 
-def _probe_writable(directory: Path) -> str | None:
-    """Why files cannot be created in `directory`, or None if they can.
+def probe_writable(directory: Path, *, write_byte: bool = False) -> str | None:
+    """Why a file cannot be created in `directory` (with `write_byte`, given one byte: a full disk
+    or quota still lets a file be created), or None if it can.
 
-    A real file is created and removed: permission bits say nothing on a read-only mount, for
-    root, or under NFS root squashing, and a failed write after hours of work costs far more.
+    A real file is created and removed, whatever fails: permission bits say nothing on a read-only
+    mount, for root, or under NFS root squashing, and a failed write after hours of work costs far
+    more. Nothing is left behind, however often it is asked (the service asks every second).
     """
     probe = directory / f".fadrm-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError as exc:
         return os.strerror(exc.errno) if exc.errno else str(exc)
-    os.close(fd)
     try:
-        probe.unlink()
-    except OSError:
-        pass
-    return None
+        if write_byte:
+            os.write(fd, b"\0")
+        return None
+    except OSError as exc:
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def check_output_dir(path: str | os.PathLike, what: str) -> Path:
@@ -166,7 +173,7 @@ def check_output_dir(path: str | os.PathLike, what: str) -> Path:
         if existing == path:
             raise OutputError(f"{what} {path} is a file, not a directory")
         raise OutputError(f"{what} {path} cannot be created: {existing} is a file, not a directory")
-    reason = _probe_writable(existing)
+    reason = probe_writable(existing)
     if reason is not None:
         where = "" if existing == path else f" (in {existing})"
         raise OutputError(f"{what} {path} is not writable{where}: {reason}")

@@ -9,6 +9,7 @@ Layout of one run::
     checkpoints/<unit_id>.after<stage>.safetensors  recover states of a unit after `stage` stages (Ray runs)
     patches/label=<c>.json                        the scored ranking of class c's real patches (scored once per run)
     ledger.jsonl                                  what ran where, one JSON event per line (Ray runs)
+    ray.log                                       Ray's own lines of the Ray runs that wrote it (not with --verbose)
     writer.lock                                   held by the one process writing the run (pid, host)
     soft_labels/                                  teacher soft labels kept by `evaluate --soft-labels stored`
     evaluations/<key>.json                        every evaluation of the run, by what decides its result
@@ -32,6 +33,7 @@ _UNITS = "units"
 _CHECKPOINTS = "checkpoints"
 _PATCHES = "patches"
 _LEDGER = "ledger.jsonl"
+_RAY_LOG = "ray.log"
 _LOCK = "writer.lock"
 _SOFT_LABELS = "soft_labels"
 _REPORT = "report"
@@ -78,6 +80,12 @@ class RunLayout:
     @property
     def ledger(self) -> Path:
         return self.run_dir / _LEDGER
+
+    @property
+    def ray_log(self) -> Path:
+        """Ray's own lines (its start, its connection to a cluster, its warnings) of the Ray runs
+        that wrote this run, kept off the terminal (actors.ray_output); kept when a start fails."""
+        return self.run_dir / _RAY_LOG
 
     @property
     def lock(self) -> Path:

@@ -11,7 +11,7 @@ config always win.
   faster, and a one-process run writes each unit as soon as it is done.
 - A *pack* is the IPC groups of a unit that share one forward/backward. `pack_limit`: on a CPU,
   groups are added until a step holds CPU_STEP_PIXELS input pixels; past that, larger steps gain
-  little and cost memory (`bench.recover_speed --table` gives the gain against pack size). On
+  little and cost memory (`bench.speed.engine_vs_reference --table` gives the gain against pack size). On
   CUDA, one probe step of a single group measures the memory a group adds, and as many groups
   are packed as fit CUDA_MEMORY_FRACTION of what this process may use.
 """
@@ -125,7 +125,7 @@ def probe_step(cfg: DistillConfig, teacher, classes: int, channels: int, resolut
 
 def fast_path(device: str | torch.device) -> dict:
     """The speed-only settings of the engine's fastest step on `device` (docs/benchmarks/speed.md,
-    `bench.side_by_side`): the teacher's loss compiled, and on CUDA replayed as CUDA graphs.
+    `bench.speed.side_by_side`): the teacher's loss compiled, and on CUDA replayed as CUDA graphs.
     Compiling costs seconds to a minute per stage resolution, once per process, so it pays on
     long runs; the defaults stay eager."""
     return {"compile": True, "cuda_graphs": torch.device(device).type == "cuda"}

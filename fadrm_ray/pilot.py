@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import copy
 import random
-import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -43,79 +42,28 @@ from fadrm_ray.recipes import RECIPES, auto_recipe, pilot_candidates
 from fadrm_ray.data.base import ImageDataset
 from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
 from fadrm_ray.fileio import sha256_file
+from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.evaluation.store_run import evaluate_store_run
-from fadrm_ray.evaluation.training import DEFAULT_BATCH_SIZE, epochs_for_steps, kd_loss, param_groups, resolve_protocol
-from fadrm_ray.models import create_model, load_teacher
+from fadrm_ray.estimate import RunShape, StepTimer, run_seconds, seconds_text
+from fadrm_ray.evaluation.plan import student_step_seconds
+from fadrm_ray.evaluation.training import DEFAULT_BATCH_SIZE, epochs_for_steps, resolve_protocol
+from fadrm_ray.models import load_teacher
 from fadrm_ray.pilot_record import (PILOTS_DIR, PilotRecord, PilotRow, cached_pilot, keep_pilot, machine_pilots,
                                     pilot_file, pilot_reason)
-from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, SoftLabeler, apply_plan
+from fadrm_ray.evaluation.relabel import SoftLabeler
 from fadrm_ray.runs import execute
 from fadrm_ray.runs.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.runtime import resolve_device
 
 _MIN_STEPS = 50
+# How the library's caller bounds or skips the pilot (a door with flags of its own says its own).
+BOUND_HINT = "PilotConfig.budget bounds it (0 skips it), and recipe=NAME skips it"
 
 
 def candidates(image_size: int, channels: int, ipc: int) -> list[str]:
     """The recipes a pilot tries on such images for a run at `ipc`: the size family's released
     one first, then `recipes.pilot_candidates`."""
     return [auto_recipe(image_size, channels), *pilot_candidates(ipc).recipes]
-
-
-def _timed(fn: Callable[[], None], repeats: int = 5) -> float:
-    """The median of `repeats` calls after a warm-up: what a step costs on this machine as it is
-    now, other work on it included (the fastest call would promise what a busy machine does not
-    give; a pilot measured 805 s against an estimate of 517 s so)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
-def probe_rates(parts: JobParts, student: str, batch: int, cfg: DistillConfig | None = None) -> tuple[float, float]:
-    """Seconds per image of one recover step (the step's own loss, statistics matching included:
-    `packing.probe_step`, with `cfg` resolved for the data) and seconds per student step (its
-    views cut, the teachers' soft labels, the student's KD loss and update, on `batch` views),
-    timed here on the parts' device."""
-    from fadrm_ray.packing import probe_step
-    from fadrm_ray.frozen_teacher import FrozenTeacher
-
-    dataset, device, teacher = parts.dataset, parts.device, parts.models[0]
-    shape = (batch, dataset.channels, dataset.image_size, dataset.image_size)
-    resolved = (cfg or make_config("fadrm")).resolve(dataset.image_size, dataset.num_classes, dataset.hflip,
-                                                      torch.device(device).type, channels=dataset.channels)
-    frozen = FrozenTeacher(teacher, in_chans=parts.infos[0].in_chans)
-
-    def recover_step():
-        probe_step(resolved, frozen, batch, dataset.channels, dataset.image_size, torch.device(device))
-
-    # A student step as the pilot's students take it: a view plan cut from real-sized images, the
-    # teachers' soft labels on it, the student's KD loss and AdamW's update (training.train_student).
-    model = create_model(student, dataset.num_classes, in_chans=dataset.channels, image_size=dataset.image_size)
-    model = model.to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, EvalConfig().weight_decay), lr=1e-3)
-    images = torch.randint(0, 256, (2 * batch, *shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    spec = AugmentSpec(out_size=dataset.image_size, hflip=dataset.hflip)
-    labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
-    online = OnlineSoftLabels(images, labeler, spec, batch, seed=0)
-    mean = torch.tensor(dataset.mean, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(dataset.std, device=device).view(1, -1, 1, 1)
-    plans = online.plans(0)
-
-    def student_step():
-        view = apply_plan(online.images01, plans[0], spec.out_size)
-        loss = kd_loss(model((view - mean) / std), labeler(view), EvalConfig().temperature)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    try:
-        return _timed(recover_step) / batch, _timed(student_step)
-    finally:
-        frozen.remove_hooks()
 
 
 def choose(rows: Sequence[PilotRow], safe: str) -> str:
@@ -151,44 +99,97 @@ def _sample_classes(dataset: ImageDataset, count: int) -> list[int]:
 _TESTS_PER_STUDENT, _FORWARD_SHARE = 6, 1 / 3
 
 
-class PilotPlan:
-    """A pilot's sizes after its bound, and its cost and the run's as estimated from `rates`
-    (`probe_rates`): seconds, the recover time of each set and the students' time. The bound is
-    the user's (`settings.budget`: 0 skips the pilot) or `free_seconds`, above it `max_share` of
-    the run's estimated recovery. `sets` is the estimate of each set in the order they are
-    measured (random real images first), which the progress bar calibrates as they finish."""
+def set_config(cfg: DistillConfig, base: dict, recipe: str, share: float) -> DistillConfig:
+    """The pilot's set of `recipe` for a run of `cfg`: on its classes and IPC (`base`), the
+    recipe's recover iterations cut to `share`."""
+    iterations = max(cfg.k + 1, round(RECIPES[recipe].values["iterations"] * share))
+    return DistillConfig.model_validate(cfg.model_copy(update={**base, "recipe": recipe, "iterations": iterations,
+                                                               "stage_iterations": None}).model_dump())
 
-    def __init__(self, settings: PilotConfig, recipes: list[str], cfg: DistillConfig, dataset: ImageDataset,
-                 rates: tuple[float, float], batch: int = DEFAULT_BATCH_SIZE):
-        per_image, per_step = rates
+
+class PilotPlan:
+    """A pilot's sizes after its bound, and its cost and the run's, estimated from the real steps
+    timed here (`estimate`: each set's patch scoring and recover steps as this process runs them,
+    the students' steps; the run's units as `run_shape` runs them): seconds. The bound is the
+    user's (`settings.budget`: 0 skips the pilot) or `free_seconds`, above it `max_share` of the
+    run's estimated time at the size's own recipe (the first of `recipes`). `runs` is the run's
+    estimate at each recipe, `sets` the estimate of each set in the order they are measured
+    (random real images first), which the progress bar calibrates as they finish."""
+
+    def __init__(self, settings: PilotConfig, recipes: list[str], cfg: DistillConfig, parts: JobParts,
+                 run_shape: RunShape | None = None, student: str | None = None):
+        dataset = parts.dataset
+        teachers = [FrozenTeacher(model, in_chans=info.in_chans) for model, info in zip(parts.models, parts.infos)]
+        try:
+            self._plan(settings, recipes, cfg, parts, StepTimer(teachers, dataset, parts.device), run_shape, student)
+        finally:
+            for teacher in teachers:
+                teacher.remove_hooks()
+
+    def _plan(self, settings: PilotConfig, recipes: list[str], cfg: DistillConfig, parts: JobParts, timer: StepTimer,
+              run_shape: RunShape | None, student: str | None) -> None:
+        dataset = parts.dataset
+        device_type = torch.device(parts.device).type
         self.recipes = recipes
         self.classes = _sample_classes(dataset, settings.classes)
         self.ipc = min(cfg.ipc, settings.ipc)
+        self.base = {"classes": self.classes, "ipc": self.ipc, "seed": cfg.seed}
         images = len(self.classes) * self.ipc
-        tests = len(dataset.test.of_classes(self.classes)) * _TESTS_PER_STUDENT * _FORWARD_SHARE / batch
-        per_student = settings.student_steps + tests  # in student steps
-        recover = {r: RECIPES[r].values["iterations"] * settings.recover_share * images * per_image for r in recipes}
-        students = settings.seeds * per_student * per_step
-        self.full = sum(recover.values()) + (len(recipes) + 1) * students
-        run_iterations = cfg.iterations if cfg.iterations != "auto" else RECIPES[recipes[0]].values["iterations"]
-        run_classes = len(cfg.classes) if cfg.classes is not None else dataset.num_classes
-        self.run = run_iterations * cfg.ipc * run_classes * per_image
+        schedule = student_schedule(images, self.ipc, settings.student_steps, settings.seeds)
+        labeler = SoftLabeler.from_loaded(parts.models, parts.infos, parts.device)
+        per_step = student_step_seconds(dataset, labeler, student or EvalConfig().student, min(schedule.batch_size, images),
+                                        parts.device)
+        tests = len(dataset.test.of_classes(self.classes)) * _TESTS_PER_STUDENT * _FORWARD_SHARE / schedule.batch_size
+
+        def resolved(config: DistillConfig) -> DistillConfig:
+            return config.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
+                                  channels=dataset.channels)
+
+        def sets(share: float, steps: int) -> dict[str, float]:
+            students = settings.seeds * (steps + tests) * per_step
+            here = RunShape.here()
+            return {"random-real": students, **{r: run_seconds(resolved(set_config(cfg, self.base, r, share)), dataset,
+                                                               timer, here) + students for r in recipes}}
+
+        full = sets(settings.recover_share, settings.student_steps)
+        self.full = sum(full.values())
+        shape = run_shape or RunShape.here()
+        self.runs = {r: run_seconds(resolved(cfg.model_copy(update={"recipe": r})), dataset, timer, shape)
+                     for r in recipes}
+        self.run = self.runs[recipes[0]]
         self.budget = settings.budget if settings.budget is not None else \
             max(settings.free_seconds, settings.max_share * self.run)
-        self.scale = min(1.0, self.budget / self.full) if self.full > 0 else 1.0
-        self.estimate = self.full * self.scale
+        self.seeds = settings.seeds
+        self.scale, self.sets = 1.0, full
+        # Scaled down to fit the bound: not all of a set's cost scales (its patch scoring, the
+        # students' least steps), so the sizes are fitted to the estimate at those sizes.
+        for _ in range(3):
+            if sum(self.sets.values()) <= self.budget * 1.02:
+                break
+            self.scale *= self.budget / sum(self.sets.values())
+            self.sets = sets(settings.recover_share * self.scale, max(_MIN_STEPS, round(settings.student_steps *
+                                                                                         self.scale)))
         self.share = settings.recover_share * self.scale
         self.steps = max(_MIN_STEPS, round(settings.student_steps * self.scale))
-        self.seeds = settings.seeds
-        scaled = settings.seeds * (self.steps + tests) * per_step
-        self.sets = {"random-real": scaled, **{r: recover[r] * self.scale + scaled for r in recipes}}
+        self.estimate = sum(self.sets.values())
+
+    def share_of_run(self) -> str:
+        """The pilot's estimate beside the run's, as a share of it (or a multiple)."""
+        if self.run <= 0:
+            return "the run's estimate is not known"
+        ratio = self.estimate / self.run
+        share = f"{ratio:.0%} of" if ratio < 1 else f"{ratio:.1f}x"
+        others = ", ".join(f"{seconds_text(seconds)} at {r}" for r, seconds in self.runs.items()
+                           if r != self.recipes[0])
+        return f"{share} this run's estimated {seconds_text(self.run)} at recipe {self.recipes[0]} ({others})"
 
 
-def plan_pilot(cfg: DistillConfig, parts: JobParts, settings: PilotConfig) -> PilotPlan:
-    """The pilot of a run of `cfg` on `parts.dataset`, sized to its bound by a probe of this device."""
-    dataset = parts.dataset
-    rates = probe_rates(parts, EvalConfig().student, min(settings.classes, dataset.num_classes), cfg)
-    return PilotPlan(settings, candidates(dataset.image_size, dataset.channels, cfg.ipc), cfg, dataset, rates)
+def plan_pilot(cfg: DistillConfig, parts: JobParts, settings: PilotConfig,
+               run_shape: RunShape | None = None) -> PilotPlan:
+    """The pilot of a run of `cfg` on `parts.dataset`, sized to its bound from steps timed on this
+    device; the run as `run_shape` will run it (default: in this process)."""
+    return PilotPlan(settings, candidates(parts.dataset.image_size, parts.dataset.channels, cfg.ipc), cfg, parts,
+                     run_shape)
 
 
 class _Progress:
@@ -238,18 +239,29 @@ def _placed(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return copy.deepcopy(model).to(device)
 
 
+class PilotCaller(NamedTuple):
+    """What the door that runs a pilot adds: a progress bar (`progress`), how the run the pilot
+    sizes will run its units (`run_shape`, `estimate.RunShape`; None: this process), and how its
+    user bounds or skips the pilot (`bound_hint`, said in its lines)."""
+
+    progress: bool = True
+    run_shape: RunShape | None = None
+    bound_hint: str = BOUND_HINT
+
+
 def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[str | Path] | JobParts,
                  store: str | Path, settings: PilotConfig | None = None, *, device: str | None = None,
-                 on_line: Callable[[str], None] = print, progress: bool = True) -> PilotRecord | None:
+                 on_line: Callable[[str], None] = print, caller: PilotCaller | None = None) -> PilotRecord | None:
     """The pilot for a run of `cfg` on `dataset` with these teachers into `store`: None where no
     pilot is run (`pilot_reason`), the cached record where one was measured with these settings
     (in this store, or on this machine for another: then kept in this store too), else measured
     now (module docstring), cached and returned. Every line for the user (the cost before it
     starts, each set as it is measured, the choice, a set below random real images) goes to
-    `on_line`; a progress bar with its ETA to stderr (`progress`). `teachers`: their checkpoint
+    `on_line`; a progress bar with its ETA to stderr (`caller.progress`). `teachers`: their checkpoint
     paths, or the teachers the caller loaded already (`JobParts` of `dataset`), which are then
-    neither hashed nor loaded again (and stay on the caller's device)."""
-    settings = settings or PilotConfig()
+    neither hashed nor loaded again (and stay on the caller's device). `caller`: what the door
+    adds (`PilotCaller`: the run's estimate follows its `run_shape`)."""
+    settings, caller = settings or PilotConfig(), caller or PilotCaller()
     reason = pilot_reason(cfg, dataset)
     if reason is not None:
         return None
@@ -276,13 +288,14 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         parts = JobParts(loaded.dataset, [_placed(model, device) for model in loaded.models], loaded.infos, device)
     else:
         parts = JobParts.of(dataset, [load_teacher(p, device=device) for p in teachers], device)
-    plan = plan_pilot(cfg, parts, settings)
+    plan, bound_hint = plan_pilot(cfg, parts, settings, caller.run_shape), caller.bound_hint
     recipes = plan.recipes
-    common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1))
+    common.update(estimated_seconds=round(plan.estimate, 1), run_estimate_seconds=round(plan.run, 1),
+                  run_estimates={r: round(v, 1) for r, v in plan.runs.items()})
     if plan.scale < settings.min_scale:
-        bound = (f"--pilot-budget {settings.budget:.0f} s" if settings.budget is not None else
+        bound = (f"its budget of {settings.budget:.0f} s" if settings.budget is not None else
                  f"its bound of {plan.budget:.0f} s (the larger of {settings.free_seconds:.0f} s and "
-                 f"{settings.max_share:.0%} of this run's estimated {plan.run:.0f} s of recovery; --pilot-budget sets it)")
+                 f"{settings.max_share:.0%} of this run's estimated {plan.run:.0f} s; {bound_hint})")
         record = PilotRecord(**common, chosen=recipes[0], skipped=(
             f"it would take about {plan.full:.0f} s, and at its smallest size ({settings.min_scale:.0%}) about "
             f"{plan.full * settings.min_scale:.0f} s, more than {bound}"))
@@ -290,14 +303,13 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         return record
     on_line(f"pilot: {len(recipes)} recipes ({', '.join(recipes)}) beside random real images on {len(plan.classes)} "
             f"classes at IPC {plan.ipc}, each recover budget cut to {plan.share:.0%}, {plan.seeds} students of "
-            f"{plan.steps} steps per set: about {plan.estimate:.0f} s here (this run's recovery: about {plan.run:.0f} s); "
-            f"--pilot-budget SECONDS bounds it, 0 or --set recipe=NAME skips it")
+            f"{plan.steps} steps per set: about {plan.estimate:.0f} s here, {plan.share_of_run()}; {bound_hint}")
     started = time.perf_counter()
-    bar = _Progress(plan, progress)
+    bar = _Progress(plan, caller.progress)
     labeler = SoftLabeler.from_loaded(parts.models, parts.infos, device)
     eval_cfg = student_schedule(len(plan.classes) * plan.ipc, plan.ipc, plan.steps, plan.seeds)
     pilot_store = Path(store) / PILOTS_DIR
-    base = {"classes": plan.classes, "ipc": plan.ipc, "seed": cfg.seed}
+    base = plan.base
 
     def measure(name: str, set_cfg: DistillConfig) -> PilotRow:
         begun = time.perf_counter()
@@ -308,7 +320,8 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         result = evaluate_store_run(job.run_dir, EvalJob(config=eval_cfg, ipc=plan.ipc), EvalSpec(progress=False),
                                     parts=EvalParts(dataset=dataset, labeler=labeler)).evaluation
         row = PilotRow(recipe=name, run_id=job.run_id, top1_per_seed=result.top1_per_seed,
-                       top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1))
+                       top1_mean=result.top1_mean, images=result.images, seconds=round(time.perf_counter() - begun, 1),
+                       estimated_seconds=round(plan.sets[name], 1))
         bar.finished(name, row.seconds)
         on_line(f"pilot: {name}: top-1 {row.top1_mean:.2f} on the sampled classes ({row.seconds:.0f} s)")
         return row
@@ -317,10 +330,7 @@ def ensure_pilot(cfg: DistillConfig, dataset: ImageDataset, teachers: Sequence[s
         random_real = measure("random-real", make_config("random-real", overrides=base))
         rows = []
         for name in recipes:
-            iterations = max(cfg.k + 1, round(RECIPES[name].values["iterations"] * plan.share))
-            set_cfg = cfg.model_copy(update={**base, "recipe": name, "iterations": iterations,
-                                             "stage_iterations": None})
-            row = measure(name, DistillConfig.model_validate(set_cfg.model_dump()))
+            row = measure(name, set_config(cfg, base, name, plan.share))
             rows.append(row.model_copy(update={"vs_random": paired_gain(row.top1_per_seed,
                                                                         random_real.top1_per_seed)}))
     finally:

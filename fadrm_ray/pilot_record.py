@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,9 +32,6 @@ from fadrm_ray.recipes import RECIPE_FIELDS
 from fadrm_ray.fileio import atomic_write_text, cache_root, read_model
 from fadrm_ray.paired import PairedGain
 from fadrm_ray.config import PilotConfig
-
-if TYPE_CHECKING:
-    from fadrm_ray.data.base import ImageDataset
 
 PILOTS_DIR = ".pilots"
 MACHINE_PILOTS = "pilots"   # under fileio.cache_root()
@@ -60,6 +57,7 @@ class PilotRow(BaseModel):
     images: int = 0                      # the images its students trained on
     vs_random: PairedGain | None = None  # paired over random real images (None for their own row)
     seconds: float                       # its distillation and students
+    estimated_seconds: float | None = None  # what the pilot's plan estimated for it
 
 
 class PilotRecord(BaseModel):
@@ -79,9 +77,24 @@ class PilotRecord(BaseModel):
     random_real: PilotRow | None = None
     chosen: str                          # the recipe the runs take
     estimated_seconds: float = 0.0
-    run_estimate_seconds: float = 0.0    # the run's recover time as the pilot estimated it
+    run_estimate_seconds: float = 0.0    # the run's time at the size's own recipe, as the pilot estimated it
+    run_estimates: dict[str, float] = {}  # the run's time at each recipe tried, as the pilot estimated it
     seconds: float = 0.0
     skipped: str | None = None           # why it did not run (then `chosen` is the size's recipe)
+
+    def run_estimate(self) -> tuple[float, str] | None:
+        """The run's estimated seconds at the recipe chosen, and how it was made: its steps as they
+        were timed when the pilot began, times what the pilot's own sets then took against their
+        estimates (this machine's speed as it went on to be, other work on it included); None
+        where the pilot estimated no run."""
+        timed = self.run_estimates.get(self.chosen)
+        if timed is None:
+            return None
+        if not (self.seconds and self.estimated_seconds):  # skipped: no set measured
+            return timed, "from its steps timed on this machine"
+        factor = self.seconds / self.estimated_seconds
+        return timed * factor, (f"from its steps timed on this machine ({timed:.1f} s), times {factor:.2f} as the "
+                                f"pilot's sets took against their estimates")
 
     @property
     def chosen_row(self) -> PilotRow | None:
@@ -129,7 +142,15 @@ class PilotRecord(BaseModel):
                 f"{tried}; {base}; {self.seconds:.0f} s)")
 
 
-def pilot_reason(cfg: DistillConfig, dataset: "ImageDataset") -> str | None:
+class NamedData(Protocol):
+    """What `pilot_reason` reads of a dataset (a `fadrm_ray.data.ImageDataset`): this record sits
+    below the store, which keeps it, and the data sources sit above the store, which they read."""
+
+    name: str
+    channels: int
+
+
+def pilot_reason(cfg: DistillConfig, dataset: NamedData) -> str | None:
     """Why no pilot is run for `cfg` on `dataset` (a recipe given, nothing left to `auto`, data
     with a measured or published recipe...), or None when one is: the recipe is `auto`, some
     recipe field is left to it, and the data is colour data no one measured."""

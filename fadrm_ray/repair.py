@@ -1,4 +1,6 @@
-"""`fadrm verify --repair`: recompute the units of a run that fail verification.
+"""`fadrm verify --repair`: recompute the units of a run that fail verification, and mend its own
+other damaged files (`fadrm_ray.store.verify`; the evaluation's files are mended a layer up,
+`fadrm_ray.evaluation.verify_files.mend_evaluation_files`).
 
 A unit's images depend only on the run's config, data, teachers and seed, so a damaged unit is
 not restored from anywhere: it is computed again. The run's own records say how: its config
@@ -9,6 +11,10 @@ anything is removed, these must give the same run id, so a repair never writes a
 images into this one. Then, under the run's writer lock, the failing units' manifests and the
 run manifest are removed, and the same job, run by `run_job` in this process, recomputes
 exactly the units that are not done and writes the run manifest again.
+
+The run's other files are mended once the units read right (`_mend`): config.yaml written again
+from the copy the part files carry; a damaged stage checkpoint or scored-patch file removed (each
+is computed again where it is next needed); the ledger rewritten with the lines that read.
 """
 from __future__ import annotations
 
@@ -25,12 +31,12 @@ from fadrm_ray.runtime import resolve_device
 from fadrm_ray.runs.reopen import GIVE_DATASET, GIVE_TEACHERS, load_run_teachers, run_dataset
 from fadrm_ray.runs.job import ExecutionSpec, JobParts, build_job
 from fadrm_ray.layout import RunLayout
-from fadrm_ray.store import StoreError
+from fadrm_ray.store import RunStore, StoreError
 from fadrm_ray.store.lock import RunLock
-from fadrm_ray.store.manifests import migrate_config, read_config
+from fadrm_ray.store.manifests import read_config
 from fadrm_ray.store.records import part_provenance
 from fadrm_ray.store.run_files import RunProvenance
-from fadrm_ray.store.verify import RunCheck, verify_run
+from fadrm_ray.store.verify import FileProblem, RunCheck, verify_run
 
 
 def _provenance(layout: RunLayout) -> RunProvenance | None:
@@ -46,9 +52,11 @@ def _provenance(layout: RunLayout) -> RunProvenance | None:
 
 
 class Repaired(BaseModel):
-    """What `repair_run` did: the units it computed, the check before and the check after."""
+    """What `repair_run` did: the units it computed, the other files it mended, the check before
+    and the check after."""
 
     repaired: list[str]
+    mended: list[str] = []
     before: RunCheck
     after: RunCheck
 
@@ -67,19 +75,22 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
     """
     layout = RunLayout(run_dir)
     before = verify_run(layout.run_dir)
-    if before.complete and not before.bad_units:
+    if before.complete and before.ok:
         return Repaired(repaired=[], before=before, after=before)
+    units_run: list[str] = []
+    if before.bad_units or not before.complete:
+        units_run = _recompute_units(layout, before, dataset, teacher_copies, device, progress)
+    mended = _mend(layout, before.files)
+    return Repaired(repaired=units_run, mended=mended, before=before, after=verify_run(layout.run_dir))
+
+
+def _recompute_units(layout: RunLayout, before: RunCheck, dataset, teacher_copies, device, progress) -> list[str]:
     prov = _provenance(layout)
     if prov is None and (dataset is None or not teacher_copies):
         raise StoreError(f"{layout.run_dir}: no part file is left to record the run's dataset and teachers; "
                          f"name them: {GIVE_DATASET} and {GIVE_TEACHERS}")
     prov = prov or RunProvenance()
-    cfg = read_config(layout)
-    if cfg is None and prov.config:
-        cfg = DistillConfig.from_dict(migrate_config(prov.config))
-    if cfg is None:
-        raise StoreError(f"{layout.run_dir}: neither {layout.config.name} nor any part file records the run's config; "
-                         f"it cannot be recomputed")
+    cfg = _config(layout, prov)
     dataset = run_dataset(layout.run_dir, prov, dataset)
     spec = ExecutionSpec(local=True, device=resolve_device(device), progress=progress)
     parts = JobParts.of(dataset, load_run_teachers(layout.run_dir, prov, teacher_copies, spec.device), spec.device)
@@ -92,5 +103,47 @@ def repair_run(run_dir: str | os.PathLike, *, dataset: ImageDataset | str | None
         for uid in before.bad_units:
             layout.unit(uid).unlink(missing_ok=True)
         layout.manifest.unlink(missing_ok=True)
-    result = execute.run(job, spec, parts)
-    return Repaired(repaired=result.units_run, before=before, after=verify_run(layout.run_dir))
+    return execute.run(job, spec, parts).units_run
+
+
+def _config(layout: RunLayout, prov: RunProvenance) -> DistillConfig:
+    """The run's config: config.yaml, else (missing or damaged) the copy the part files carry."""
+    try:
+        cfg = read_config(layout)
+    except StoreError:
+        cfg = None
+    if cfg is None:
+        cfg = prov.config  # read as a DistillConfig (an earlier shape migrated) when the part's provenance was
+    if cfg is None:
+        raise StoreError(f"{layout.run_dir}: neither {layout.config.name} nor any part file records the run's config; "
+                         f"it cannot be recomputed")
+    return cfg
+
+
+def _mend(layout: RunLayout, damaged: dict[str, FileProblem]) -> list[str]:
+    """Mend the run's own damaged files outside its units (module docstring); their paths."""
+    mended: list[str] = []
+    files = {rel: layout.run_dir / rel for rel, problem in damaged.items() if problem.mended}
+    if layout.relative(layout.config) in files:
+        cfg = _config(layout, _provenance(layout) or RunProvenance())
+        with RunLock(layout).held():
+            RunStore(layout.run_dir.parent, layout.run_id).write_config(cfg)
+        mended.append(layout.relative(layout.config))
+    removed = [rel for rel, path in files.items()
+               if path.parent == layout.checkpoints_dir or path in layout.patch_selections()]
+    for rel in removed:
+        files[rel].unlink(missing_ok=True)
+    mended += removed
+    if layout.relative(layout.ledger) in files:
+        _rewrite_ledger(layout.ledger)
+        mended.append(layout.relative(layout.ledger))
+    return mended
+
+
+def _rewrite_ledger(path: Path) -> None:
+    """The ledger with only its lines that are JSON objects (a last line without its newline kept as it is)."""
+    from fadrm_ray.fileio import atomic_write_bytes
+    from fadrm_ray.store.verify import json_object
+
+    *lines, tail = path.read_bytes().split(b"\n")
+    atomic_write_bytes(path, b"".join(line + b"\n" for line in lines if json_object(line)) + tail)

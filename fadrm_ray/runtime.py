@@ -7,7 +7,7 @@ until `tune_allocator` runs.
 
 glibc's default malloc hands the many mid-sized tensors of a conv net back to the kernel and
 asks for them again every step, which can nearly double the time of a CPU run (docs/architecture.md,
-"Execution"; bench/recover_speed.py --ladder measures it). glibc reads
+"Execution"; bench/speed/engine_vs_reference.py --ladder measures it). glibc reads
 them from `ALLOCATOR_ENV` when a process starts, which is how Ray workers get them
 (`runtime_env.env_vars`); a process that is already running gets the same values through
 `mallopt`, which `tune_allocator` calls. Every heavy entry point (squeeze, distill, evaluate,
@@ -16,7 +16,7 @@ the Ray worker) calls it, so a user importing the library gets the fast path too
 OpenMP's threads (torch's intra-op pool, libgomp) spin after every parallel region, waiting for
 the next one. On a machine whose cores are shared, by another job or by the other Ray workers, a
 spinning thread holds the core that the working thread needs, and a step can take a hundred
-times longer (`bench.scaling` shows it). `OPENMP_ENV` makes them sleep at once instead. libgomp
+times longer (`bench.speed.scaling` shows it). `OPENMP_ENV` makes them sleep at once instead. libgomp
 reads it once, when torch loads it, so it must be in the environment before that: every heavy
 process gets it where it is created (`heavy_process_env`: Ray workers through their
 `runtime_env`, benchmark subprocesses through their env; Tune trials and the REST service's jobs

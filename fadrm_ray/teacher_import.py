@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fadrm_ray.data import get_dataset
+from fadrm_ray.data import dataset_notes, get_dataset
 from fadrm_ray.data.base import ImageDataset, Split
 from fadrm_ray.fileio import check_new_output
 from fadrm_ray.runtime import resolve_device
@@ -84,6 +84,7 @@ class ImportResult(BaseModel):
     seconds: float
     warnings: list[str] = []
     split_note: str | None = None  # where the test split was made here (ImageDataset.split_note)
+    notes: list[str] = []          # what opening the dataset left out or converted (data.dataset_notes)
 
 
 # --------------------------------------------------------------------------- model
@@ -142,10 +143,11 @@ MIN_SWAPPED = 3
 
 
 def reorder_outputs(model: torch.nn.Module, dataset: ImageDataset, class_order: Sequence[str] | None,
-                    categories: list[str] | None) -> str | None:
+                    categories: list[str] | None, categories_from: str | None = None) -> str | None:
     """Reorder the classifier's outputs to the dataset's class order, where `class_order` names the
-    dataset class of each output (names or indices), or where the weights' own categories are the
-    dataset's class names in another order; one line saying so, or None where nothing moved."""
+    dataset class of each output (names or indices), or where the weights' own categories (from
+    `categories_from`, where said) are the dataset's class names in another order; one line
+    saying so, or None where nothing moved."""
     names = [str(n) for n in dataset.class_names]
     if class_order is not None:
         if len(class_order) != len(names):
@@ -155,7 +157,8 @@ def reorder_outputs(model: torch.nn.Module, dataset: ImageDataset, class_order: 
             raise ModelError("--class-order must name every class of the dataset once")
         said = "--class-order"
     elif categories is not None and sorted(categories) == sorted(names) and list(categories) != names:
-        order, said = [names.index(c) for c in categories], "the weights' own category names"
+        order = [names.index(c) for c in categories]
+        said = f"the class names in {categories_from}" if categories_from else "the weights' own category names"
     else:
         return None
     if order == list(range(len(names))):
@@ -311,7 +314,7 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
             raise ModelError(f"the normalization ({name}) has {len(mean)} channels, dataset {dataset.name} has "
                              f"{dataset.channels}; pass --mean and --std with {dataset.channels} value(s)")
     categories = weights.categories if weights.categories and len(weights.categories) == dataset.num_classes else None
-    order_note = reorder_outputs(model, dataset, settings.class_order, categories)
+    order_note = reorder_outputs(model, dataset, settings.class_order, categories, weights.categories_from)
     device = resolve_device(settings.device)
     model.to(device)
     test = spread_sample(dataset.test, dataset.num_classes, settings.eval_images)
@@ -370,4 +373,4 @@ def import_teacher(settings: ImportSettings) -> ImportResult:
                         num_classes=dataset.num_classes, image_size=dataset.image_size, top1=round(float(top1), 4),
                         chance=round(chance, 4), bar=round(bar, 4), record=record, mean=info.mean, std=info.std,
                         seconds=round(time.perf_counter() - started, 2), warnings=warnings,
-                        split_note=dataset.split_note)
+                        split_note=dataset.split_note(imported_teachers=True), notes=dataset_notes(dataset))

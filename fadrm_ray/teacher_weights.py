@@ -2,10 +2,11 @@
 (teacher_import.py): `find_weights(model, source)` reads them, weights-only, from a file,
 torch hub's cache (torchvision's published weights, downloaded where a network exists) or the
 Hugging Face cache (timm's `pretrained`), with what their metadata says of the normalization,
-the training size and the class names.
+the training size and the class names (a file's own: `file_categories`).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class FoundWeights(BaseModel):
     std: tuple[float, ...] | None = None
     trained_size: int | None = None
     categories: list[str] | None = None
+    categories_from: str | None = None  # where the class names come from, where it is not `meta_from`
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -53,6 +55,62 @@ def _read_file(path: Path) -> dict[str, Any]:
     if not tensors:
         raise ModelError(f"{path} holds no tensors: not a state dict")
     return tensors
+
+
+# The safetensors metadata key that names the classes of a weights file's outputs, in output
+# order, as a JSON list of strings (README, `fadrm import-teacher`): safetensors metadata holds
+# strings only. Write it with `safetensors.torch.save_file(state, path,
+# metadata={"class_names": json.dumps(names)})`.
+CLASS_NAMES_KEY = "class_names"
+# timm's own convention: `timm.models.save_for_hf` (and push_to_hub) writes the weights with a
+# config.json beside them whose `label_names` is the class of each output (a list, or a mapping
+# of output index to name). torchvision has none for a file: its published weights name their
+# categories in their enum's metadata (`_torchvision_meta`).
+TIMM_CONFIG, TIMM_LABEL_NAMES = "config.json", "label_names"
+
+
+def file_categories(path: Path) -> dict:
+    """The class names a weights file carries, in output order, and where they come from: its
+    safetensors metadata (`CLASS_NAMES_KEY`), else timm's config.json beside it; {} for neither.
+    Names that are there but malformed are refused (the user wrote them to be used)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                metadata = f.metadata() or {}
+        except Exception:  # not readable as safetensors: _read_file says why
+            metadata = {}
+        if CLASS_NAMES_KEY in metadata:
+            where = f"the {CLASS_NAMES_KEY!r} key of its safetensors metadata"
+            try:
+                names = json.loads(metadata[CLASS_NAMES_KEY])
+            except ValueError:
+                names = None
+            return {"categories": _names_list(names, f"{where} ({path})"), "categories_from": where}
+    config = path.parent / TIMM_CONFIG
+    try:
+        loaded = json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        loaded = None
+    if isinstance(loaded, dict) and loaded.get(TIMM_LABEL_NAMES):
+        where = f"the {TIMM_LABEL_NAMES!r} of timm's {TIMM_CONFIG} beside it"
+        return {"categories": _names_list(loaded[TIMM_LABEL_NAMES], f"{where} ({config})"), "categories_from": where}
+    return {}
+
+
+def _names_list(names: Any, where: str) -> list[str]:
+    """Class names as a list in output order, from a list or an {index: name} mapping."""
+    if isinstance(names, dict):
+        try:
+            by_index = {int(k): v for k, v in names.items()}
+        except (TypeError, ValueError):
+            by_index = {}
+        names = [by_index[i] for i in range(len(by_index))] if sorted(by_index) == list(range(len(by_index))) \
+            else None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ModelError(f"{where} must be a list of class names in output order (a JSON list of strings)")
+    return names
 
 
 def _torchvision_enum_member(arch: str, name: str):
@@ -94,7 +152,7 @@ def _torchvision_weights(arch: str, source: str) -> FoundWeights:
         member = _torchvision_member_of_file(arch, path)
         state = _read_file(path)
         described = f"file {path.resolve()}" + (f" (torchvision's {member} file)" if member else "")
-        meta = _torchvision_meta(member) if member else {}
+        meta = {**(_torchvision_meta(member) if member else {}), **file_categories(path)}
         return FoundWeights(state_dict=state, described=described, weights_sha256=sha256_file(path), **meta)
     member = _torchvision_enum_member(arch, source)
     cached = Path(os.path.join(torch.hub.get_dir(), "checkpoints", Path(member.url).name))  # torch hub's cache
@@ -142,7 +200,8 @@ def _timm_weights(arch: str, source: str) -> FoundWeights:
         state = {k: v for k, v in model.state_dict().items()}
         return FoundWeights(state_dict=state, described=f"timm {arch} pretrained (Hugging Face cache)", **timm_meta(arch))
     path = Path(source).expanduser()  # a file of the user's: timm's config says how timm trains, not how it was
-    return FoundWeights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
+    return FoundWeights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path),
+                        **file_categories(path))
 
 
 def find_weights(model: str, source: str) -> FoundWeights:
@@ -153,4 +212,5 @@ def find_weights(model: str, source: str) -> FoundWeights:
     if sep and prefix == "timm":
         return _timm_weights(arch, source)
     path = Path(source).expanduser()
-    return FoundWeights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path))
+    return FoundWeights(state_dict=_read_file(path), described=f"file {path.resolve()}", weights_sha256=sha256_file(path),
+                        **file_categories(path))

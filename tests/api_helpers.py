@@ -20,6 +20,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = secrets.token_urlsafe(32)  # one per test session, strong enough for the service's rule
 TEACHER = "digits-tiny"
+NO_RAY = "127.0.0.1:9"  # a FADRM_RAY_ADDRESS no one answers: the service starts no Ray head (for tests that run no job)
 # Tiny budgets: 4 stages of a few iterations, fp32 so the run is the same on any CPU.
 FAST = {"iterations": 8, "precision": "fp32"}
 
@@ -146,9 +147,37 @@ def wait_state(client: httpx.Client, job_id: str, states=("succeeded", "failed",
     raise TimeoutError(f"job {job_id} stayed {job['state']}: {job}")
 
 
+def running_driver(server: ApiServer, http: httpx.Client, body: dict) -> tuple[str, int]:
+    """Submit `body` and wait until its job runs with a driver that has beaten once: (job id, the
+    driver's pid)."""
+    import sqlite3
+
+    from tests.ray_helpers import wait_for
+
+    job_id = http.post("/v1/distillations", json=body).json()["id"]
+    db = server.store / ".fadrm-api" / "jobs.sqlite"
+
+    def pid():
+        with sqlite3.connect(db) as conn:
+            row = conn.execute("SELECT pid FROM jobs WHERE id = ? AND state = 'running'", (job_id,)).fetchone()
+        return row[0] if row and row[0] else None
+
+    heartbeat = server.store / ".fadrm-api" / "jobs" / job_id / "heartbeat"
+    wait_for(lambda: pid() is not None and heartbeat.exists(), timeout=120, interval=0.3)
+    return job_id, pid()
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether process `pid` is alive (not a zombie)."""
+    try:
+        return pid is not None and Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
 def raylet_children(server: ApiServer, title: str) -> list[int]:
     """Pids of this service's Ray worker processes whose title holds `title` (e.g. DistillWorker)."""
-    from api.local_ray import RayHead
+    from api.jobs.local_ray import RayHead
 
     head = RayHead.model_validate_json((server.store / ".fadrm-api" / "ray-head.json").read_text())
     members = set()
@@ -184,3 +213,35 @@ def flip_a_byte(run: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
     os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@contextlib.contextmanager
+def in_process_service(root: Path, teacher: Path, **settings):
+    """The app under a real uvicorn on loopback in this process, with a Ray address no one answers
+    (no job runs) and `settings` (ServiceSettings fields): (the app, a client with its token)."""
+    import threading
+
+    import uvicorn
+
+    from api.planning.service_settings import ServiceSettings
+    from api.web.app import create_app
+
+    (root / "teachers").mkdir()
+    shutil.copy(teacher, root / "teachers" / f"{TEACHER}.pt")
+    config = ServiceSettings(api_token=secrets.token_urlsafe(32), store=root / "store", teachers=root / "teachers",
+                             ray_address="127.0.0.1:1", **settings)
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 120
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}", timeout=60,
+                          headers={"Authorization": f"Bearer {config.api_token}"}) as http:
+            yield app, http
+    finally:
+        server.should_exit = True
+        thread.join(60)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -33,6 +34,23 @@ def digits_teacher(digits, tmp_path_factory):
     result = squeeze(digits, SqueezeConfig(model="convnet-bn", epochs=4, model_kwargs={"width": 32}, seed=0),
                      out_dir=out, progress=False, num_threads=1)
     return result.path, result.test_accuracy
+
+
+@pytest.fixture(autouse=True)
+def compiles_only_when_marked(request):
+    """A test that compiles a graph with torch.compile (in this process) is marked `compile`, so
+    that the fast lane compiles nothing: the compile lane runs it (.ci/run)."""
+    if request.node.get_closest_marker("compile"):
+        yield
+        return
+
+    def graphs() -> int:  # torch.compile loads dynamo: a process that never did has compiled nothing
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        return dynamo.counters["stats"]["unique_graphs"] if dynamo is not None else 0
+
+    before = graphs()
+    yield
+    assert graphs() == before, "this test compiles: mark it @pytest.mark.compile"
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Small helpers shared by the Ray tests."""
 import json
+import re
 import time
 from pathlib import Path
 
@@ -43,3 +44,18 @@ def distill(door, cfg, teachers, store, spec, dataset="digits"):
     data = get_dataset(dataset) if isinstance(dataset, str) else dataset
     job, parts = prepare_job(cfg, data, data.name, teachers, store, device_type=door.device_type(spec))
     return door.run(job, spec, parts)
+
+
+# What Ray and Tune write to a driver's terminal when left to themselves (actors.ray_output): their
+# loggers' lines ("2026-01-01 10:00:00,123\tINFO worker.py:2038 -- ..."), Tune's boxed configuration
+# table and hints, its resume advice, and colour codes.
+_RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+[A-Z]+ \S+:\d+ -- ")
+_RAY_AND_TUNE = ("Started a local Ray instance", "Connecting to existing Ray cluster", "Connected to Ray cluster",
+                 "Configuration for experiment", "View detailed results here", "tensorboard --logdir",
+                 "Tuner.restore(", "Failed to fetch metrics", "\x1b[")
+
+
+def ray_or_tune_lines(text: str) -> list[str]:
+    """The lines of `text` that Ray or Tune wrote."""
+    return [line for line in text.splitlines()
+            if _RAY_LOG_LINE.match(line) or any(mark in line for mark in _RAY_AND_TUNE) or line.startswith("╭")]

@@ -27,7 +27,7 @@ def test_health_is_open_and_everything_else_needs_the_token(api_service):
         assert refused.status_code == 403 and "not-the-token" not in refused.text
     with api_service.client() as client:
         wait_for(lambda: client.get("/readyz").status_code == 200, timeout=180, interval=0.5)
-        assert client.get("/readyz").json() == {"ready": True, "ray": True, "store": True, "detail": None}
+        assert client.get("/readyz").json() == {"ready": True, "ray": True, "store": True, "catalog": True, "detail": None}
         teachers = client.get("/v1/teachers").json()
         assert [(t["name"], t["model"], t["num_classes"], t["image_size"]) for t in teachers] == \
             [(TEACHER, "convnet-bn", 10, 8)]

@@ -1,7 +1,7 @@
 """What the service lets a client see, send and leave behind, against the real server: tokens
 (strength, never logged), the schema behind the token, plain HTTP only on loopback, the rate
-limit, idempotency conflicts, HEAD, oversized and undecodable bodies, the 409 of a finished job,
-and the modes of the files the service writes."""
+limit, idempotency conflicts, HEAD, no redirect built from the Host header, oversized and
+undecodable bodies, the 409 of a finished job, and the modes of the files the service writes."""
 from __future__ import annotations
 
 import os
@@ -49,7 +49,7 @@ def limited(digits_teacher, tmp_path_factory):
 
 
 def test_a_weak_token_refuses_to_start_with_one_line_saying_how_to_make_one(api_service, tmp_path):
-    from api.config import token_weakness
+    from api.planning.service_settings import token_weakness
 
     weak = "a" * 20
     result = _serve({**api_service.env, "FADRM_STORE": str(tmp_path / "store"), "FADRM_API_TOKEN": weak})
@@ -101,8 +101,10 @@ def test_a_token_in_the_query_string_is_refused_and_never_logged(api_service):
         for name in ("token", "access_token", "api_key"):
             response = anonymous.get("/v1/teachers", params={name: TOKEN})
             assert response.status_code == 401 and TOKEN not in response.text
-    with api_service.client() as http:  # with the header too: the query is not what is checked
-        assert http.get("/v1/teachers", params={"token": TOKEN}).status_code == 200
+    with api_service.client() as http:  # with the header too: the query is never read as a token,
+        refused = http.get("/v1/teachers", params={"token": TOKEN})  # and names a parameter no endpoint takes
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "token"]
+        assert TOKEN not in refused.text  # its value is not quoted back
     # The access log has the requests (so the check below looks at the right lines), not the query.
     wait_for(lambda: api_service.log().count("GET /v1/teachers?<query left out>") >= 4, timeout=10)
     log = api_service.log()
@@ -168,6 +170,14 @@ def test_head_answers_where_get_does(api_service, finished):
         assert ranged.status_code == 206 and ranged.headers["content-length"] == "10"
         refused = http.head("/v1/nothing-here")
         assert refused.status_code == 404 and refused.content == b""
+
+
+def test_no_redirect_is_built_from_the_host_header(api_service):
+    with api_service.client() as http:
+        for method, path in (("GET", "/v1/teachers/"), ("POST", "/v1/distillations/"), ("GET", "/v1/presets/")):
+            r = http.request(method, path, headers={"Host": "evil.example"}, json={} if method == "POST" else None)
+            assert r.status_code == 404 and "location" not in r.headers, (path, r.status_code, r.headers)
+            assert r.headers["content-type"] == "application/json"
 
 
 def test_an_oversized_body_is_a_413_however_it_is_sent(api_service):

@@ -1,6 +1,9 @@
 """Bad input to the REST service, against the real server: each refused with its status and a
-message naming the field, before any job exists or anything touches the store."""
+message naming the field, before any job exists or anything touches the store; a teacher file
+that does not load is read once, never offered, and refused without its path."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -78,3 +81,18 @@ def test_ids_paths_and_sizes_are_refused_before_the_store(api_service):
         assert http.post("/v1/distillations", content=b"not json",
                          headers={"content-type": "application/json"}).status_code == 422
     assert not list(api_service.store.glob("etc*")) and TOKEN not in api_service.log()
+
+
+def test_a_broken_teacher_file_is_read_once_never_offered_and_refused_without_its_path(api_service):
+    broken = api_service.teachers / "broken.pt"
+    broken.write_bytes(os.urandom(1 << 20))
+    with api_service.client() as http:
+        for _ in range(5):
+            listed = http.get("/v1/teachers")
+            assert listed.status_code == 200 and "broken" not in [t["name"] for t in listed.json()]
+        r = http.post("/v1/distillations", json={**request(), "teacher": "broken"})
+        assert r.status_code == 422 and "cannot be used" in r.text and str(api_service.root) not in r.text
+        r = http.post("/v1/distillations", json={**request(), "teacher": "nope"})
+        assert r.status_code == 422 and "this service offers: digits-tiny" in r.text and "broken" not in r.text
+    assert api_service.log().count("teacher broken is not offered") == 1  # read once, not per listing
+    broken.unlink()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from api.local_ray import RayHead
-from api.job_files import Outcome, read_model
+from api.jobs.job_files import Outcome, read_model
+from api.jobs.local_ray import RayHead
 from tests.api_helpers import raylet_children, request, running_service, wait_state
 from tests.ray_helpers import wait_for
 
@@ -122,7 +122,7 @@ def _driver_pid(job_id: str) -> int | None:
                 cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"api.runner" in cmd and any(arg.endswith(job_id.encode()) for arg in cmd):
+            if b"api.jobs.runner" in cmd and any(arg.endswith(job_id.encode()) for arg in cmd):
                 return int(entry.name)
     return None
 

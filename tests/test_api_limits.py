@@ -1,6 +1,7 @@
 """Hostile requests with a valid token, against the real server: every count a request can make
 the server build or run is refused as it was sent (422 naming the field, before any job exists),
-and the server stays responsive right after."""
+and the server stays responsive right after; the evaluation work queued or running at once is
+bounded (429)."""
 from __future__ import annotations
 
 import time
@@ -8,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from api.limits import OverLimit, RequestLimits, check_totals
-from bench.api_probes import PROBES, post_raw, probe_body
-from tests.api_helpers import request
+from api.planning.limits import OverLimit, RequestLimits, check_totals
+from bench.api_probes.limits import PROBES, post_raw, probe_body
+from tests.api_helpers import NO_RAY, request, running_service
 
 pytestmark = [pytest.mark.ray]
 LIMITS = RequestLimits()
@@ -75,7 +76,7 @@ def test_the_totals_bound_what_the_counts_do_together():
 
 
 def test_the_documented_limits_are_the_defaults():
-    """docs/service.md's table of limits names every limit with its default (api.limits owns them)."""
+    """docs/service.md's table of limits names every limit with its default (api.planning.limits owns them)."""
     import re
     from pathlib import Path
 
@@ -89,7 +90,36 @@ def test_the_documented_limits_are_the_defaults():
 
 def test_a_class_set_is_one_job_whichever_order_it_is_listed_in():
     """[7, "3"] and [3, 7] name the same classes: the same config, so the same run id and job."""
-    from api.requests import _class_indices
+    from api.planning.requests import _class_indices
 
     names = [str(i) for i in range(10)]
     assert _class_indices([7, "3"], names) == _class_indices([3, 7], names) == [3, 7]
+
+
+EVAL_BACKLOG = 300  # image-epochs of evaluation queued or running at once (FADRM_MAX_EVAL_BACKLOG)
+
+
+@pytest.fixture(scope="module")
+def backlogged(digits_teacher, tmp_path_factory):
+    """A service with a small evaluation backlog; the job it accepts is cancelled at once (a Ray
+    address no one answers: no job runs)."""
+    with running_service(digits_teacher[0], tmp_path_factory.mktemp("api-backlog"), ray_address=NO_RAY, max_ipc=5,
+                         max_images=20, max_running=1, max_queued=4, rate_limit=1000, rate_burst=2000,
+                         max_eval_backlog=EVAL_BACKLOG) as server:
+        yield server
+
+
+def test_the_evaluation_work_queued_at_once_is_bounded(backlogged):
+    """2 classes x ipc 2 x 30 epochs x 2 seeds x 2 students a seed (the set's with soft labels, the
+    ranking's with hard labels) = 480 image-epochs, over the service's 300: refused with 429 and
+    Retry-After before any job exists; within it (one seed: 240), accepted."""
+    with backlogged.client() as http:
+        before = len(http.get("/v1/distillations").json()["jobs"])
+        big = {**request(classes=(2, 9), seed=21), "evaluate": True, "evaluation": {"epochs": 30, "seeds": 2}}
+        r = http.post("/v1/distillations", json=big)
+        assert r.status_code == 429 and "FADRM_MAX_EVAL_BACKLOG" in r.json()["detail"] and r.headers["retry-after"]
+        assert len(http.get("/v1/distillations").json()["jobs"]) == before
+        small = {**big, "evaluation": {"epochs": 30, "seeds": 1}}  # 240 image-epochs
+        r = http.post("/v1/distillations", json=small)
+        assert r.status_code == 202, r.text
+        http.delete(f"/v1/distillations/{r.json()['id']}")

@@ -3,63 +3,32 @@ Ray address of its own (no job runs): a submit whose store read is stuck does no
 another submit, and a refused body is parsed once."""
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import secrets
-import shutil
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.api_helpers import TEACHER, free_port, request
-
-
-@contextlib.contextmanager
-def _serving(root, teacher):
-    import uvicorn
-
-    from api.app import create_app
-    from api.config import ServiceSettings
-
-    (root / "teachers").mkdir()
-    shutil.copy(teacher, root / "teachers" / f"{TEACHER}.pt")
-    settings = ServiceSettings(api_token=secrets.token_urlsafe(32), store=root / "store", teachers=root / "teachers",
-                               ray_address="127.0.0.1:1", rate_limit=1000, rate_burst=2000, max_queued=8)
-    app = create_app(settings)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 120
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield app, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                                headers={"Authorization": f"Bearer {settings.api_token}"})
-    finally:
-        server.should_exit = True
-        thread.join(60)
+from tests.api_helpers import in_process_service, request
 
 
 @pytest.fixture
 def served(digits_teacher, tmp_path):
-    with _serving(tmp_path, digits_teacher[0]) as (app, http):
-        with http:
-            yield app, http
+    with in_process_service(tmp_path, digits_teacher[0], rate_limit=1000, rate_burst=2000, max_queued=8) as served:
+        yield served
 
 
 def _run_dir(app, body: dict):
-    from api.models import DistillationRequest
-    from api.requests import plan_request, run_dir
+    from api.contract.schemas import DistillationRequest
+    from api.planning.requests import plan_request, run_dir
 
     service = app.state.service
-    return run_dir(service.settings, plan_request(DistillationRequest.model_validate(body), service.catalog,
-                                                  service.settings))
+    plan = plan_request(DistillationRequest.model_validate(body), service.catalog, service.limits, service.store,
+                        service.device)
+    return run_dir(service.store, plan)
 
 
 def test_a_submit_stuck_reading_the_store_holds_up_no_other_submit(served, tmp_path):
@@ -105,7 +74,7 @@ def test_a_submit_stuck_reading_the_store_holds_up_no_other_submit(served, tmp_p
 
 
 def test_a_body_is_parsed_once(served, monkeypatch):
-    """A body refused for its shape (api.refusals.body_shape) and one accepted: each parsed once."""
+    """A body refused for its shape (api.web.refusals.body_shape) and one accepted: each parsed once."""
     app, http = served
     parsed = []
     real_loads = json.loads

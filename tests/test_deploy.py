@@ -3,7 +3,7 @@ the Kubernetes manifests against the fields of their kinds and against each othe
 against pyproject.toml, every module a manifest or the runtime env names, and the runtime env
 against Ray's parser. No cluster, no network, no Docker.
 
-The README's blocks are read by bench/deploy_rehearsal.py, which the rehearsal
+The README's blocks are read by bench/rehearsal/deploy.py, which the rehearsal
 (tests/test_deploy_rehearsal.py) shares.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.deploy_rehearsal import DEPLOY, REPO, after_double_dash, readme_blocks, readme_command
+from bench.rehearsal.deploy import DEPLOY, REPO, after_double_dash, readme_blocks, readme_command
 
 try:
     import tomllib

@@ -1017,7 +1017,7 @@ def rayjob_problems(deploy: Path) -> list[str]:
 def token_rule(token: str) -> str | None:
     """Why a token fails the service's rule (None when it passes): the service's own check, and
     the rule as stated: 128 bits at least, 32+ hex or 22+ base64url characters."""
-    from api.config import token_weakness
+    from api.planning.service_settings import token_weakness
 
     if weakness := token_weakness(token):
         return weakness

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.deploy_rehearsal import (Rehearsal, after_double_dash, free_port, readme_blocks, readme_command,
+from bench.rehearsal.deploy import (Rehearsal, after_double_dash, free_port, readme_blocks, readme_command,
                                     replace_flags, swap)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -151,6 +151,6 @@ def test_readme_service_serves_a_class_subset(cluster, tmp_path):
 
 
 def readme_command_list(name: str) -> list[list[str]]:
-    from bench.deploy_rehearsal import shell_commands
+    from bench.rehearsal.deploy import shell_commands
 
     return shell_commands(readme_blocks()[name])

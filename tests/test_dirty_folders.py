@@ -19,6 +19,8 @@ from fadrm_ray.data import DatasetError, get_dataset, skipping_bad_images
 from fadrm_ray.data import listing as listing_mod
 
 BAD = ("c0/corrupt.jpg", "c1/truncated.jpg")
+# What the decoder says of each (codec.check_file).
+WHY = ("unreadable: cannot identify image file", "unreadable: image file is truncated (180 bytes not processed)")
 
 
 @pytest.fixture
@@ -73,12 +75,21 @@ def test_each_bad_file_is_found_from_its_head_and_its_end(tmp_path):
     Image.fromarray(rng.integers(0, 256, (40, 60), dtype=np.uint8), "L").save(tmp_path / "grey.png")
     png = (tmp_path / "grey.png").read_bytes()
     (tmp_path / "cut.png").write_bytes(png[:len(png) // 2])    # cut in its pixels: no IEND chunk
+    # Garbage behind a whole JPEG header (up to its scan's start): not cut short, not decodable.
+    scan = whole.find(b"\xff\xda")
+    header = whole[:scan + 2 + int.from_bytes(whole[scan + 2:scan + 4], "big")]
+    garbage = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()  # libjpeg gives up on it
+    (tmp_path / "garbage.jpg").write_bytes(header + garbage)
     found = {p.name: codec.check_file(str(p)) for p in tmp_path.iterdir()}
+    # Each unreadable file with the decoder's own reason: "truncated" only where the decoder says so.
+    assert found.pop("cut.jpg").problem.startswith("unreadable: image file is truncated (")
     assert {name: c.problem for name, c in found.items()} == {
-        "whole.jpg": None, "cut.jpg": "truncated", "padded.jpg": None, "head.jpg": "truncated", "empty.png": "empty",
-        "noise.png": "unreadable", "grey.png": None, "cut.png": "truncated"}
+        "whole.jpg": None, "padded.jpg": None, "head.jpg": "unreadable: Truncated File Read", "empty.png": "empty",
+        "noise.png": "unreadable: cannot identify image file", "grey.png": None,
+        "cut.png": "unreadable: image file is truncated", "garbage.jpg":
+        "unreadable: broken data stream when reading image file"}
     assert found["grey.png"][1:] == ("L", 60, 40) and found["whole.jpg"].mode == "RGB"
-    assert codec.check_file(str(tmp_path / "missing.jpg")).problem == "unreadable"
+    assert codec.check_file(str(tmp_path / "missing.jpg")).problem.startswith("unreadable: [Errno 2] No such file")
 
 
 def test_a_dirty_folder_is_refused_naming_every_bad_file_and_kept_in_the_cache(tmp_path, cache):
@@ -89,7 +100,7 @@ def test_a_dirty_folder_is_refused_naming_every_bad_file_and_kept_in_the_cache(t
             get_dataset(f"imagefolder:{root}")
         said = str(refused.value)
         assert "\n" not in said and "2 of its 22 image files cannot be read" in said
-        assert f"{BAD[0]} (unreadable)" in said and f"{BAD[1]} (truncated)" in said and "--skip-bad-images" in said
+        assert f"{BAD[0]} ({WHY[0]})" in said and f"{BAD[1]} ({WHY[1]})" in said and "--skip-bad-images" in said
     data = get_dataset(f"imagefolder:{root}", skip_bad_images=True)
     assert data.info["listing"] == "cache" and data.channels == 3
     assert (len(data.train), len(data.test)) == (17, 3)
@@ -119,7 +130,7 @@ def test_many_bad_files_are_all_listed_in_a_file_beside_the_listing(tmp_path, ca
     assert "14 of its 34 image files" in said and f"and 9 more (all listed in {listed})" in said
     lines = listed.read_text().splitlines()
     assert sorted(lines) == sorted(f"{root.resolve() / rel}\t{why}" for rel, why in
-                                   [(BAD[0], "unreadable"), (BAD[1], "truncated")] + [(r, "unreadable") for r in extra])
+                                   [*zip(BAD, WHY)] + [(r, WHY[0]) for r in extra])
     notes = get_dataset(f"imagefolder+skip-bad-images:{root}").info["notes"]
     assert notes[1] == (f"imagefolder:many: 14 of its 34 image files cannot be read and are left out "
                         f"(--skip-bad-images), each listed in {listed}")
@@ -183,7 +194,7 @@ def test_a_dirty_folder_distilled_with_skip_bad_images_and_its_run_reopened(tmp_
     run_dir = json.loads(out)["run_dir"]
     recorded = open_run(run_dir).provenance.dataset
     assert recorded.skipped_images == 2
-    assert recorded.skipped_files == [f"{BAD[0]} (unreadable)", f"{BAD[1]} (truncated)"]
+    assert recorded.skipped_files == [f"{rel} ({why})" for rel, why in zip(BAD, WHY)]
     assert recorded.spec == f"imagefolder+skip-bad-images:{root.resolve()}"
     assert recorded.fingerprint == get_dataset(data, skip_bad_images=True).fingerprint()
 

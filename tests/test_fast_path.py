@@ -6,6 +6,9 @@ GPU) and the eager step's held low-precision weights change speed, not what a ru
 - the statistics-matching loss taken in one pass equals the per-layer formula, with its gradient;
 - on the fast path: a run equals the eager run within float tolerance; a group's images do not
   depend on the groups it is packed with; a stage resumed in another process continues exactly.
+
+The tests that compile (torch.compile on the CPU, minutes each) are marked `compile`: a lane of
+their own in .ci/run.
 """
 from __future__ import annotations
 
@@ -119,6 +122,7 @@ def fast_packed(teacher_model):
         return recovered(cfg_for(**fast_path("cpu")), FrozenTeacher(teacher_model), [0, 1, 2], patches(3))
 
 
+@pytest.mark.compile
 def test_a_run_on_the_fast_path_equals_the_eager_run(teacher_model, fast_packed):
     teacher = FrozenTeacher(teacher_model)
     p = patches(3)
@@ -130,6 +134,7 @@ def test_a_run_on_the_fast_path_equals_the_eager_run(teacher_model, fast_packed)
         assert f["ce"] == pytest.approx(e["ce"], rel=1e-4) and f["bn"] == pytest.approx(e["bn"], rel=1e-4)
 
 
+@pytest.mark.compile
 def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path(teacher_model, fast_packed):
     teacher = FrozenTeacher(teacher_model)
     packed = fast_packed
@@ -138,6 +143,7 @@ def test_a_groups_images_do_not_depend_on_its_packing_on_the_fast_path(teacher_m
     assert not torch.allclose(packed.x[0:10], alone.x, atol=1e-2)  # the groups are different images
 
 
+@pytest.mark.compile
 def test_a_stage_resumed_in_another_process_on_the_fast_path_continues_exactly(teacher_model, tmp_path):
     model = teacher_model
     torch.save(model.state_dict(), tmp_path / "teacher.pt")
@@ -231,6 +237,7 @@ def test_half_precision_statistics_are_as_close_to_exact_as_an_fp32_copy_and_sav
     assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] in sizes]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("model_name", ["convnet-bn", "resnet18"])
 def test_the_fast_path_really_compiles_without_a_graph_break(model_name):
     """No silent fallback to eager: the teacher's loss compiles to one graph, in fp32 and bf16, and
@@ -255,9 +262,10 @@ def test_the_fast_path_really_compiles_without_a_graph_break(model_name):
         autocast, _ = mixed_precision(cfg.precision, torch.device("cpu"))
         fn = teacher_loss(teacher, cfg)
         x = view.clone().requires_grad_(True)
-        with teacher.weights_in(held_dtype(cfg)), autocast():
-            ce, bn, stat = step_loss(fn, x, labels, 2, cfg)
-        (ce + stat).sum().backward()
+        with teacher.weights_in(held_dtype(cfg)):  # held for the backward too, as a stage of recover holds them
+            with autocast():
+                ce, bn, stat = step_loss(fn, x, labels, 2, cfg)
+            (ce + stat).sum().backward()
         return ce.detach().float(), bn.detach().float(), x.grad
 
     torch._dynamo.reset()

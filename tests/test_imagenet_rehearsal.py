@@ -1,4 +1,4 @@
-"""bench/imagenet_rehearsal.py and bench/rehearsal_measure.py: the ImageNet-shaped folder is what
+"""bench/rehearsal/imagenet.py and bench/rehearsal/measure.py: the ImageNet-shaped folder is what
 the folder reader takes for ImageNet at 224 px, the memory sampler sees a whole process tree, the
 ledger split takes the union of the workers' intervals, the listing counter sees walks and nothing
 else, and (slow) the whole rehearsal runs end to end on three classes."""
@@ -13,8 +13,8 @@ import time
 import pytest
 from PIL import Image
 
-from bench import imagenet_rehearsal as bench
-from bench import rehearsal_measure as measure
+from bench.rehearsal import imagenet as bench
+from bench.rehearsal import measure
 
 
 def test_wnids_are_sorted_distinct_and_stable():

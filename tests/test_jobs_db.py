@@ -5,7 +5,7 @@ import json
 import sqlite3
 import time
 
-from api.job_records import JobDB
+from api.jobs.job_records import JobDB
 
 
 def test_a_record_with_an_old_plan_is_skipped(tmp_path):
@@ -24,7 +24,7 @@ UNREADABLE_PLAN = json.dumps({"run_id": "fadrm-0", "config": {}, "dataset": "dig
 def _service_settings(tmp_path):
     import secrets
 
-    from api.config import ServiceSettings
+    from api.planning.service_settings import ServiceSettings
 
     (tmp_path / "teachers").mkdir(exist_ok=True)
     # A Ray address of its own: the service starts no local Ray head (nothing here runs a job).
@@ -51,7 +51,7 @@ def test_a_service_upgraded_under_old_records_serves_lists_and_settles_them(tmp_
     why, since no driver of this version can run it."""
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from api.web.app import create_app
 
     settings = _service_settings(tmp_path)
     done, running, queued = (f"job-{c * 24}" for c in "abc")
@@ -103,7 +103,7 @@ def test_a_plan_holds_ipc_classes_seed_and_preset_once_and_keeps_its_fingerprint
     """The plan's request fields that the job's settings already hold are read from them: its
     JSON holds each once (in job.config); a plan stored with them twice is still read, and the
     fingerprint of the same job is the same string as before."""
-    from api.requests import JobPlan
+    from api.planning.requests import JobPlan
 
     plan = JobPlan.model_validate_json(_old_plan_json())
     assert (plan.ipc, plan.classes, plan.seed, plan.preset) == (2, [3, 7], 5, "fadrm")
@@ -122,9 +122,9 @@ def test_a_plan_holds_ipc_classes_seed_and_preset_once_and_keeps_its_fingerprint
 def test_the_files_between_service_and_driver_are_models_and_a_bad_one_reads_as_absent(tmp_path):
     import os
 
-    from api.local_ray import RayHead
-    from api.job_files import JobFiles, Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
-    from api.leftovers import remove_added, snapshot
+    from api.jobs.job_files import JobFiles, Outcome, SoftLabelSnapshot, StopOrder, read_model, write_model
+    from api.jobs.leftovers import remove_added, snapshot
+    from api.jobs.local_ray import RayHead
 
     files = JobFiles(tmp_path / "job")
     assert read_model(files.outcome, Outcome) is None  # not written yet
@@ -154,7 +154,7 @@ def test_an_idempotency_key_held_by_an_unreadable_record_is_a_conflict_not_a_ser
 
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from api.web.app import create_app
     from tests.api_helpers import TEACHER, request
 
     settings = _service_settings(tmp_path)
@@ -167,3 +167,27 @@ def test_an_idempotency_key_held_by_an_unreadable_record_is_a_conflict_not_a_ser
         client.headers["Authorization"] = f"Bearer {settings.api_token}"
         again = client.post("/v1/distillations", json=request(), headers={"Idempotency-Key": "key-1"})
         assert again.status_code == 409 and old in again.json()["detail"], again.text
+
+
+def test_an_evaluations_students_done_never_pass_its_total(tmp_path):
+    """Students are counted from the files kept in the run since the evaluation started: others
+    kept at the same time (a second job, a CLI evaluate) never take the count past the total."""
+    import time
+
+    from api.jobs.job_outputs import _evaluation_progress
+    from api.planning.requests import JobPlan
+    from fadrm_ray.config import EvalConfig
+    from fadrm_ray.evaluation.scores import StudentScore
+    from fadrm_ray.layout import RunLayout
+
+    plan = JobPlan.model_validate_json(_old_plan_json())
+    plan = plan.model_copy(update={"evaluate": True, "evaluation": EvalConfig(seeds=1)})
+    total = plan.eval_students[0]
+    run = tmp_path / "run"
+    RunLayout(run).evaluations_dir.mkdir(parents=True)
+    since = time.time()
+    for i in range(total + 3):
+        student = StudentScore(seed=i, final_top1=50.0, best_top1=50.0, curve=[], epochs=1, steps=1, seconds=1.0)
+        (RunLayout(run).evaluations_dir / f"{i:016x}.json").write_text(student.model_dump_json())
+    done, students, eta = _evaluation_progress(run, plan, since)
+    assert (done, students) == (total, total) and eta == 0, (done, students, eta)

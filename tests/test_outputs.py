@@ -1,4 +1,5 @@
 """Refuse what would destroy data, fail in one clear line before any work, leave nothing behind."""
+import errno
 import io
 import json
 import os
@@ -208,3 +209,15 @@ def test_teacher_messages_say_what_the_file_is(tmp_path, capsys):
 def test_argument_errors_are_one_line_with_status_2(argv, message, capsys):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == "" and message in one_line(err) and one_line(err).startswith("fadrm")
+
+
+def test_a_write_probe_on_a_full_disk_says_why_and_leaves_nothing(tmp_path):
+    """A file can be created where none can be written (a full disk, a quota; here a file size
+    limit of 0): the probe says so, and leaves no probe file, however often it is asked (the
+    service asks every second)."""
+    code = ("import resource, sys; from pathlib import Path; from fadrm_ray.fileio import probe_writable; "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1])); "
+            "print([probe_writable(Path(sys.argv[1]), write_byte=True) for _ in range(3)])")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str([os.strerror(errno.EFBIG)] * 3)
+    assert list(tmp_path.iterdir()) == []

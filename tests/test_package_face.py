@@ -1,6 +1,7 @@
-"""The package's face: `fadrm_ray.__all__` (and `fadrm_ray.evaluation.__all__`) is the public API,
-every name resolves, `import fadrm_ray` stays light, and the README's Python example runs as written
-(only its sizes made tiny)."""
+"""The package's face: `fadrm_ray.__all__` (and `fadrm_ray.evaluation.__all__`, the sweeps'
+`tune.__all__` and the service's `api.__all__`) is the public API, every name resolves, `import
+fadrm_ray` (and `import tune`, `import api`) stays light, and the README's Python example runs as
+written (only its sizes made tiny)."""
 import re
 import subprocess
 import sys
@@ -8,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+import api
 import fadrm_ray
 import fadrm_ray.evaluation
+import tune
 
 README = Path(fadrm_ray.__file__).parent.parent / "README.md"
-FACES = (fadrm_ray, fadrm_ray.evaluation)
+FACES = (fadrm_ray, fadrm_ray.evaluation, tune, api)
 # The README example's sizes, each made tiny; every one must be found exactly once in the example.
 TINY = (("SqueezeConfig(epochs=8)", "SqueezeConfig(epochs=1)"),
         ('overrides={"iterations": 500}', 'overrides={"iterations": 4}'),
@@ -43,7 +46,7 @@ def test_no_public_name_is_a_submodule(face):
     """Importing a submodule sets it on its package, which would hide a public name of the same name."""
     package = Path(face.__file__).parent
     submodules = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
-    assert "config" in submodules or "training" in submodules
+    assert {"config", "training", "sweep", "client"} & submodules  # the folder is read
     assert not set(face.__all__) & submodules
 
 
@@ -56,7 +59,8 @@ def test_the_readme_example_imports_from_the_face_only():
 
 
 def test_importing_the_package_loads_neither_torch_nor_ray():
-    code = "import sys, fadrm_ray, fadrm_ray.evaluation; print(sorted({'torch', 'ray'} & set(sys.modules)))"
+    code = ("import sys, fadrm_ray, fadrm_ray.evaluation, tune, api; "
+            "print(sorted({'torch', 'ray', 'fastapi'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=README.parent).stdout
     assert out.strip() == "[]"

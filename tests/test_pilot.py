@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
+import pytest
 import torch
 
 from fadrm_ray.cli import main
@@ -167,6 +169,7 @@ PILOT_FLAGS = ["--pilot-set", "recover_share=0.01", "--pilot-set", "student_step
 
 
 def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, capsys, one_thread):
+    from fadrm_ray.estimate import seconds_text
     from fadrm_ray.store import open_run
 
     data = f"imagefolder:{_frames(tmp_path / 'frames', 30, 8)}"
@@ -179,9 +182,18 @@ def test_the_pilot_is_measured_once_kept_and_every_later_run_reads_it(tmp_path, 
     assert main(distill) == 0
     out, err = capsys.readouterr()
     notes = [line for line in err.splitlines() if "pilot" in line]
-    assert "beside random real images on 4 classes at IPC 2" in notes[0] and " s here " in notes[0]  # cost first
+    # Its cost first, as a share of the run it sizes, and the run's own estimate at each recipe.
+    assert "beside random real images on 4 classes at IPC 2" in notes[0] and " s here, " in notes[0]
+    assert re.search(r" s here, (\d+% of|[\d.]+x) this run's estimated [\d.]+ s at recipe cifar \([\d.]+ s at "
+                     r"crops-random, [\d.]+ s at whole, [\d.]+ s at gentle\)", notes[0]), notes[0]
     said = json.loads(out)
     record = PilotRecord.model_validate(said["pilot"]["record"])
+    # The run's estimate at the recipe chosen, said before it starts and kept beside its time.
+    assert set(record.run_estimates) == {"cifar", "crops-random", "whole", "gentle"}
+    factor = record.seconds / record.estimated_seconds  # as the pilot's own sets took against their estimates
+    assert said["estimated_seconds"] == pytest.approx(record.run_estimates[record.chosen] * factor)
+    assert f"this run: about {seconds_text(said['estimated_seconds'])} at recipe {record.chosen}, from its steps " \
+           f"timed on this machine ({record.run_estimates[record.chosen]:.1f} s), times {factor:.2f}" in err
     rows = {row.recipe: row for row in record.rows}
     assert list(rows) == ["cifar", *pilot_candidates(2).recipes]
     # What it chose follows its rule from what it measured (the measurements themselves move with
@@ -235,10 +247,10 @@ def test_over_its_bound_the_pilot_is_skipped_and_says_so(tmp_path, capsys, one_t
 
 
 def test_the_service_takes_the_stores_pilot_and_says_so_or_says_none_was_measured(tmp_path, capsys, one_thread):
-    from api.catalog import Catalog
-    from api.config import ServiceSettings
-    from api.models import DistillationRequest
-    from api.requests import plan_request
+    from api.contract.schemas import DistillationRequest
+    from api.planning.catalog import Catalog
+    from api.planning.requests import plan_request
+    from api.planning.service_settings import ServiceSettings
 
     data = _frames(tmp_path / "frames", 6, 4)
     assert main(["squeeze", "--dataset", f"imagefolder:{data}", "--epochs", "1", "--out", str(tmp_path / "t"),
@@ -248,16 +260,16 @@ def test_the_service_takes_the_stores_pilot_and_says_so_or_says_none_was_measure
     (tmp_path / "datasets.yaml").write_text(f"frames: imagefolder:{data}\n")
     settings = ServiceSettings(api_token=secrets.token_urlsafe(32), store=tmp_path / "store", teachers=tmp_path / "teachers",
                                datasets=tmp_path / "datasets.yaml")
-    catalog = Catalog(settings)
+    catalog = Catalog(settings.teachers, settings.datasets)
     request = DistillationRequest(dataset="frames", teacher="frames-net", classes=[0, 1], ipc=2)
-    plan = plan_request(request, catalog, settings)
+    plan = plan_request(request, catalog, settings.limits, settings.store, settings.device)
     note, warnings = plan.recipe_notes
     assert plan.job.config.recipe == "cifar" and warnings == []
     assert note.startswith("no pilot has measured the recipes on frames") and "fadrm distill" in note
     dataset = catalog.dataset("frames")
     keep_pilot(settings.store, _record(dataset, catalog.teacher("frames-net").info.sha256, "whole", -3.0, 0.5,
                                          pilot_ipc=1))
-    plan = plan_request(request, catalog, settings)
+    plan = plan_request(request, catalog, settings.limits, settings.store, settings.device)
     note, warnings = plan.recipe_notes
     assert plan.job.config.recipe == "whole" and note.startswith("pilot chose whole")
     assert len(warnings) == 1 and "no recipe the pilot tried is level with random real images" in warnings[0]
@@ -267,7 +279,8 @@ def test_a_sweep_fixes_the_stores_pilot_choice_in_every_trial_unless_it_sweeps_t
                                                                                           one_thread):
     from fadrm_ray.models import load_teacher
     from tune.space import trial_config
-    from tune.sweep import SweepRequest, prepare, with_pilot
+    from tune.prepare import prepare, with_pilot
+    from tune.request import SweepRequest
 
     data = _frames(tmp_path / "frames", 6, 4)
     assert main(["squeeze", "--dataset", f"imagefolder:{data}", "--epochs", "1", "--out", str(tmp_path / "t"),

@@ -16,7 +16,8 @@ from fadrm_ray.config import make_config  # noqa: E402
 from fadrm_ray.runs import execute  # noqa: E402
 from fadrm_ray.runs.job import ExecutionSpec  # noqa: E402
 from fadrm_ray.store import open_run  # noqa: E402
-from tests.ray_helpers import distill, events, wait_for  # noqa: E402
+from fadrm_ray.layout import RunLayout  # noqa: E402
+from tests.ray_helpers import distill, events, ray_or_tune_lines, wait_for  # noqa: E402
 
 LOCAL = ExecutionSpec(local=True, device="cpu", progress=False)
 
@@ -46,11 +47,11 @@ def test_same_seed_same_images_on_1_and_2_workers_and_local(local_ray, digits, d
     assert len(pids) == 2  # both workers did work
 
 
-def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digits_teacher, tmp_path):
+def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digits_teacher, tmp_path, capsys):
     cfg = make_config("fadrm", overrides={**CFG, "ipc": 4, "iterations": 240, "ipc_per_unit": 1})
     result = {}
     thread = threading.Thread(target=lambda: result.update(r=distill(
-        coordinator, cfg, [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=False))))
+        coordinator, cfg, [digits_teacher[0]], tmp_path, ExecutionSpec(workers=2, progress=True))))
     thread.start()
     run_dir = wait_for(lambda: next(iter([d for d in tmp_path.iterdir() if d.is_dir()]), None))
     wait_for(lambda: events(run_dir, "stage_done"))
@@ -61,6 +62,12 @@ def test_killed_worker_mid_stage_the_run_completes_exactly_once(local_ray, digit
 
     failed = events(run_dir, "stage_failed")
     assert failed, "the kill should have cost a stage"
+    # Said once, in one line, with the unit that runs again; the bar counted the worker out.
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "a distill worker was lost" in line]
+    assert len(said) == 1 and f"unit {failed[0]['unit']} stage {failed[0]['stage']} runs again" in said[0], err
+    assert "(2 of 2 workers left)" not in said[0] and "(1 of 2 workers left)" in said[0]
+    assert "(1 worker)" in err and "(2 workers)" in err
     done = [e["unit"] for e in events(run_dir, "unit_done")]
     assert sorted(done) == sorted(set(done)) and len(done) == 8   # 2 shards x 4 IPC, none recomputed
     stage_pairs = [(e["unit"], e["stage"]) for e in events(run_dir, "stage_done")]
@@ -91,6 +98,8 @@ def test_stopped_driver_resumes_only_unfinished_stages(digits_teacher, tmp_path)
 
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
+    assert ray_or_tune_lines(second.stdout + second.stderr) == []  # the embedded Ray's lines: in the run's ray.log
+    assert "Started a local Ray instance" in RunLayout(run_dir).ray_log.read_text()
     starts = events(run_dir, "run_started")
     # the ledger rebuilt from the store knows every finished stage (a stage may have finished on the
     # worker after the driver stopped logging: its checkpoint counts too)

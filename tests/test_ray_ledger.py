@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from api.outputs import _parse_ledger
+from api.jobs.job_outputs import _parse_ledger
 from fadrm_ray.events import (LedgerEvent, PatchesFailed, PatchesScored, RunFinished, RunStarted, StageDone,
                               StageFailed, UnitDone, WorkerLost, WorkerStarted, append_entry, append_event,
                               read_ledger)

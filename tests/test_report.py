@@ -145,3 +145,51 @@ def test_the_evaluation_plot_shows_the_images_with_hard_labels_only(tmp_path):
     path = write_evaluation_plot(evaluation, tmp_path / "evaluation.png")
     width, height = png_size(path)
     assert width > 600 and height > 300
+
+
+def test_class_names_in_any_script_are_drawn_or_written_as_code_points_without_glyph_warnings(tmp_path,
+                                                                                              monkeypatch, caplog):
+    """A folder whose classes are named in Latin, hiragana (a glyph matplotlib's STIX font has)
+    and katakana: the grid draws each name with a font that has its glyphs, writes a character
+    no installed font has as its code point, and matplotlib warns of no missing glyph."""
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+
+    from fadrm_ray.config import SqueezeConfig
+    from fadrm_ray.data import get_dataset
+    from fadrm_ray.evaluation.fonts import _font_file, _glyphs, drawable
+    from fadrm_ray.evaluation.report import write_grid
+    from fadrm_ray.squeeze import squeeze
+
+    monkeypatch.setenv("FADRM_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    names = ["slime", "の", "スライム"]
+    for c, name in enumerate(names):
+        (tmp_path / "sprites" / name).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(rng.integers(40 * c, 100 + 40 * c, (16, 16, 3), dtype=np.uint8)).save(
+                tmp_path / "sprites" / name / f"{i}.png")
+    data = get_dataset(f"imagefolder:{tmp_path / 'sprites'}")
+    teacher = squeeze(data, SqueezeConfig(epochs=1), out_dir=tmp_path / "t", progress=False).path
+    spec = ExecutionSpec(local=True, progress=False)
+    job, parts = prepare_job(make_config("random-real", overrides={"ipc": 2}), data, "x", [teacher],
+                             tmp_path / "store", device_type=execute.device_type(spec))
+    run = execute.run(job, spec, parts)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO", logger="matplotlib"):
+        warnings.simplefilter("always")
+        png = write_grid(open_run(run.run_dir), tmp_path / "grid.png")
+    assert png_size(png)[0] > 0
+    assert not [w for w in caught if "missing from" in str(w.message) or "Glyph" in str(w.message)]
+    # Nor does matplotlib's font lookup log anything (a family without a regular face warns there).
+    assert not [r for r in caplog.records if r.levelno >= 30], [r.getMessage() for r in caplog.records]
+
+    labels = [f"{k}: {n}" for k, n in enumerate(data.class_names)]
+    drawn = drawable(labels)
+    assert "STIXGeneral" in drawn.family and "の" in drawn.labels[data.class_names.index("の")]
+    files = [_font_file(f) for f in drawn.family]
+    for label in drawn.labels:  # every character left is one a font of the family list has
+        assert all(any(ord(ch) in _glyphs(f) for f in files) for ch in label if not ch.isspace())
+    for ch in drawn.escaped:  # and every one written as its code point is one none of them has
+        assert f"\\u{ord(ch):04x}" in drawn.labels[data.class_names.index("スライム")]

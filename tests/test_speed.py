@@ -6,9 +6,10 @@
   resolutions, give each group the images of its own separate run;
 - channels-last and contiguous runs agree; the teacher stays frozen; no per-step host sync is
   needed for the loss curves;
-- the speed benchmark's reference loop is a working FADRM loop (bench/speed_reference.py).
+- the speed benchmark's reference loop is a working FADRM loop (bench/speed/reference_loop.py).
 """
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,6 +187,7 @@ def test_zero_iteration_stage(teacher_model):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_compiled_loss_matches_eager(teacher_model):
     """Stages at 6 and 7 px make convnet-bn's ceil_mode pools overhang, where Inductor's own
     pooling backward is wrong (pytorch/pytorch#198119); recover routes around it."""
@@ -200,7 +202,7 @@ def test_compiled_loss_matches_eager(teacher_model):
 
 # --------------------------------------------------------------------------- the benchmark's reference
 def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
-    from bench.speed_reference import image_losses, reference_recover
+    from bench.speed.reference_loop import image_losses, reference_recover
 
     cfg = cfg_for(iterations=40)
     p = patches(1)
@@ -226,30 +228,62 @@ def test_bench_reference_loop_lowers_the_loss_like_the_engine(teacher_model):
 
 
 def test_bench_imagenet_timing_runs_in_its_tiny_cpu_form():
-    """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages, packing."""
-    from bench.speed_imagenet import ImagenetTiming, imagenet_timing
+    """What bench/gpu_check.sh runs on a GPU, CPU-sized: ResNet-18, MRO stages (the side-by-side's
+    at 32 px), packing."""
+    from bench.speed.contender import stage_sizes
+    from bench.speed.imagenet import ImagenetTiming, imagenet_timing
 
     info = imagenet_timing(ImagenetTiming(device="cpu", packs=[1, 2], iterations=4, precisions=["fp32"], tiny=True),
                            log=lambda m: None)
     assert [r["pack"] for r in info["runs"]] == [1, 2]
     for r in info["runs"]:
-        assert r["finite"] and r["resolutions"] == [28, 32, 28, 32] and r["images_per_step"] == 10 * r["pack"]
+        assert r["finite"] and r["resolutions"] == stage_sizes(32) == [29, 32, 29, 32] and r["images_per_step"] == 10 * r["pack"]
         assert r["seconds_per_image_at_T2000"] == pytest.approx(r["seconds"] / 4 * 2000 / r["images_per_step"])
 
 
-def _gpu_check(tmp_path, *args, fail=None):
+def test_the_fp16_check_fails_without_the_gradient_scaler():
+    """bench/gpu_check.sh's checks take the fp16 step as the run takes it, its GradScaler scaling
+    the loss and unscaling the gradient. At the gradients' size of a 224-px batch (here a narrow
+    convnet at 224 px, batch 16, through the CPU's fp16 autocast) the statistics term's gradient
+    underflows in fp16 without the scaler: the same check then fails."""
+    from bench.gpu_steps import compare, gradients, judge
+
+    torch.manual_seed(0)
+    teacher = FrozenTeacher(create_model("convnet-bn", 16, in_chans=3, image_size=224, width=4, depth=2))
+    view, labels = torch.randn(16, 3, 224, 224), torch.arange(16)
+
+    def cfg(precision):
+        return DistillConfig(classes=list(range(16)), precision=precision).resolve(224, 16, True, channels=3)
+
+    def fp16():
+        return torch.autocast("cpu", dtype=torch.float16)
+
+    ref = gradients(teacher, view, labels, cfg("fp32"))
+    scaled = compare(gradients(teacher, view, labels, cfg("fp16"), (fp16, torch.amp.GradScaler("cpu"))), ref)
+    unscaled = compare(gradients(teacher, view, labels, cfg("fp16"), (fp16, None)), ref)
+    assert judge("fp16", "fp16", scaled) == []
+    assert scaled["grad_stat_rel"] < 0.01
+    failures = judge("fp16 without its scaler", "fp16", unscaled)
+    assert any("grad_stat_rel" in f for f in failures), failures
+
+
+STANDIN = Path(__file__).resolve().parent / "data" / "published-standin"
+
+
+def _gpu_check(tmp_path, *args, kill=None, official=STANDIN):
+    """bench/gpu_check.sh --dry-run with the published code present (the stand-in under
+    tests/data: the branch a GPU run with .official takes)."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = {**os.environ, "PYTHON": sys.executable, "FADRM_OFFICIAL": str(official)}
     env.pop("OUT", None)
-    if fail:
-        env["FADRM_GPU_CHECK_FAIL"] = fail
+    if kill:
+        env["FADRM_GPU_CHECK_KILL"] = kill
     return subprocess.run(["bash", str(root / "bench" / "gpu_check.sh"), "--dry-run", *args, str(tmp_path)], cwd=root,
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=900, env=env)
 
 
 def _steps(folder) -> dict:
@@ -258,16 +292,45 @@ def _steps(folder) -> dict:
     return {json.loads(p.read_text())["step"]: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
-def test_a_failed_gpu_check_step_leaves_the_others_figures_written(tmp_path):
-    proc = _gpu_check(tmp_path, "--only", "env,checks,students", fail="checks")
-    assert proc.returncode != 0  # a step failed: the run says so
+PUBLISHED = {"official", "official-benchmark", "official-like"}
+OURS = {"ours-eager-pack1", "ours-fast-pack1", "ours-fast-packed"}
+
+
+def test_gpu_check_takes_the_published_branch_keeps_a_killed_steps_figures_and_stays_in_budget(tmp_path):
+    """The GPU run's path, CPU-sized: side_by_side with the published loop (the stand-in) among
+    its contenders, every figure kept as measured; the checks step killed after its first figure
+    keeps it and the step after it still runs; the printed budgets fit a rerun in one lease."""
+    import re
+
+    proc = _gpu_check(tmp_path, "--only", "checks,side_by_side", kill="checks:1")
+    assert proc.returncode != 0  # a step was killed: the run says so
     steps = _steps(tmp_path)
-    assert set(steps) == {"env", "checks", "students"}  # the step after the failed one ran too
-    assert not steps["checks"]["ok"] and "fails on purpose" in steps["checks"]["error"]
-    assert steps["env"]["ok"] and steps["env"]["result"]["versions"]["ray"] and not steps["env"]["result"]["missing"]
-    assert steps["students"]["ok"] and steps["students"]["result"]["runs"][0]["seconds_per_epoch"] > 0
+    assert set(steps) == {"checks", "side_by_side"}
+    checks = steps["checks"]
+    assert not checks["ok"] and "over its budget" in checks["error"] and "result" not in checks
+    assert [m["kind"] for m in checks["measured"]] == ["precision_path"]  # what it had measured when killed
+    sbs = steps["side_by_side"]
+    assert sbs["ok"], sbs.get("error")
+    result = sbs["result"]
+    assert set(result["contenders"]) == PUBLISHED | OURS
+    assert result["published_best"] in PUBLISHED and result["official_ms"] > 0
+    assert set(result["ratios"]) == PUBLISHED and set(result["ratios"]["official"]) == OURS
+    assert result["contenders"]["ours-fast-packed"]["pack"] == 2
+    assert "fast_is_eager" in result  # the dry run compiles nothing and says so
+    assert {n for n, c in result["contenders"].items() if "schedule" in c} == \
+        {"official-like", "ours-eager-pack1", "ours-fast-pack1"}
+    assert result["contenders"]["official-like"]["schedule"]["steps"] == 16
+    # each figure recorded as it was measured: every contender's warm-up and round, schedules, profiles
+    measured = sbs["measured"]
+    assert {m["contender"] for m in measured if m["kind"] == "round"} == PUBLISHED | OURS
+    assert {m["contender"] for m in measured if m["kind"] == "profile"} == {"official", "ours-eager-pack1",
+                                                                          "ours-fast-pack1"}
+    assert (tmp_path / "profiles" / "official" / "summary.json").is_file()  # in the folder that comes back
+    assert not list(tmp_path.glob("*.jsonl"))  # folded into the JSON
     log = (tmp_path / "gpu_check.log").read_text()
-    assert "FAILED: checks" in log and "total" in log and "students      ok" in log
+    assert f"side_by_side: the published loop from {STANDIN}" in log and "FAILED: checks" in log
+    whole, core = (int(v) for v in re.search(r"(\d+) s for the whole check \(at most 330\), (\d+) s with --core", log).groups())
+    assert whole <= 330 and core <= 200
 
 
 @pytest.mark.slow
@@ -277,14 +340,18 @@ def test_gpu_check_script_dry_run(tmp_path):
     steps = _steps(tmp_path)
     assert [p.name for p in sorted(tmp_path.glob("*.json"))] == [
         "0-env.json", "1-checks.json", "2-side_by_side.json", "3-end_to_end.json", "4-students.json", "5-share.json"]
-    assert len(list(tmp_path.iterdir())) <= 8  # what the device tool brings back
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".json")) == ["gpu_check.log", "profiles"]
     result = {name: s["result"] for name, s in steps.items()}
+    assert steps["env"]["result"]["versions"]["ray"] and not steps["env"]["result"]["missing"]
     e2e = result["end_to_end"]
     assert e2e["images"] == 20 and e2e["workers"] == 2 and e2e["student_seconds_per_epoch"] > 0
+    assert [m["kind"] for m in steps["end_to_end"]["measured"]] == ["import_teacher", "distill"]
     assert {r["precision"] for r in result["checks"]["precision_paths"]} == {"bf16", "fp32"}
+    compared = result["checks"]["fast_vs_eager"]
+    assert compared["eager bf16"]["grad_stat_rel"] < 0.5 and compared["fast"].startswith("not compared")
     sbs = result["side_by_side"]
-    assert sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0
-    assert sbs["contenders"]["ours-fast-packed"]["pack"] == 2
-    assert set(sbs["profiles"]) >= {"ours-eager-pack1"} and "ours-fast-packed" not in sbs["profiles"]
+    assert set(sbs["contenders"]) == PUBLISHED | OURS and sbs["ours_pack1_ms"] > 0 and sbs["ours_fast_pack1_ms"] > 0
+    assert set(sbs["profiles"]) == {"official", "ours-eager-pack1", "ours-fast-pack1"}
     assert sbs["profiles"]["ours-eager-pack1"]["op_calls_per_step"] > 0
     assert result["students"]["runs"][0]["seconds_per_epoch"] > 0 and result["share"]["processes"] == 2
+    assert len(steps["share"]["measured"]) == 1 and len(steps["students"]["measured"]) == 1

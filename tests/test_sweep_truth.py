@@ -19,7 +19,8 @@ from fadrm_ray.settings import ConfigError
 from tune.plots import colour_range, heatmap_cells, key_figure
 from tune.results import TrialRow, not_made
 from tune.space import parse_space, split_space
-from tune.sweep import SweepRequest, trial_count
+from tune.prepare import trial_count
+from tune.request import SweepRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--ipc", "1", "--param", "iterations=8", "--param", "precision=fp32", "--seeds", "1", "--epochs", "8"]
@@ -50,6 +51,8 @@ def one_error_line(capsys) -> str:
     (["--ipc", "0"], "--ipc must be an integer >= 1, got 0"),
     (["--seed", "-1"], "--seed must be an integer >= 0, got -1"),
     (["--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
+    (["--confirm-seeds", "2"], "--confirm-seeds must be 0 (the best compared on the trials' own seeds) or at least "
+                               "3: the standard error of 2 seeds is not usable, got 2"),
 ])
 def test_a_bad_flag_is_refused_in_one_line_naming_the_flag(flags, message, tmp_path, capsys, digits_teacher):
     code = main(["tune", "--dataset", "digits", "--teacher", str(digits_teacher[0]), "--out", str(tmp_path / "o"),
@@ -144,13 +147,44 @@ def test_trials_tune_has_not_made_yet_are_pending_rows():
     assert len(not_made(made, swept, "random", 5)) == 3
 
 
+def test_trials_that_said_they_started_are_interrupted_not_pending(tmp_path):
+    """When the SIGINT comes just after trials started, Tune's controller (or the state it saved)
+    may still call them pending and keep no config: the line each wrote as it started says
+    otherwise, and gives its values."""
+    from types import SimpleNamespace
+
+    from fadrm_ray.events import append_event
+    from tune.prepare import check
+    from tune.results import collect_rows
+    from tune.settings import EVENTS, TrialStarted
+
+    teacher = tmp_path / "t.pt"
+    teacher.write_bytes(b"")
+    p = check(SweepRequest(dataset="digits", teachers=[str(teacher)], out=str(tmp_path / "sweep"),
+                           params=["alpha=0.3,0.5", "k=1,2"]))
+    p.out.mkdir()
+    for trial, alpha in (("x_00000", 0.3), ("x_00001", 0.5)):
+        said = TrialStarted(trial=trial, values={"alpha": alpha, "k": 1}, node_id="n", host="h")
+        append_event(p.out / EVENTS, said.event, **said.model_dump(exclude={"event"}))
+    append_event(p.out / EVENTS, "distilled", trial="x_00000")  # another event: not a start
+    # Tune's results of two trials that never reported (what a ResultGrid holds of them).
+    grid = [SimpleNamespace(metrics={}, config=None, error=None, path=str(p.out / "experiment" / f"trial_{t}"))
+            for t in ("x_00000", "x_00001")]
+    progress = SimpleNamespace(statuses={"x_00000": "PENDING", "x_00001": "PENDING"}, configs={})
+    rows = [(r.trial, r.values, r.state) for r in collect_rows(grid, p, progress)]
+    assert rows == [("x_00000", {"alpha": 0.3, "k": 1}, "interrupted"),
+                    ("x_00001", {"alpha": 0.5, "k": 1}, "interrupted"),
+                    ("", {"alpha": 0.3, "k": 2}, "pending"), ("", {"alpha": 0.5, "k": 2}, "pending")]
+
+
 def test_a_bad_space_is_refused_before_torch_or_the_dataset_loads(tmp_path, digits_teacher):
     """`prepare` in a fresh interpreter: an unknown key and an out-of-range value both fail
     before torch is imported (the dataset load would import it)."""
     code = f"""
 import sys
 from fadrm_ray.settings import ConfigError
-from tune.sweep import SweepRequest, prepare
+from tune.prepare import prepare
+from tune.request import SweepRequest
 for params in (["nosuch=1"], ["alpha=0.5,2"]):
     try:
         prepare(SweepRequest(dataset="digits", teachers=[{str(digits_teacher[0])!r}], out={str(tmp_path / 'o')!r},

@@ -307,3 +307,69 @@ def test_a_torchvision_model_trained_with_imagenet_statistics_is_imported_at_its
     assert any("the normalization matters" in w for w in result["warnings"])
     _, info = load_teacher(out)
     assert info.mean == pytest.approx((0.485, 0.456, 0.406)) and info.test_accuracy == pytest.approx(own)
+
+
+def _swapped_state(digits_teacher) -> tuple[dict, list[str], torch.nn.Module]:
+    """The digits teacher's weights with the outputs of its first two classes swapped, the class
+    name of each output in that order, and the teacher itself."""
+    from fadrm_ray.teacher_import import _classifier
+
+    teacher, info = load_teacher(digits_teacher[0])
+    head = _classifier(teacher)
+    state = {k: v.clone().contiguous() for k, v in teacher.state_dict().items()}
+    for key in (f"{head}.weight", f"{head}.bias"):
+        state[key][[0, 1]] = state[key][[1, 0]]
+    names = list(info.class_names)
+    return state, [names[1], names[0], *names[2:]], teacher
+
+
+def _imported_logits(out, digits) -> torch.Tensor:
+    imported, _ = load_teacher(out)
+    return imported(digits.normalize(digits.test.load(torch.arange(64))))
+
+
+def test_a_swapped_teacher_is_reordered_by_the_class_names_of_its_safetensors_metadata(digits_teacher, digits,
+                                                                                       tmp_path, capsys):
+    import json
+
+    from safetensors.torch import save_file
+
+    state, names, teacher = _swapped_state(digits_teacher)
+    bare, named = tmp_path / "bare.safetensors", tmp_path / "named.safetensors"
+    save_file(state, str(bare))
+    save_file(state, str(named), metadata={"class_names": json.dumps(names)})
+    common = ["import-teacher", "--model", "convnet-bn", "--model-arg", "width=32", "--dataset", "digits", "--quiet"]
+    # Without names, the swap is refused by the confusion check; with them, the outputs are reordered.
+    assert main([*common, "--weights", str(bare), "--out", str(tmp_path / "bare.pt")]) == 2
+    assert "take whole classes for one another" in capsys.readouterr().err
+    assert main([*common, "--weights", str(named), "--out", str(tmp_path / "named.pt")]) == 0
+    said = capsys.readouterr().out
+    assert "reordered to the dataset's class order by the class names in the 'class_names' key of its " \
+           "safetensors metadata (2 classes moved)" in said
+    x = digits.normalize(digits.test.load(torch.arange(64)))
+    assert torch.equal(_imported_logits(tmp_path / "named.pt", digits), teacher(x))
+
+
+def test_timm_export_label_names_reorder_a_swapped_teacher_and_bad_names_are_refused(digits_teacher, digits,
+                                                                                     tmp_path, capsys):
+    """timm's own convention: `save_for_hf` writes config.json with `label_names` beside the weights."""
+    import json
+
+    from safetensors.torch import save_file
+
+    state, names, teacher = _swapped_state(digits_teacher)
+    export = tmp_path / "export"
+    export.mkdir()
+    save_file(state, str(export / "model.safetensors"))
+    (export / "config.json").write_text(json.dumps({"architecture": "convnet", "num_classes": 10,
+                                                    "label_names": {str(i): n for i, n in enumerate(names)}}))
+    common = ["import-teacher", "--model", "convnet-bn", "--model-arg", "width=32", "--dataset", "digits", "--quiet"]
+    assert main([*common, "--weights", str(export / "model.safetensors"), "--out", str(tmp_path / "t.pt")]) == 0
+    assert "by the class names in the 'label_names' of timm's config.json beside it" in capsys.readouterr().out
+    x = digits.normalize(digits.test.load(torch.arange(64)))
+    assert torch.equal(_imported_logits(tmp_path / "t.pt", digits), teacher(x))
+    broken = tmp_path / "broken.safetensors"
+    save_file(state, str(broken), metadata={"class_names": "0,1,2"})  # not a JSON list
+    assert main([*common, "--weights", str(broken), "--out", str(tmp_path / "b.pt")]) == 2
+    assert "must be a list of class names in output order" in capsys.readouterr().err
+    assert not (tmp_path / "b.pt").exists()

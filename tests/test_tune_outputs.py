@@ -8,7 +8,7 @@ import yaml
 
 from tune.request import SweepRequest
 from tune.results import TrialRow
-from tune.sweep import check
+from tune.prepare import check
 
 FILES = ("results.csv", "results.md", "best.yaml")
 

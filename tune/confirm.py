@@ -9,7 +9,10 @@ IPC on the same seeds (`fadrm_ray.evaluation.baselines`: the baseline `fadrm eva
 with, distilled into the sweep's store and evaluated with the same students). The best is the
 one of them with the highest mean on the new seeds; results.md says, seed by seed, whether it is
 above the runner-up and above random real images by more than two standard errors, or level with
-them. With `--confirm-seeds 0` the best trial is compared on the trials' own seeds.
+them. With `--confirm-seeds 0` the best trial is compared on the trials' own seeds. A standard
+error needs at least `MIN_SE_SEEDS` seeds to be worth writing: `--confirm-seeds` 1 and 2 are
+refused (tune.request), and on fewer of the trials' own seeds no ± s.e. is written, and no
+comparison is called above, below or level: the seeds cannot tell.
 
 Each evaluation is a Ray task with a trial's resources (`evaluate_again`), all submitted at once:
 random real images in one task of their own where every trial has the same ones (the seed and
@@ -23,10 +26,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from fadrm_ray.evaluation.scores import PairedGain
+from fadrm_ray.paired import PairedGain, gain_text, paired_gain
+from tune.request import MIN_SE_SEEDS
 from tune.settings import Reevaluated, Reevaluation, TrialSettings
 
 if TYPE_CHECKING:
+    from tune.prepare import Prepared
     from tune.results import TrialRow
 
 TOP = 3
@@ -42,8 +47,10 @@ def evaluate_again(task: Reevaluation, dataset, teacher_blobs: list[bytes]) -> R
     from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec
     from fadrm_ray.evaluation.evaluate import evaluate_run, open_for_evaluation
     from fadrm_ray.settings import EvaluationError
+    from tune.session import pause_point
     from tune.trainable import teacher_files
 
+    pause_point("confirmation")
     sweep = task.sweep
     torch.set_num_threads(sweep.threads)
     paths = teacher_files(sweep, teacher_blobs)
@@ -79,7 +86,7 @@ class ConfirmedTrial(BaseModel):
     top1: float                         # the trials' own mean, which ranked it
     top1_per_seed: list[float]          # on Confirmation.seeds
     mean: float
-    stderr: float | None                # of the mean; None with one seed
+    stderr: float | None                # of the mean; None on fewer than MIN_SE_SEEDS seeds
 
 
 class Confirmation(BaseModel):
@@ -104,10 +111,18 @@ def _on(seeds: list[int], values: list[float], wanted: list[int]) -> list[float]
 
 
 def _stderr(values: list[float]) -> float | None:
-    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    """The standard error of the mean of `values`; None on fewer than MIN_SE_SEEDS of them."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= MIN_SE_SEEDS else None
 
 
-def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs_ref,
+def _gain(run: list[float], base: list[float]) -> PairedGain:
+    """The paired gain of `run` over `base`, without a standard error on fewer than MIN_SE_SEEDS
+    seeds (it is then never clearly above or below)."""
+    gain = paired_gain(run, base)
+    return gain if gain.seeds >= MIN_SE_SEEDS else gain.model_copy(update={"stderr": None})
+
+
+def run_confirmation(p: "Prepared", rows: "list[TrialRow]", settings: TrialSettings, dataset_ref, blobs_ref,
                      wait: Callable[[list], list]) -> tuple[Confirmation | None, dict[str, Reevaluated]]:
     """Evaluate the best finished trials again (module docstring), each a Ray task waited on with
     `wait`; returns the confirmation (None where no trial finished) and each evaluation by trial.
@@ -144,13 +159,11 @@ def run_confirmation(p, rows: "list[TrialRow]", settings: TrialSettings, dataset
     return judge(p, done, top, again, trial_seeds, new, shared), again
 
 
-def judge(p, done: "list[TrialRow]", top: "list[TrialRow]", again: dict[str, Reevaluated], trial_seeds: list[int],
-          new: list[int], shared: bool) -> Confirmation:
+def judge(p: "Prepared", done: "list[TrialRow]", top: "list[TrialRow]", again: dict[str, Reevaluated],
+          trial_seeds: list[int], new: list[int], shared: bool) -> Confirmation:
     """The confirmation of `top` from their evaluations `again`: the best by its mean on the new
     seeds (the trials' own where there are none), compared with the runner-up and random real
     images seed by seed."""
-    from fadrm_ray.evaluation.baselines import paired_gain
-
     seeds = new or trial_seeds
     confirmed = []
     for row in top:
@@ -173,8 +186,8 @@ def judge(p, done: "list[TrialRow]", top: "list[TrialRow]", again: dict[str, Ree
         random = _on(source.seeds, source.random_real_per_seed, seeds)
     elif source is not None:
         random_error = source.random_error
-    vs_runner = paired_gain(best.top1_per_seed, confirmed[1].top1_per_seed) if len(confirmed) > 1 else None
-    vs_random = paired_gain(best.top1_per_seed, random) if random is not None else None
+    vs_runner = _gain(best.top1_per_seed, confirmed[1].top1_per_seed) if len(confirmed) > 1 else None
+    vs_random = _gain(best.top1_per_seed, random) if random is not None else None
     result = Confirmation(seeds=seeds, new_seeds=bool(new), trials=confirmed, best=best.trial,
                           random_real_per_seed=random, random_real_error=random_error, vs_runner_up=vs_runner,
                           vs_random=vs_random)
@@ -182,13 +195,12 @@ def judge(p, done: "list[TrialRow]", top: "list[TrialRow]", again: dict[str, Ree
 
 
 def _level(gain: PairedGain | None, them: str) -> str:
-    from fadrm_ray.evaluation.baselines import gain_text
-
     if gain is None:
         return ""
     text = gain_text(gain)
     if gain.stderr is None:
-        return f"{text}: one seed gives no standard error, so the seeds cannot tell it from {them}"
+        few = "one seed gives" if gain.seeds == 1 else f"{gain.seeds} seeds give"
+        return f"{text}: {few} no usable standard error, so the seeds cannot tell it from {them}"
     if gain.clearly_above:
         return f"{text}: above {them} by more than two standard errors"
     if gain.clearly_below:
@@ -203,15 +215,16 @@ def describe(c: Confirmation, leader: "TrialRow", swept) -> list[str]:
     seeds = ", ".join(map(str, c.seeds))
     which = (f"{len(c.seeds)} student seed{'s' if len(c.seeds) != 1 else ''} that no trial trained (seeds {seeds})"
              if c.new_seeds else f"the trials' own student seeds ({seeds}); `--confirm-seeds N` adds new ones")
+    spread_head = "mean ± s.e." if len(c.seeds) >= MIN_SE_SEEDS else f"mean; no usable s.e. on {len(c.seeds)} seeds"
     lines = [f"The {len(c.trials)} best finished trial{'s' if len(c.trials) != 1 else ''} evaluated again on "
              f"{which}, beside random real images of the same classes and IPC on the same seeds:", "",
-             "| trial | values | top-1, trials' seeds | top-1, these seeds (mean ± s.e.) |", "|---|---|---|---|"]
+             f"| trial | values | top-1, trials' seeds | top-1, these seeds ({spread_head}) |", "|---|---|---|---|"]
     for t in c.trials:
         spread = f" ± {t.stderr:.2f}" if t.stderr is not None else ""
         lines.append(f"| {t.trial} | {shown_values(t.values, swept)} | {t.top1:.2f} | {t.mean:.2f}{spread} |")
     if c.random_real_per_seed is not None:
         r = c.random_real_per_seed
-        spread = f" ± {_stderr(r):.2f}" if len(r) > 1 else ""
+        spread = f" ± {_stderr(r):.2f}" if _stderr(r) is not None else ""
         lines.append(f"| random real images | | | {statistics.fmean(r):.2f}{spread} |")
     best = c.trials[0]
     spread = f" ± {best.stderr:.2f} s.e." if best.stderr is not None else ""
@@ -232,7 +245,7 @@ def describe(c: Confirmation, leader: "TrialRow", swept) -> list[str]:
     return lines
 
 
-def random_real_note(p, rows: "list[TrialRow]", again: dict) -> tuple[str, list[float] | None]:
+def random_real_note(p: "Prepared", rows: "list[TrialRow]", again: dict) -> tuple[str, list[float] | None]:
     """Mark each finished row against random real images on the trials' seeds (measured beside
     the best trials by the confirmation); returns the summary's line and, where every trial has
     the same random real images, their top-1 on those seeds (for the plots)."""

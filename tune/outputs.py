@@ -7,9 +7,10 @@ whether the best is above the runner-up and above random real images by more tha
 standard errors, or level with them. `best.yaml` is the best trial's whole config
 (`DistillConfig.to_dict` of the config the trial built with `make_config`), which `fadrm
 distill --config best.yaml` runs as it is. An interrupted sweep (a SIGINT at any moment: before
-Ray is up, before any trial started, mid-trial, during the confirmation) gets results.md marked
-so on its first line and a summary.json with `interrupted`, no best.yaml; the same command
-resumes it.
+Ray is up, before any trial started, mid-trial, during the confirmation, while these files are
+written) gets results.md marked so on its first line and a summary.json with `interrupted`, and
+no best.yaml (one an earlier run of the sweep wrote is removed: it is not this state's best);
+the same command resumes it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -29,7 +30,12 @@ from tune.confirm import Confirmation
 from tune.plots import plot_results
 from tune.results import COLUMNS, STATES, TrialRow
 from tune.settings import TIME_ATTR
-from tune.space import _show, shown_values, trial_config
+from tune.space import shown_value, shown_values, trial_config
+
+if TYPE_CHECKING:
+    from tune.prepare import Prepared
+
+BEST = "best.yaml"
 
 
 class FailedTrial(BaseModel):
@@ -52,6 +58,7 @@ class SweepSummary(BaseModel):
     experiment: str
     store: str
     ray_session: str | None = None      # OUT/ray, where the sweep's own Ray kept its session and logs
+    ray_log: str | None = None          # OUT/ray.log: Ray's and Tune's own lines (None: on the terminal, --verbose)
     resumed: bool = False
     interrupted: bool = False
     interrupted_during: str | None = None
@@ -92,13 +99,16 @@ def _best(rows: list[dict], confirmation: Confirmation | None) -> dict | None:
     return max(done, key=lambda r: r["top1"]) if done else None
 
 
-def write_results(p, trial_rows: list[TrialRow], interrupted: bool = False, confirmation: Confirmation | None = None,
-                  random_real: list[float] | None = None, during: str | None = None) -> tuple[dict, dict | None]:
+def write_results(p: "Prepared", trial_rows: list[TrialRow], interrupted: bool = False,
+                  confirmation: Confirmation | None = None, random_real: list[float] | None = None,
+                  during: str | None = None) -> tuple[dict, dict | None]:
     """Write every file of the sweep's results into OUT; returns ({name: path}, the best trial:
     the confirmation's, else the best finished one). An interrupted sweep gets no best.yaml: its
     best so far is not the sweep's best."""
     out, swept = p.out, p.swept
     out.mkdir(parents=True, exist_ok=True)
+    if interrupted:
+        (out / BEST).unlink(missing_ok=True)
     rows = [r.flat() for r in trial_rows]
     seeds = len(p.eval_cfg.seed_list)
     best = _best(rows, confirmation)
@@ -107,15 +117,15 @@ def write_results(p, trial_rows: list[TrialRow], interrupted: bool = False, conf
     if best is not None:
         cfg = trial_config(p.base, {k: best[k] for k in swept})
         if not interrupted:
-            atomic_write_text(out / "best.yaml", _best_yaml(p, best, confirmation) + yaml.safe_dump(cfg.to_dict(),
-                                                                                                    sort_keys=False))
-            files["best_yaml"] = str(out / "best.yaml")
+            atomic_write_text(out / BEST, _best_yaml(p, best, confirmation) + yaml.safe_dump(cfg.to_dict(),
+                                                                                             sort_keys=False))
+            files["best_yaml"] = str(out / BEST)
         best = {**best, "config": cfg.to_dict()}
     files.update(plot_results(out, rows, swept, seeds, random_real))
     return files, best
 
 
-def _best_yaml(p, best: dict, confirmation: Confirmation | None) -> str:
+def _best_yaml(p: "Prepared", best: dict, confirmation: Confirmation | None) -> str:
     head = f"# best trial {best['trial']} of the sweep in {p.out}: test top-1 "
     chosen = confirmation.trials[0] if confirmation is not None else None
     if chosen is not None and confirmation.new_seeds:
@@ -161,8 +171,8 @@ def interrupted_line(counts: dict[str, int], total: int, during: str | None) -> 
             f"not started; the same command resumes the sweep. No best.yaml is written from a partial sweep.")
 
 
-def _write_md(path: Path, trial_rows: list[TrialRow], p, interrupted: bool, confirmation: Confirmation | None,
-              best: dict | None, during: str | None) -> Path:
+def _write_md(path: Path, trial_rows: list[TrialRow], p: "Prepared", interrupted: bool,
+              confirmation: Confirmation | None, best: dict | None, during: str | None) -> Path:
     rows = [r.flat() for r in trial_rows]
     swept = p.swept
     counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
@@ -174,15 +184,16 @@ def _write_md(path: Path, trial_rows: list[TrialRow], p, interrupted: bool, conf
               f"protocol {p.eval_cfg.protocol}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         node = f"{r['host'] or ''} {str(r['node_id'] or '')[:8]}".strip()
-        lines.append("| " + " | ".join([r["trial"] or "-", *(_show(r[k]) if r[k] is not None or r["state"] != "pending"
-                                                               else "-" for k in swept), _top1_text(r, seeds),
+        values = (shown_value(r[k]) if r[k] is not None or r["state"] != "pending" else "-" for k in swept)
+        lines.append("| " + " | ".join([r["trial"] or "-", *values, _top1_text(r, seeds),
                                         (r["vs_random"] or "") + (" **below**" if r["below_random"] else ""),
                                         _cell(r["distill_seconds"]), _cell(r["student_seconds"]), r["state"],
                                         node]) + " |")
     lines += ["", "top-1: the mean" + (" ± std over the student seeds" if seeds > 1 else " of one student seed")
               + " for a finished trial; (the last intermediate top-1 at N% of the students' schedule) for the others. "
               "States: done (ran to the end), stopped (the scheduler ended it at a rung), error, interrupted "
-              "(running when the sweep was interrupted), pending (not started). vs random real: the trial's top-1 "
+              "(started, and not ended when the sweep was interrupted), pending (not started). vs random real: "
+              "the trial's top-1 "
               "minus that of random real images of the same classes and IPC, seed by seed (mean ± s.e.); **below**: "
               "below them by more than two standard errors, a set worse than picking images at random."]
     failed = failures(trial_rows)

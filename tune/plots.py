@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from tune.space import Param, _show
+from tune.space import Param, shown_value
 
 # The y axis of top1_vs_KEY.png spans at least this many points of top-1, and at least
 # SPREADS_SHOWN times the median std over the seeds of a finished trial.
@@ -43,7 +43,7 @@ def _axis(values: list) -> tuple[list, list[str]]:
             distinct.append(v)
     if _numeric(distinct):
         distinct.sort()
-    return distinct, [_show(v) for v in distinct]
+    return distinct, [shown_value(v) for v in distinct]
 
 
 def _mean(values: list[float]) -> float:
@@ -174,7 +174,7 @@ def heatmap_cells(shown: list[dict], xkey: str, ykey: str) -> tuple[list, list, 
 
 def _heatmap(plt, save_figure, out: Path, shown: list[dict], xkey: str, ykey: str) -> Path:
     xs, ys, grid, marks = heatmap_cells(shown, xkey, ykey)
-    xlabels, ylabels = [_show(x) for x in xs], [_show(y) for y in ys]
+    xlabels, ylabels = [shown_value(x) for x in xs], [shown_value(y) for y in ys]
     values = [v for row in grid for v in row if not math.isnan(v)]
     low, high = colour_range(values)
     fig, ax = plt.subplots(figsize=(1.3 * len(xs) + 2.8, 0.9 * len(ys) + 2))

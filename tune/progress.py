@@ -7,15 +7,12 @@ import sys
 
 from ray.tune import Callback
 
-from tune.results import TrialReport, _trial_error
+from tune.results import trial_error
+from tune.settings import TrialReport, activate_progress, restored_progress
 from tune.space import Param, shown_values
 
-_active: list["SweepProgress"] = []
-
-
-def _restored_progress() -> "SweepProgress":
-    """What a pickled SweepProgress becomes (see SweepProgress.__reduce__)."""
-    return _active[-1] if _active else SweepProgress({}, 0, enabled=False)
+# The name a SweepProgress pickled as in the experiments of versions before tune.settings held it.
+_restored_progress = restored_progress
 
 
 class SweepProgress(Callback):
@@ -32,14 +29,14 @@ class SweepProgress(Callback):
         self.configs: dict[str, dict] = {}
 
     def activate(self) -> "SweepProgress":
-        _active[:] = [self]
+        activate_progress(self)
         return self
 
     def __reduce__(self):
         # Tune pickles the RunConfig (and so its callbacks) with the experiment, and Tuner.restore
         # unpickles it: the restored Tuner then calls the callback this driver activated, with
         # this run's total and progress setting, and the driver can read its statuses.
-        return _restored_progress, ()
+        return restored_progress, ()
 
     def on_step_end(self, iteration, trials, **info):
         if self.ended is None:  # trials a resumed sweep had already ended count as ended
@@ -66,6 +63,4 @@ class SweepProgress(Callback):
         self._say(trial, text)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(trial, f"error: {_trial_error(trial) or 'see its error.txt'}")
-
-
+        self._say(trial, f"error: {trial_error(trial) or 'see its error.txt'}")

@@ -17,6 +17,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from fadrm_ray.settings import ConfigError, Count, Index, Indices, describe, error_loc
 
+# The fewest student seeds whose standard error a sweep writes (tune.confirm): with two, the s.e.
+# rests on one difference, and two seeds that happen to agree read as certain ("± 0.00 s.e.").
+MIN_SE_SEEDS = 3
 # The flags of fields whose flag is not `--` + the field's name with `-` for `_` (tune.sweep_command).
 FLAGS = {"teachers": "--teacher", "params": "--param", "space_file": "--space", "progress": "--quiet"}
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -36,6 +39,13 @@ def _local_folder(path: str | None) -> str | None:
 
 
 Folder = Annotated[str, AfterValidator(_local_folder)]
+
+
+def _confirm_seeds(count: int) -> int:
+    if 0 < count < MIN_SE_SEEDS:
+        raise ValueError(f"must be 0 (the best compared on the trials' own seeds) or at least {MIN_SE_SEEDS}: the "
+                         f"standard error of {count} seed{'s' if count != 1 else ''} is not usable, got {count}")
+    return count
 
 
 class SweepRequest(BaseModel):
@@ -63,8 +73,8 @@ class SweepRequest(BaseModel):
     protocol: Literal["short", "published"] | None = None
     eval_set: list[str] = []
     # Student seeds, beyond the trials' own, on which the best trials are evaluated again before
-    # best.yaml is written (tune.confirm); 0: none.
-    confirm_seeds: int = Field(3, ge=0, le=50)
+    # best.yaml is written (tune.confirm); 0: none; else at least MIN_SE_SEEDS.
+    confirm_seeds: Annotated[int, Field(ge=0, le=50), AfterValidator(_confirm_seeds)] = 3
     max_concurrent: Count | None = None
     cpus_per_trial: float = Field(1.0, gt=0)
     gpus_per_trial: float = Field(0.0, ge=0)
@@ -77,6 +87,7 @@ class SweepRequest(BaseModel):
     data_root: str | None = None
     share: bool = True                  # dataset, teachers and patches shared (False: bench.sweep's control)
     progress: bool = True
+    verbose: bool = False               # Ray's and Tune's own lines on the terminal, not in OUT/ray.log
 
     def __init__(self, **data: Any) -> None:
         try:

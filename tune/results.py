@@ -6,21 +6,28 @@ its students got), distill and student seconds, state, the node it ran on and it
 store; for a trial that failed, what it raised in one line (`error_line`: the exception's type
 and message, no traceback, no colour codes) and the file that keeps its traceback. The states are
 kept apart: `done` (ran to the end), `stopped` (ASHA ended it at a rung), `error`, `interrupted`
-(running when the sweep was interrupted) and `pending` (not started). The rows are read from
-Tune's results after a fit (`collect_rows`), or from the experiment Tune saved, without a fit,
-when the sweep is interrupted before one ends (`saved_rows`). tune.outputs writes them; tune.progress prints a line per trial as it ends.
+(started, and not ended when the sweep was interrupted) and `pending` (not started). The rows
+are read from Tune's results after a fit (`collect_rows`), or from the experiment Tune saved,
+without a fit, when the sweep is interrupted before one ends (`saved_rows`). A trial counts as started when
+Tune saw it running, when it reported, or when it said so in the sweep's events.jsonl
+(`TrialStarted`, in this run of the sweep or an earlier one): a trial that started and did not
+end is `interrupted`, even where Tune's saved state still calls it pending. tune.outputs writes
+the rows; tune.progress prints a line per trial as it ends.
 """
 from __future__ import annotations
 
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tune.settings import TIME_ATTR, TrialReport
+from tune.settings import EVENTS, EXPERIMENT, TIME_ATTR, TrialReport, TrialStarted, restored_progress
 from tune.space import Param
+
+if TYPE_CHECKING:
+    from tune.prepare import Prepared
 
 COLUMNS = ("top1", "top1_std", "top1_per_seed", TIME_ATTR, "distill_seconds", "student_seconds", "trial_seconds", "state",
            "node_id", "host", "run_id", "units_run", "patches_scored", "error", "log", "vs_random", "below_random")
@@ -93,28 +100,27 @@ def error_line(error: Any) -> str | None:
     return line if len(line) <= 400 else line[:397] + "..."
 
 
-def _restored_progress():
-    """What a SweepProgress pickled in an experiment saved when it lived in this module becomes:
-    the driver's active one (tune.progress)."""
-    from tune.progress import _restored_progress as restored
-
-    return restored()
+# The name a SweepProgress pickled as in the experiments of versions that kept it in this module.
+_restored_progress = restored_progress
 
 
-def _trial_error(trial) -> str | None:
+def trial_error(trial) -> str | None:
+    """What a Tune trial that failed raised, in one line (`error_line`); None where Tune kept none."""
     try:
         return error_line(trial.get_pickled_error() or trial.get_error())
     except Exception:  # noqa: BLE001 - a missing or unreadable error file: the row says "error" alone
         return None
 
 
-def _state(error, report: TrialReport | None, status: str | None) -> State:
+def _state(error, report: TrialReport | None, status: str | None, started: bool) -> State:
+    """A trial's state from what it raised, its last report, the status Tune last gave it and
+    whether it said it started."""
     if error:
         return "error"
     if status in ("RUNNING", "PAUSED") or (status == "PENDING" and report is not None):
         return "interrupted"
     if status == "PENDING" or report is None:
-        return "pending"
+        return "interrupted" if started else "pending"
     return "done" if report.final else "stopped"
 
 
@@ -125,35 +131,53 @@ def _log(folder: str | None) -> str | None:
     return str(path) if path.is_file() else None
 
 
-def collect_rows(grid, p, progress) -> list[TrialRow]:
+def started_trials(events: str | Path) -> dict[str, dict[str, Any]]:
+    """{trial id: its swept values} of every trial that started, in this run of the sweep or an
+    earlier one, from the sweep's events.jsonl (a line still being written, or another event's,
+    is skipped; a missing file has none)."""
+    try:
+        lines = Path(events).read_text().splitlines()
+    except OSError:
+        return {}
+    started = {}
+    for line in lines:
+        try:
+            entry = TrialStarted.model_validate_json(line)
+        except ValidationError:
+            continue
+        started[entry.trial] = entry.values
+    return started
+
+
+def collect_rows(grid, p: "Prepared", progress) -> list[TrialRow]:
     """One row per trial of the whole sweep, in trial order: the trials of a Tune ResultGrid
     (each one's last TrialReport), labelled by their statuses and with their configs as the
     controller last saw them (`progress`), then a `pending` row for each trial Tune had not made
     yet (an interrupted sweep). A trial that never reported has no config in its result: it is
-    taken from the controller (`progress`, a tune.progress.SweepProgress), or the trial counts as
-    not made."""
+    taken from the controller (`progress`, a tune.progress.SweepProgress) or from the line the
+    trial wrote as it started, or the trial counts as not made."""
     rows = []
+    started = started_trials(p.out / EVENTS)
     for result in grid:
         metrics = result.metrics or {}
         report = TrialReport.from_metrics(metrics)
         trial = metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_")  # Tune's own key
-        config = result.config or progress.configs.get(trial)
+        config = result.config or progress.configs.get(trial) or started.get(trial)
         if config is None and not result.error:
             continue
         rows.append(TrialRow.of(trial, {k: (config or {}).get(k) for k in p.swept},
-                                _state(result.error, report, progress.statuses.get(trial)), report,
+                                _state(result.error, report, progress.statuses.get(trial), trial in started), report,
                                 error_line(result.error), _log(result.path) if result.error else None))
     rows.sort(key=lambda r: r.trial)
     return rows + not_made(rows, p.swept, p.request.search, p.request.sample_count)
 
 
-def saved_rows(p) -> list[TrialRow]:
+def saved_rows(p: "Prepared") -> list[TrialRow]:
     """The rows of the experiment Tune saved in OUT/experiment, read without Ray or a fit (a
     sweep interrupted before its fit ended; a resumed one keeps what it had done); every trial
-    pending where none is saved or it cannot be read."""
-    from tune.sweep import EXPERIMENT
-
+    pending where none is saved or it cannot be read, unless it said it started."""
     rows: list[TrialRow] = []
+    started = started_trials(p.out / EVENTS)
     folder = p.out / EXPERIMENT
     if (folder / "tuner.pkl").is_file() or any(folder.glob("experiment_state*.json")):
         try:
@@ -161,12 +185,14 @@ def saved_rows(p) -> list[TrialRow]:
 
             for trial in ExperimentAnalysis(str(folder)).trials:
                 report = TrialReport.from_metrics(trial.last_result)
-                error = _trial_error(trial) if trial.status == "ERROR" else None
+                error = trial_error(trial) if trial.status == "ERROR" else None
                 status = trial.status if trial.status != "TERMINATED" or report is not None else "PENDING"
-                if trial.config is None and error is None:
+                config = trial.config or started.get(trial.trial_id)
+                if config is None and error is None:
                     continue
-                rows.append(TrialRow.of(trial.trial_id, {k: (trial.config or {}).get(k) for k in p.swept},
-                                        _state(error, report, status), report, error,
+                rows.append(TrialRow.of(trial.trial_id, {k: config.get(k) for k in p.swept} if config else
+                                        {k: None for k in p.swept},
+                                        _state(error, report, status, trial.trial_id in started), report, error,
                                         _log(trial.path) if error else None))
         except Exception:  # noqa: BLE001 - an experiment Tune had not finished saving: every trial is pending
             rows = []

@@ -1,6 +1,12 @@
-"""What the sweep's driver hands every trial: typed, frozen, and pickled by Ray with the trainable
-(`tune.with_parameters(run_trial, sweep=TrialSettings(...))`), so a trial reads attributes that
-were checked once in the driver instead of dict keys it has to trust.
+"""The bottom of the sweep: its constants (the folder names in OUT, Tune's time attribute), the
+records its parts hand each other, and the driver's progress callback for the fit it runs (at
+the bottom, and here, because Tune pickles it by this module's name with the experiment:
+`restored_progress`). What the sweep's driver hands every trial is typed, frozen, and pickled
+by Ray with the trainable (`tune.with_parameters(run_trial, sweep=TrialSettings(...))`), so a
+trial reads attributes that were checked once in the driver instead of dict keys it has to
+trust; what a trial hands back (its reports, the line it appends as it starts) is validated back
+into its model (tune.results reads them). Every other module of tune/ may import this one; it
+imports none of them.
 """
 from __future__ import annotations
 
@@ -13,6 +19,12 @@ from fadrm_ray.settings import Count, Index, Indices
 
 # Tune's time attribute: percent of the students' whole schedule (a TrialReport field).
 TIME_ATTR = "student_pct"
+# In OUT: Tune's experiment (its state, and each trial's folder), and what every part of the sweep
+# did, one JSON object per line (the trials' lines are `TrialStarted` and free-form events).
+EXPERIMENT = "experiment"
+EVENTS = "events.jsonl"
+# In OUT: Ray's and Tune's own lines of the sweep's driver, off the terminal (actors.ray_output).
+RAY_LOG = "ray.log"
 
 
 def _config_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -154,3 +166,34 @@ class Reevaluated(BaseModel):
     random_real_per_seed: list[float] | None = None
     random_run_id: str | None = None
     random_error: str | None = None
+
+
+class TrialStarted(BaseModel):
+    """The line a trial appends to the sweep's events.jsonl as it starts (tune.trainable), read back
+    by the driver (tune.results.started_trials): a trial that started and did not end was
+    interrupted, not pending, whatever Tune's saved state says of it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event: Literal["trial_started"] = "trial_started"
+    trial: str
+    values: dict[str, Any]
+    node_id: str
+    host: str
+
+
+# The driver's progress callback (a tune.progress.SweepProgress) for the fit it runs. Tune pickles
+# the callbacks with its experiment, and `Tuner.restore` unpickles them: a SweepProgress pickles
+# as a call of `restored_progress`, so the restored Tuner calls the one this driver activated.
+_active_progress: list = []
+
+
+def activate_progress(progress) -> None:
+    _active_progress[:] = [progress]
+
+
+def restored_progress():
+    """The driver's active progress callback, in place of the one pickled with the experiment."""
+    if not _active_progress:
+        raise RuntimeError("a sweep's experiment is resumed by the same `fadrm tune` command, not by Tuner.restore")
+    return _active_progress[-1]

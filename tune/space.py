@@ -66,17 +66,18 @@ class Param:
 
     def describe(self) -> str:
         if self.kind == "grid":
-            return ",".join(_show(v) for v in self.values)
-        return f"{self.kind}({','.join(_show(v) for v in self.values)})"
+            return ",".join(shown_value(v) for v in self.values)
+        return f"{self.kind}({','.join(shown_value(v) for v in self.values)})"
 
 
-def _show(value: Any) -> str:
+def shown_value(value: Any) -> str:
+    """A value as the tables, plots and lines show it: in YAML's flow style, as `--param` takes it."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def shown_values(values: dict | None, swept) -> str:
     """The swept keys' values of a trial (`values`: its config or its row), as `key=value ...`."""
-    return " ".join(f"{k}={_show((values or {}).get(k))}" for k in swept)
+    return " ".join(f"{k}={shown_value((values or {}).get(k))}" for k in swept)
 
 
 def parse_spec(key: str, spec: Any, where: str) -> Param:
@@ -117,7 +118,7 @@ def _refuse_repeats(values: list, where: str) -> None:
     for value in values:
         # == matches 0.3 and 0.30, or 1 and 1.0, but a bool is not the number it equals.
         if any(value == s and isinstance(value, bool) == isinstance(s, bool) for s in seen):
-            raise ConfigError(f"{where}: the value {_show(value)} is given twice; give each value once")
+            raise ConfigError(f"{where}: the value {shown_value(value)} is given twice; give each value once")
         seen.append(value)
 
 
@@ -214,7 +215,7 @@ def _check(base: TrialBase, values: dict, dataset, device_type: str, key: str | 
             cfg.resolve(dataset.image_size, dataset.num_classes, dataset.hflip, device_type,
                         channels=dataset.channels)
     except ConfigError as exc:
-        shown = ", ".join(f"{k}={_show(v)}" for k, v in values.items())
+        combination = ", ".join(f"{k}={shown_value(v)}" for k, v in values.items())
         named = key or next((k for k in values if str(exc).startswith(k)), None)
         prefix = f"--param {named}" if named else "the fixed settings"
-        raise ConfigError(f"{prefix}: {exc}" + (f" (with {shown})" if len(values) > 1 else "")) from None
+        raise ConfigError(f"{prefix}: {exc}" + (f" (with {combination})" if len(values) > 1 else "")) from None

@@ -1,14 +1,12 @@
-"""A sweep of DistillConfig values on Ray Tune: `fadrm tune ...`, or `python -m tune.sweep ...`
-(the same command, for `ray job submit`; inside a job it joins the job's cluster).
+"""A sweep of DistillConfig values on Ray Tune: `fadrm tune ...` (tune.sweep_command), or
+`python -m tune.sweep ...` (the same command, for `ray job submit`; inside a job it joins the
+job's cluster). The top of tune/: the command is the only module that imports it.
 
-`run_sweep` first resolves every path it was given (the dataset's, the teachers, OUT, the store,
-the space file, the data root) against the working folder it started in (tune.request), then
-checks everything before any trial starts: first what needs neither torch nor the data (the
-flags, as `SweepRequest` is built; the folders, local paths only; the teachers; the space and
-each of its values alone; the evaluation settings; whether OUT holds another sweep), then every
-combination of the space's values against the loaded dataset. Then, working in OUT, on Ray
-(tune.session: the Ray this process joined, the cluster at `--address`, or an embedded local Ray
-whose session and logs are under OUT/ray) it:
+`run_sweep` checks everything before any trial starts (tune.prepare: the request, then every
+combination of the space against the loaded dataset, then the pilot), then, working in OUT, on
+Ray (tune.session: the Ray this process joined, the cluster at `--address`, or an embedded local
+Ray whose session and logs are under OUT/ray; Ray's and Tune's own lines in OUT/ray.log, or on
+the terminal with `--verbose`, actors.ray_output) it:
 
 - puts the dataset and the teachers' bytes into the object store once (`tune.with_parameters`)
   and scores the real patches once per patch setting (one Ray task each, with a trial's
@@ -24,157 +22,55 @@ whose session and logs are under OUT/ray) it:
   (tune.outputs) before it leaves Ray.
 
 A SIGINT at any moment after the checks (loading the data, the pilot, Ray starting, the patches,
-the trials: Tune ends its fit and saves its state, the confirmation) ends the sweep with its
-results written as interrupted: every trial labelled done, stopped, error, interrupted or
-pending, and no best.yaml; the same command resumes it.
+the trials: Tune ends its fit and saves its state, the confirmation, the writing of the results)
+ends the sweep with its results written as interrupted: every trial labelled done, stopped,
+error, interrupted or pending, and no best.yaml; the same command resumes it. That holds where
+the command inherited SIGINT ignored, too (tune.session.obeyed_interrupt). Once the sweep is
+ending, a SIGINT is held off to the end (tune.session.held_from_then): a second one while an
+interrupted sweep leaves Ray, reads Tune's saved experiment and writes its results changes
+nothing, nor does one while a finished sweep leaves Ray, its files written.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from fadrm_ray.config import EvalConfig
 from fadrm_ray.fileio import atomic_write_text
-from fadrm_ray.settings import ConfigError
 
-from tune.request import FLAGS, SweepRequest, flag, with_absolute_paths
-from tune.settings import PatchScoring, TrialBase, TrialSettings
-from tune.space import Param, check_values, parse_space, split_space, trial_config, validate_space
+from tune.prepare import Prepared, check, prepare, trial_settings, with_pilot
+from tune.request import SweepRequest
+from tune.settings import EVENTS, EXPERIMENT, RAY_LOG, TIME_ATTR, PatchScoring
+from tune.space import trial_config
 
 if TYPE_CHECKING:
-    from fadrm_ray.data.base import ImageDataset
-    from fadrm_ray.pilot_record import PilotRecord
-
     from tune.outputs import SweepSummary
     from tune.results import TrialRow
 
-__all__ = ["FLAGS", "Prepared", "SweepFailed", "SweepRequest", "check", "flag", "prepare", "run_sweep",
-           "trial_count", "with_pilot"]
-
-EXPERIMENT = "experiment"
 # ASHA on student_pct (percent of the students' schedule): one rung, at 50 %. The rung metric is
 # a student's test top-1 part-way through its cosine schedule, while the learning rate is still
 # high; an earlier rung ranks trials by noise (docs/benchmarks/sweeps.md).
 ASHA_GRACE, ASHA_MAX, ASHA_REDUCTION = 50, 100, 2
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A checked request, with every path absolute; the dataset, the device and the count of
-    configurations checked once the data is loaded (`prepare`)."""
-
-    request: SweepRequest
-    out: Path
-    store: Path
-    teachers: list[Path]
-    data_root: str | None
-    base: TrialBase                     # preset, flags and fixed values of every trial
-    swept: dict[str, Param]
-    eval_cfg: EvalConfig
-    total: int                          # trials of the whole sweep
-    dataset: "ImageDataset | None" = None
-    device: str = "cpu"
-    checked: int = 0                    # configurations checked before the sweep
-
-
-def trial_count(swept: dict[str, Param], search: str, samples: int) -> int:
-    """The trials of a whole sweep: Tune runs every grid point `samples` times; random and optuna
-    searches draw `samples` trials (their grids become choices)."""
-    if search != "grid":
-        return samples
-    return samples * math.prod(len(q.values) for q in swept.values() if q.kind == "grid")
-
-
-def _check_search(req: SweepRequest) -> None:
-    if req.search == "optuna":
-        try:
-            import optuna  # noqa: F401
-        except ImportError:
-            raise ConfigError("--search optuna needs optuna, which is not installed: pip install optuna") from None
-
-
-def check(req: SweepRequest) -> Prepared:
-    """The checks that need neither torch nor the data, on the request with its paths resolved:
-    raises ConfigError in one line."""
-    from fadrm_ray.config import parse_overrides
-    from fadrm_ray.fileio import check_output_dir
-    from fadrm_ray.settings import layered
-
-    given, req = req, with_absolute_paths(req)
-    _check_search(req)
-    if req.device == "cpu" and req.gpus_per_trial > 0:
-        raise ConfigError(f"--device cpu with --gpus-per-trial {req.gpus_per_trial}: a CPU trial holds no GPU; "
-                          f"drop one of them", ("device",))
-    out = check_output_dir(Path(req.out), "--out")
-    store = Path(req.store) if req.store else out / "store"
-    check_output_dir(store, "--store")
-    if not req.teachers:
-        raise ConfigError("--teacher is needed (a checkpoint from `fadrm squeeze`)")
-    for path, named in zip(req.teachers, given.teachers):
-        if not Path(path).is_file():
-            raise ConfigError(f"teacher checkpoint {named} does not exist" + (f" ({path})" if named != path else ""))
-    space = parse_space(req.params, req.space_file)
-    fixed, swept = split_space(space)
-    base = TrialBase(preset=req.preset, ipc=req.ipc, classes=req.classes, seed=req.seed, fixed=fixed)
-    check_values(base, swept)
-    eval_cfg = layered(EvalConfig, parse_overrides(req.eval_set, EvalConfig),
-                       flags={"student": req.student, "seeds": req.seeds, "epochs": req.epochs,
-                              "protocol": req.protocol})
-    _check_resume(out, req, given)
-    return Prepared(req, out, store, [Path(t) for t in req.teachers], req.data_root, base, swept, eval_cfg,
-                    trial_count(swept, req.search, req.sample_count))
-
-
-def prepare(req: SweepRequest | Prepared) -> Prepared:
-    """Check every input before any trial (`check`, then every combination of the space against
-    the loaded dataset): raises ConfigError (or a library error) in one line."""
-    p = req if isinstance(req, Prepared) else check(req)
-    from fadrm_ray.data import get_dataset  # torch loads here, after every check that does not need it
-
-    dataset = get_dataset(p.request.dataset, root=p.data_root)
-    device = p.request.trial_device
-    return replace(p, dataset=dataset, device=device, checked=validate_space(p.base, p.swept, dataset, device))
-
-
-def _check_resume(out: Path, req: SweepRequest, given: SweepRequest) -> None:
-    """A sweep.json in OUT must be this sweep's: the same identity, with its paths resolved (or
-    as given, for a sweep saved before its paths were resolved)."""
-    saved = out / "sweep.json"
-    if saved.is_file():
-        before = json.loads(saved.read_text()).get("identity")
-        now = json.loads(json.dumps(req.identity()))
-        if before not in (now, json.loads(json.dumps(given.identity()))):
-            changed = sorted(k for k in now if (before or {}).get(k) != now[k])
-            raise ConfigError(f"--out {out} holds another sweep (it differs in {', '.join(changed)}); "
-                              f"use a new --out, or the same command to resume it")
+class SweepFailed(RuntimeError):
+    """Something unexpected failed after every check passed (the cause is chained): not a bad
+    command, so tune.sweep_command shows its traceback."""
 
 
 def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def trial_settings(p: Prepared) -> TrialSettings:
-    """What every trial reads (tune.trainable.run_trial's `sweep`)."""
-    req = p.request
-    return TrialSettings(base=p.base, eval=p.eval_cfg, dataset=req.dataset, data_root=p.data_root,
-                         teachers=[str(t) for t in p.teachers], store=str(p.store), device=p.device,
-                         threads=max(1, int(req.cpus_per_trial)), workers_per_trial=req.workers_per_trial,
-                         cpus_per_worker=req.cpus_per_trial, gpus_per_worker=req.trial_gpus or None,
-                         events=str(p.out / "events.jsonl"))
-
-
 def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     """{patch key: {label: ClassSelection}} for every patch setting the swept grid values give,
-    each scored once (a Ray task with a trial's resources) or read from OUT/patches; and what it
-    cost: {"keys", "scored", "seconds"}."""
+    each scored once (a Ray task with a trial's resources, all submitted at once, each kept as
+    it comes) or read from OUT/patches; and what it cost: {"keys", "scored", "seconds"}."""
     import itertools
 
     import ray
@@ -184,6 +80,7 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
     from fadrm_ray.events import append_event
     from fadrm_ray.fileio import atomic_write_bytes
     from fadrm_ray.store.run_files import ClassSelection
+    from tune.session import wait_interruptibly
     from tune.trainable import PATCH_FIELDS, patch_key, score_patches
 
     req, ds = p.request, p.dataset
@@ -209,21 +106,19 @@ def shared_patches(p: Prepared, blobs: list[bytes]) -> tuple[dict, dict]:
             job = PatchScoring(config=cfg, labels=labels, device=p.device, threads=max(1, int(req.cpus_per_trial)))
             pending[key] = task.remote(job, ray.put(ds), blobs)
     for key, ref in pending.items():
-        selections, seconds = ray.get(ref)
+        [(selections, seconds)] = wait_interruptibly([ref])
         out[key] = selections
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(folder / f"{key}.json", selections_file.dump_json(list(selections.values())))
         cost["scored"] += len(selections)
         cost["seconds"] += seconds
-        append_event(str(p.out / "events.jsonl"), "patches_scored", key=key, classes=len(selections), seconds=seconds)
+        append_event(str(p.out / EVENTS), "patches_scored", key=key, classes=len(selections), seconds=seconds)
     return out, cost
 
 
 def _tuner(p: Prepared, trainable, restore: bool, progress):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    from tune.settings import TIME_ATTR
 
     req = p.request
     path = p.out / EXPERIMENT
@@ -244,11 +139,6 @@ def _tuner(p: Prepared, trainable, restore: bool, progress):
                                     trial_dirname_creator=trial_dirname, reuse_actors=True),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(p.out), verbose=0, callbacks=[progress],
                                   failure_config=tune.FailureConfig(max_failures=1)))
-
-
-class SweepFailed(RuntimeError):
-    """Something unexpected failed after every check passed (the cause is chained): not a bad
-    command, so tune.sweep_command shows its traceback."""
 
 
 @contextlib.contextmanager
@@ -277,62 +167,62 @@ class _Stage:
         self.random_note: str | None = None    # what replaces the comparison with random real images
 
 
+def _ray_lines(p: Prepared):
+    """Ray's and Tune's own lines in OUT/ray.log, or on the terminal with --verbose."""
+    from actors.ray_output import ray_output
+
+    return ray_output(p.out / RAY_LOG, p.request.verbose, stdout=True)
+
+
 def run_sweep(req: SweepRequest) -> "SweepSummary":
     """Run (or resume) the sweep; returns its summary (files, best trial, costs, and whether it
     was interrupted). Every file is written before Ray is left; a SIGINT at any moment after the
     checks ends it with its results written as interrupted."""
-    from tune.session import held_interrupt, sweep_ray
+    from tune.session import check_pause, held_from_then, held_interrupt, obeyed_interrupt, pause_point, sweep_ray
 
-    stage = _Stage(check(req), time.perf_counter())
-    try:
-        import ray.tune  # noqa: F401 - here, so that a Ctrl-C inside the import is an interrupted sweep too
+    check_pause()
+    with obeyed_interrupt(), held_from_then() as hold:
+        stage = _Stage(check(req), time.perf_counter())
+        try:
+            import ray.tune  # noqa: F401 - here, so that a Ctrl-C inside the import is an interrupted sweep too
 
-        p = prepare(stage.p)
-        stage.p, stage.what = p, "during the pilot"
-        p, stage.pilot = with_pilot(p)
-        stage.p = p
-        p.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(p.out / "sweep.json", json.dumps({"identity": p.request.identity(),
-                                                            "request": p.request.model_dump(mode="json")}, indent=1))
-        stage.what = "while Ray started"
-        with _working_folder(p.out), contextlib.ExitStack() as ray_up:
-            # Ray's processes are forked while it starts, and a SIGINT that lands in a fork handler
-            # is dropped by Python: held off until Ray is up, then the sweep ends as interrupted.
-            with held_interrupt() as came:
-                stage.ray_dir = ray_up.enter_context(sweep_ray(p.out, p.request.address))
-            if came():
-                raise KeyboardInterrupt
-            try:
-                return _sweep_on_ray(p, stage)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
-    except KeyboardInterrupt:
-        from tune.results import saved_rows
+            p = prepare(stage.p)
+            stage.p, stage.what = p, "during the pilot"
+            p, stage.pilot = with_pilot(p)
+            stage.p = p
+            p.out.mkdir(parents=True, exist_ok=True)
+            saved = {"identity": p.request.identity(), "request": p.request.model_dump(mode="json")}
+            atomic_write_text(p.out / "sweep.json", json.dumps(saved, indent=1))
+            stage.what = "while Ray started"
+            with _ray_lines(p), _working_folder(p.out), contextlib.ExitStack() as ray_up:
+                # Ray's processes are forked while it starts, and a SIGINT that lands in a fork handler
+                # is dropped by Python: held off until Ray is up, then the sweep ends as interrupted.
+                with held_interrupt() as came:
+                    stage.ray_dir = ray_up.enter_context(sweep_ray(p.out, p.request.address))
+                    # However the sweep ends (its files written, interrupted, failed), a SIGINT
+                    # during Ray's teardown is held off: it would cut the teardown short, and a
+                    # finished sweep would be written again as interrupted.
+                    ray_up.callback(lambda: pause_point("shutdown", until=hold()))
+                if came():
+                    raise KeyboardInterrupt
+                try:
+                    return _sweep_on_ray(p, stage, hold)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:
+                    raise SweepFailed(f"the sweep failed after its checks: {type(exc).__name__}: {exc}") from exc
+        except KeyboardInterrupt:
+            # Interrupted: a second Ctrl-C while Tune's saved experiment is read and the results
+            # are written changes nothing.
+            held = hold()
+            from tune.results import saved_rows
 
-        with held_interrupt():
-            return _finish(stage.p, saved_rows(stage.p), stage, interrupted=True)
-
-
-def with_pilot(p: Prepared) -> "tuple[Prepared, PilotRecord | None]":
-    """The sweep with the recipe `auto` takes for its data fixed in every trial: the pilot's
-    (fadrm_ray/pilot.py, measured or read back from the store) where it runs, so the trials and
-    the patches shared between them resolve alike; unchanged where it does not or the recipe
-    is swept."""
-    from fadrm_ray.pilot import ensure_pilot
-
-    if "recipe" in p.swept:
-        return p, None
-    pilot = ensure_pilot(trial_config(p.base, {}), p.dataset, p.teachers, p.store, device=p.device,
-                         on_line=lambda line: print(f"fadrm tune: note: {line}", file=sys.stderr))
-    if pilot is None:
-        return p, None
-    base = p.base.model_copy(update={"fixed": {**p.base.fixed, "recipe": pilot.chosen}})
-    return replace(p, base=base), pilot
+            pause_point("saved", until=held)
+            with _ray_lines(stage.p):  # Tune's warnings as it reads its saved experiment
+                return _finish(stage.p, saved_rows(stage.p), stage, hold, interrupted=True)
 
 
-def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
+def _sweep_on_ray(p: Prepared, stage: _Stage, hold: Callable[[], Callable[[], bool]]) -> "SweepSummary":
     import ray
     from ray import tune
 
@@ -361,43 +251,57 @@ def _sweep_on_ray(p: Prepared, stage: _Stage) -> "SweepSummary":
     restore = tune.Tuner.can_restore(str(p.out / EXPERIMENT)) and any((p.out / EXPERIMENT).glob("experiment_state*"))
     progress = SweepProgress(p.swept, p.total, enabled=req.progress).activate()
     stage.what = "during the trials"
-    with tune_fit_interrupts() as came, contextlib.redirect_stdout(sys.stderr):  # stdout is for the result
+    with tune_fit_interrupts() as came:
         grid = _tuner(p, trainable, restore, progress).fit()
     with held_interrupt() as held:
         rows = collect_rows(grid, p, progress)
     stage.resumed, stage.patches = restore, patch_cost
     if came() or held() or any(r.state in ("interrupted", "pending") for r in rows):
-        with held_interrupt():
-            return _finish(p, rows, stage, interrupted=True)
+        return _finish(p, rows, stage, hold, interrupted=True)
     stage.what = "during the confirmation of the best trials"
     try:
         confirmation, again = run_confirmation(p, rows, trial_settings(p), ray.put(p.dataset), ray.put(blobs),
                                                wait_interruptibly)
     except KeyboardInterrupt:
-        with held_interrupt():
-            return _finish(p, rows, stage, interrupted=True)
+        return _finish(p, rows, stage, hold, interrupted=True)
     except Exception as exc:  # noqa: BLE001 - the trials' results stand without it
         confirmation, again = None, {}
         stage.random_note = f"not compared: the confirmation of the best trials failed ({error_line(exc)})"
-    with held_interrupt():
-        return _finish(p, rows, stage, confirmation=confirmation, again=again)
+    return _finish(p, rows, stage, hold, confirmation=confirmation, again=again)
 
 
-def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, interrupted: bool = False, confirmation=None,
-            again: dict | None = None) -> "SweepSummary":
-    """Write the results and summary.json; returns the summary."""
+def _finish(p: Prepared, rows: "list[TrialRow]", stage: _Stage, hold: Callable[[], Callable[[], bool]],
+            interrupted: bool = False, confirmation=None, again: dict | None = None) -> "SweepSummary":
+    """Write the results and summary.json, each file whole. From here to the sweep's end a SIGINT
+    is held off (`hold`, tune.session.held_from_then): one while the files are written has a
+    finished sweep's results written again as interrupted (no best.yaml); one after that, as
+    the sweep leaves Ray, changes nothing. Returns the summary."""
+    came = hold()
+    summary = _write(p, rows, stage, interrupted, confirmation, again, came)
+    if came() and not interrupted:
+        stage.what = "while the results were written"
+        summary = _write(p, rows, stage, True, None, None, came)
+    return summary
+
+
+def _write(p: Prepared, rows: "list[TrialRow]", stage: _Stage, interrupted: bool, confirmation, again: dict | None,
+           came: Callable[[], bool]) -> "SweepSummary":
     from tune.confirm import random_real_note
     from tune.outputs import SweepSummary, failures, write_results
+    from tune.session import pause_point
 
     note, random = random_real_note(p, rows, again or {})
     if interrupted:
         note = "not compared: the sweep was interrupted (resuming it compares)"
     during = stage.what if interrupted else None
     files, best = write_results(p, rows, interrupted, None if interrupted else confirmation, random, during)
+    if not interrupted:
+        pause_point("results", until=came)
     states = {s: sum(r.state == s for r in rows) for s in ("done", "stopped", "error", "interrupted", "pending")}
     summary = SweepSummary(
         out=str(p.out), experiment=str(p.out / EXPERIMENT), store=str(p.store),
         ray_session=str(stage.ray_dir) if stage.ray_dir else None,
+        ray_log=None if p.request.verbose else str(p.out / RAY_LOG),
         resumed=(p.out / EXPERIMENT).is_dir() if stage.resumed is None else stage.resumed, interrupted=interrupted,
         interrupted_during=during, trials=len(rows), trials_total=p.total, states=states, configs_checked=p.checked,
         swept={k: q.describe() for k, q in p.swept.items()}, patches=stage.patches, random_real=stage.random_note or note,

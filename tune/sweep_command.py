@@ -24,7 +24,7 @@ EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 def _choices(field: str) -> list[str]:
     """The values SweepRequest accepts for a Literal field (or an optional one): the one list
     the flag offers."""
-    from tune.sweep import SweepRequest
+    from tune.request import SweepRequest
 
     annotation = SweepRequest.model_fields[field].annotation
     literal = next((a for a in (annotation, *get_args(annotation)) if get_origin(a) is Literal), annotation)
@@ -36,7 +36,7 @@ HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from fadrm_ray.cli.common import DATASET_HELP, common_parser
+    from fadrm_ray.cli.common import DATASET_HELP, VERBOSE_HELP, common_parser
     from fadrm_ray.recipes import PRESETS
 
     p = sub.add_parser(NAME, parents=[common_parser()],
@@ -64,7 +64,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--protocol", default=None, choices=_choices("protocol"), help="as in fadrm evaluate")
     p.add_argument("--confirm-seeds", type=int, default=3,
                    help="student seeds, beyond the trials' own, on which the 3 best trials are evaluated again "
-                        "beside random real images before best.yaml is written (default 3; 0: none)")
+                        "beside random real images before best.yaml is written (default 3; 0: none, the best "
+                        "compared on the trials' own seeds; 1 and 2 are refused: their standard error is not usable)")
     p.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one EvalConfig value of the students (repeatable)")
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as resources allow)")
@@ -77,6 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--workers-per-trial", type=int, default=1,
                    help="DistillWorker actors per trial, in the trial's placement group (default 1: in the trial)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: an embedded local Ray)")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.add_argument("--store", default=None, help="store the trials distill into (default OUT/store)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", required=True,
@@ -86,7 +88,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> None:
     from fadrm_ray.cli.common import parse_classes
-    from tune.sweep import SweepFailed, SweepRequest, run_sweep
+    from tune.request import SweepRequest
+    from tune.sweep import SweepFailed, run_sweep
 
     request = SweepRequest(
         dataset=args.dataset, teachers=args.teacher, out=args.out, preset=args.preset, ipc=args.ipc,
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
         student=args.student, seeds=args.seeds, epochs=args.epochs, protocol=args.protocol,
         eval_set=args.eval_set, confirm_seeds=args.confirm_seeds, max_concurrent=args.max_concurrent, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, device=args.device, workers_per_trial=args.workers_per_trial, address=args.address,
-        store=args.store, data_root=args.data_root, progress=not args.quiet)
+        store=args.store, data_root=args.data_root, progress=not args.quiet, verbose=args.verbose)
     try:
         summary = run_sweep(request)
     except SweepFailed as exc:

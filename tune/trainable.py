@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from fadrm_ray.events import append_event
 
-from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialState
+from tune.session import pause_point
+from tune.settings import PatchScoring, TrialReport, TrialSettings, TrialStarted, TrialState
 
 if TYPE_CHECKING:
     from fadrm_ray.runs.job import ExecutionSpec
@@ -67,6 +68,7 @@ def score_patches(job: PatchScoring, dataset, teacher_blobs: list[bytes]) -> tup
     from fadrm_ray.models import load_teacher
     from fadrm_ray.patches import score_class
 
+    pause_point("patches")
     torch.set_num_threads(job.threads)
     cfg, device = job.config, job.device
     started = time.perf_counter()
@@ -113,7 +115,9 @@ def run_trial(config: dict, *, sweep: TrialSettings, dataset=None, teacher_blobs
     trial_id = tune.get_context().get_trial_id()
     node = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
     events = sweep.events
-    append_event(events, "trial_started", trial=trial_id, values=config, **node)
+    said = TrialStarted(trial=trial_id, values=config, **node)
+    append_event(events, said.event, **said.model_dump(exclude={"event"}))
+    pause_point("trial")
     started = time.perf_counter()
     if dataset is None:
         dataset = get_dataset(sweep.dataset, root=sweep.data_root)

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from fadrm_ray.cli import (demo, distill, evaluate, export, import_teacher, info, squeeze, train_student,
                            verify)
-from fadrm_ray.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, USER_ERRORS, CLIError, Parser, one_line
+from fadrm_ray.cli.common import (EXIT_BAD_INPUT, EXIT_FAILED, USER_ERRORS, CLIError, Parser, add_skip_bad_images,
+                                  one_line, skip_bad_images_in)
 from fadrm_ray.runtime import torch_threads
 
 if TYPE_CHECKING:
@@ -46,12 +47,15 @@ HEAVY_COMMANDS = tuple(command.NAME for command in SUBCOMMANDS if command.HEAVY)
 def build_parser(ray_distill: "Door | None" = None, commands: Sequence = ()) -> argparse.ArgumentParser:
     """The `fadrm` parser: the library's subcommands, then `commands` (modules, or objects, with
     NAME, HEAVY, add_parser(sub) and run(args), from the layers above). `ray_distill`, the Ray
-    door, is every parsed command's `args.ray_distill`."""
+    door, is every parsed command's `args.ray_distill`. Every command whose `--dataset` takes a
+    spec gets `--skip-bad-images` here (`add_skip_bad_images`), which `main` turns into the spec."""
     parser = Parser(prog="fadrm", description="FADRM dataset distillation.")
     parser.set_defaults(ray_distill=ray_distill)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (*SUBCOMMANDS, *commands):
-        command.add_parser(sub).set_defaults(func=command.run)
+        parser_of = command.add_parser(sub)
+        parser_of.set_defaults(func=command.run)
+        add_skip_bad_images(parser_of)
     return parser
 
 
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None, *, ray_distill: "Door | None" = None, co
     except SystemExit as exc:  # --help, or argparse's one-line error (Parser)
         return int(exc.code or 0)
     try:
+        skip_bad_images_in(args)
         # --threads is the torch thread count of the whole command (every phase it runs), set
         # here once.
         heavy = args.command in HEAVY_COMMANDS or any(c.HEAVY and c.NAME == args.command for c in commands)

@@ -29,8 +29,10 @@ DATASET_HELP = dataset_help()
 STUDENT_DEVICE_HELP = ("where the students train and the teachers label: cpu, cuda or cuda:N (default: cuda when "
                        "torch sees a GPU); on CUDA in mixed precision, channels-last")
 IPC_HELP = "read the run at this IPC: IPC indices 0..N-1 of every class (default: every image it holds)"
-SKIP_BAD_IMAGES_HELP = ("leave out the image files of an image folder that cannot be read (each named once, "
-                        "the count recorded in the run) instead of refusing the folder")
+SKIP_BAD_IMAGES_HELP = ("with an image folder as --dataset: leave out its image files that cannot be read (each "
+                        "named once, the count recorded in the run) instead of refusing the folder")
+# The Ray doors: Ray's and Tune's own lines go to a ray.log under the run or sweep folder unless asked.
+VERBOSE_HELP = "show Ray's (and Tune's) own lines on the terminal instead of the ray.log of the run or sweep"
 
 
 class CLIError(Exception):
@@ -89,7 +91,29 @@ def execution_parser() -> Parser:
                            help="distill actors (default: one per GPU, else one per --cpus-per-worker CPUs)")
     execution.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each distill actor holds")
     execution.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per actor (fractions allowed)")
+    execution.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return execution
+
+
+def add_skip_bad_images(parser: argparse.ArgumentParser) -> None:
+    """`--skip-bad-images` on a subcommand whose `--dataset` takes a dataset spec (no fixed
+    choices), where it lacks the flag: the one spelling that a refused folder's line names works
+    on every command that reads a dataset, the layers' above (`fadrm tune`) included."""
+    options = {o: a for a in parser._actions for o in a.option_strings}
+    dataset = options.get("--dataset")
+    if dataset is not None and dataset.choices is None and "--skip-bad-images" not in options:
+        parser.add_argument("--skip-bad-images", action="store_true", help=SKIP_BAD_IMAGES_HELP)
+
+
+def skip_bad_images_in(args) -> None:
+    """With `--skip-bad-images`, the `--dataset` spec that leaves out unreadable files
+    (`imagefolder+skip-bad-images:PATH`; refused for a dataset that is not an image folder).
+    Without `--dataset` (evaluate, verify: the run's recorded data) there is nothing to add: the
+    recorded spec already leaves out what the run's distill left out."""
+    if getattr(args, "skip_bad_images", False) and getattr(args, "dataset", None):
+        from fadrm_ray.data import skipping_bad_images
+
+        args.dataset = skipping_bad_images(args.dataset)
 
 
 def execution_spec(args) -> "ExecutionSpec":
@@ -98,7 +122,7 @@ def execution_spec(args) -> "ExecutionSpec":
     return ExecutionSpec(local=args.local, address=args.address, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
                          device=args.device, threads=args.threads, data_root=getattr(args, "data_root", None),
-                         progress=not args.quiet)
+                         progress=not args.quiet, verbose=args.verbose)
 
 
 def door_of(spec: "ExecutionSpec", ray_distill: "Door | None") -> "Door":

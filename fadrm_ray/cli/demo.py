@@ -12,7 +12,8 @@ def add_parser(sub):
     p = sub.add_parser(NAME, parents=[common_parser(), execution_parser()],
                        help="the whole pipeline on an offline dataset (main job)")
     p.add_argument("--out", default="fadrm-demo", help="output directory")
-    p.add_argument("--dataset", default="digits", help="digits or mnist-sample")
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist-sample"),
+                   help="digits or mnist-sample")
     p.add_argument("--ipc", type=int, default=10)
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--epochs", type=int, default=None)

@@ -3,6 +3,7 @@ baselines (random real images, the run's starting patches) and DD-Ranking's scor
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from fadrm_ray.cli.common import (IPC_HELP, STUDENT_DEVICE_HELP, check_teachers, common_parser, emit, note,
@@ -38,10 +39,6 @@ def add_parser(sub):
                    help="override one EvalConfig value, e.g. cosine_stretch=2 (repeatable)")
     p.add_argument("--dataset", default=None,
                    help="where the run's data is now, if not where the run records it (checked by fingerprint)")
-    p.add_argument("--skip-bad-images", action="store_true",
-                   help="with --dataset (an image folder): leave out its image files that cannot be read, as the "
-                        "run's distill did; without --dataset nothing to add, the run's recorded data already "
-                        "leaves out what its distill left out")
     p.add_argument("--teacher", action="append", default=None,
                    help="where one of the run's teachers is now, if not where the run records it (checked by "
                         "sha256; repeatable)")
@@ -52,11 +49,11 @@ def add_parser(sub):
 
 
 def run(args) -> None:
+    from fadrm_ray.estimate import seconds_text
     from fadrm_ray.evaluation.baselines import BASELINES, gain_text
     from fadrm_ray.config import EvalConfig, parse_overrides
     from fadrm_ray.evaluation.eval_job import EvalHooks, EvalJob, EvalSpec
     from fadrm_ray.evaluation.store_run import EvalScope, evaluate_store_run
-    from fadrm_ray.data import skipping_bad_images
     from fadrm_ray.data.base import OWN_SPLIT
     from fadrm_ray.runtime import process_info, resolve_device
     from fadrm_ray.settings import layered
@@ -67,15 +64,23 @@ def run(args) -> None:
     # The run's own data and teachers: where it records them, or where --dataset/--teacher say
     # they are now (checked by fingerprint and sha256 either way). The run is opened once; its
     # parts are read and checked before a dataset is loaded or a teacher read.
-    dataset = skipping_bad_images(args.dataset) if args.skip_bad_images and args.dataset else args.dataset
-    job = EvalJob(config=cfg, incomplete=args.incomplete, ipc=args.ipc, dataset=dataset,
+    job = EvalJob(config=cfg, incomplete=args.incomplete, ipc=args.ipc, dataset=args.dataset,
                   teacher_copies=args.teacher)
     spec = EvalSpec(device=resolve_device(args.device), threads=args.threads, progress=not args.quiet)
     scope = EvalScope(baselines=args.baselines, ranking="full" if args.baselines and args.ranking else "none",
                       ars=args.ars, report=True)
+    planned = []
+
+    def plan(said) -> None:  # what it will train, said before it trains
+        planned.append(said)
+        for line in said.lines():
+            print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True)
+
     hooks = EvalHooks(on_note=lambda line: print(f"fadrm evaluate: {line}", file=sys.stderr, flush=True),
-                      on_open=lambda reader: opened(args, reader))
+                      on_open=lambda reader: opened(args, reader), on_plan=plan)
+    started = time.perf_counter()
     measured = evaluate_store_run(args.run, job, spec, scope, hooks=hooks)
+    took = time.perf_counter() - started
     result, report = measured.evaluation, measured.report
     recorded = measured.run.reader.provenance.dataset
     made = recorded.test_split if recorded is not None else None
@@ -103,7 +108,13 @@ def run(args) -> None:
             lines.append(f"  {hard}")
     lines.extend(f"  warning: {line}" for line in result.warnings)
     lines.append(f"report: {report.get('evaluation_plot', report.get('grid', ''))}")
-    result = {**result.model_dump(mode="json"), "report": report, "process": process_info()}
+    if planned and measured.planned_seconds is not None:
+        lines.append(f"took {seconds_text(took)}: the planned sets {seconds_text(measured.planned_seconds)} (planned "
+                     f"about {seconds_text(planned[0].seconds)}), the rest opening the run, timing the plan and "
+                     f"writing the report")
+    result = {**result.model_dump(mode="json"), "report": report, "process": process_info(), "seconds": round(took, 1),
+              "plan": planned[0].model_dump(mode="json") if planned else None,
+              "planned_sets_seconds": None if measured.planned_seconds is None else round(measured.planned_seconds, 1)}
     emit(args, result, "\n".join(lines))
 
 

@@ -78,8 +78,8 @@ def run(args) -> None:
                               class_order=tuple(v.strip() for v in args.class_order.split(","))
                               if args.class_order else None)
     result = import_teacher(settings)
-    if result.split_note is not None:
-        note(result.split_note)
+    for line in [result.split_note] * (result.split_note is not None) + result.notes:
+        note(line)
     record = result.record
     trained = "" if record.trained_size is None else f"; the weights were trained at {record.trained_size} px"
     warn = ""

@@ -1,4 +1,5 @@
-"""`fadrm info`: describe a run (config, classes, rows, timings, the recipe and pilot it came from).
+"""`fadrm info`: describe a run (config, classes, rows, timings, the recipe and pilot it came from,
+the content digest of its images and labels).
 
 `run_recipe` reads what a run records about its recipe (its saved config and its provenance)."""
 from __future__ import annotations
@@ -43,9 +44,12 @@ def run(args) -> None:
     unfinished) is described too, marked `complete: False`, with the process writing it."""
     from fadrm_ray.evaluation.report import report_files, stale_reports
     from fadrm_ray.store import open_run
+    from fadrm_ray.store.digest import content_digest
 
     reader = open_run(args.run, incomplete=True, ipc=args.ipc)
     info = reader.info()
+    # What the run holds, whatever its path, unit cuts or file times: equal for equal runs.
+    info["content_digest"] = content_digest(*reader.read())
     data = reader.provenance.dataset
     # The spec `fadrm evaluate` and `fadrm verify --repair` reopen it by.
     info["dataset"] = {"spec": data.spec if data else None, "fingerprint": data.fingerprint if data else None}

@@ -1,7 +1,7 @@
 """`fadrm squeeze`: train a teacher on a dataset."""
 from __future__ import annotations
 
-from fadrm_ray.cli.common import DATASET_HELP, SKIP_BAD_IMAGES_HELP, common_parser, emit, note
+from fadrm_ray.cli.common import DATASET_HELP, common_parser, emit, note
 
 NAME = "squeeze"
 HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
@@ -10,7 +10,6 @@ HEAVY = True  # the process gets runtime.heavy_process_env before torch loads
 def add_parser(sub):
     p = sub.add_parser(NAME, parents=[common_parser()], help="train a teacher on a dataset")
     p.add_argument("--dataset", required=True, help=DATASET_HELP)
-    p.add_argument("--skip-bad-images", action="store_true", help=SKIP_BAD_IMAGES_HELP)
     p.add_argument("--model", default=None,
                    help="convnet-bn (the default), resnet18-cifar, or a timm/torchvision name")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default 15)")
@@ -33,9 +32,9 @@ def run(args) -> None:
     check_out_dir(args.out)
     cfg = layered(SqueezeConfig, parse_overrides(args.set or [], SqueezeConfig),
                   flags={"model": args.model, "epochs": args.epochs, "seed": args.seed})
-    dataset = get_dataset(args.dataset, root=args.data_root, skip_bad_images=args.skip_bad_images)
-    if dataset.split_note is not None:
-        note(dataset.split_note)
+    dataset = get_dataset(args.dataset, root=args.data_root)
+    if dataset.split_note() is not None:
+        note(dataset.split_note())
     for line in dataset_notes(dataset):
         note(line)
     result = squeeze(dataset, cfg, out_dir=args.out, num_threads=args.threads, progress=not args.quiet)

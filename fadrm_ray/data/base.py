@@ -120,16 +120,21 @@ class ImageDataset:
             h.update(b"\0")
         return h.hexdigest()[:16]
 
-    @property
-    def split_note(self) -> str | None:
+    def split_note(self, imported_teachers: bool = False) -> str | None:
         """One line where this project made the test split (the data brings none): how, and how
-        large; None where the data has a test split of its own."""
+        large, and who never trains on it; None where the data has a test split of its own. A
+        teacher imported from weights trained elsewhere (`imported_teachers`) may have seen these
+        images: fadrm cannot know, and says so."""
         made = self.info.get("test_split")
         if not made:
             return None
-        return (f"{self.name} has no test split of its own: its test images are {len(self.test)} of its "
-                f"{len(self.train) + len(self.test)} images, {made}; the teacher and the students never train "
-                f"on them")
+        head = (f"{self.name} has no test split of its own: its test images are {len(self.test)} of its "
+                f"{len(self.train) + len(self.test)} images, {made}; ")
+        if imported_teachers:
+            return head + ("the students never train on them, but the teacher's weights were trained elsewhere and "
+                           "fadrm cannot know whether they saw these images (a teacher that did scores too high on "
+                           "them, and so may its students)")
+        return head + "the teacher and the students never train on them"
 
     def normalize(self, images_uint8: torch.Tensor) -> torch.Tensor:
         """uint8 (n, C, H, W) -> float32 normalized with the dataset mean/std."""

@@ -34,7 +34,7 @@ from .. import codec
 from ..fileio import atomic_write_bytes, cache_root
 from .parallel import parallel_map
 
-VERSION = 2  # 2: every file checked (bad files, modes, strays)
+VERSION = 3  # 2: every file checked (bad files, modes, strays); 3: a bad file's reason is the decoder's
 SETTLE_SECONDS = 300
 # Bad files a refusal names in its line (all of them are in the file `bad_list_file` names),
 # and those a note names in its line before it points to that file instead.
@@ -59,7 +59,7 @@ class FolderListing:
     first_shape: tuple[int, int]  # (H, W) of the first training image as stored
     watched: dict[str, tuple[int, int]]  # relative path ('.' the folder itself) -> (mtime_ns, size)
     stats: dict[str, list] = field(default_factory=dict)  # str(image size) -> [mean, std, images used]
-    bad: list[tuple[str, str]] = field(default_factory=list)  # (relative path, one-word reason), in path order
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (relative path, codec.FileCheck.problem), in path order
     modes: dict[str, int] = field(default_factory=dict)  # Pillow mode as stored -> readable images of it
     strays: int = 0  # files in class folders that are not images (by name)
     source: str = "walked"  # "cache" when read from the cache file

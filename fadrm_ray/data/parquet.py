@@ -187,7 +187,8 @@ def load_parquet(path: str, image_size: int | None = None) -> ImageDataset:
         raise DatasetError(f"Parquet path not found: {root}")
     if root.is_dir() and _is_store_run(root):
         # A run of this project's store: its manifests say which files belong to it (not the
-        # leftovers of crashed attempts), and nothing is trained on until they match them.
+        # leftovers of crashed attempts), and nothing is trained on until they match them. The
+        # store's reader is a floor below the data sources (tests/test_layering.py).
         from fadrm_ray.store import open_run
 
         reader = open_run(root)

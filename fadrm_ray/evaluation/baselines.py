@@ -21,7 +21,6 @@ there yet, or not finished, goes through the distill door, which holds its run's
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -38,6 +37,8 @@ from fadrm_ray.runs.units import request_images
 from fadrm_ray.evaluation.ranking import TEACHERS_RECORD, rank_evaluation
 from fadrm_ray.runtime import torch_threads
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
+from fadrm_ray.store.digest import content_digest
+from fadrm_ray.teacher_record import TeacherRecord
 from fadrm_ray.paired import PairedGain, gain_text, paired_gain
 from fadrm_ray.settings import EvaluationError
 from fadrm_ray.store import StoreError, open_run
@@ -141,11 +142,9 @@ def same_images(a: DistillConfig, b: DistillConfig) -> bool:
 
 
 def _pixels(run: OpenedRun) -> str:
-    """A digest of an opened run's images and labels in their order (not of its files, which
-    record the config that made them)."""
-    h = hashlib.sha256(run.images.contiguous().numpy().tobytes())
-    h.update(run.labels.contiguous().numpy().tobytes())
-    return h.hexdigest()
+    """The content digest of an opened run's images and labels (`store.digest`: not of its files,
+    which record the config that made them)."""
+    return content_digest(run.images, run.labels, run.ipc_index)
 
 
 def below_random(paired: PairedGain | None, recipe: str, image_size: int, channels: int) -> str | None:
@@ -184,7 +183,7 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
     reader, dataset = run.reader, run.dataset
     result = evaluate_run(run, job, spec, replace(hooks, progress_label="the run"))
     baselines, gains, paired, evaluations, opened, seen = {}, {}, {}, {}, {}, {}
-    if hooks.on_note is not None and reader.config is not None:
+    if hooks.on_note is not None and hooks.on_plan is None and reader.config is not None:  # else the plan said it
         sets = list(baseline_configs(reader.config, job.ipc))
         took = "" if result.cached else f", about {result.seconds:.0f} s each as the run's own took"
         hooks.on_note(f"baselines: {len(sets)} more sets ({', '.join(BASELINES[n] for n in sets)}), each distilled "
@@ -224,8 +223,9 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
         scores = rank_evaluation(run, result, evaluations.get("random_real"), job, spec, hooks, ars=ars,
                                  random_run=opened["random_real"][0] if "random_real" in opened else None)
     recipe = reader.config.recipe if reader.config is not None else ""
+    teachers = [info for _, info in run.own_teachers] or list(reader.provenance.teachers)
     warnings = [below_random(paired.get("random_real"), recipe, dataset.image_size, dataset.channels),
-                weak_teacher(scores, [t.test_accuracy for t in reader.provenance.teachers])]
+                weak_teacher(scores, teachers)]
     return result.model_copy(update={"baselines": baselines, "gains": gains, "paired_gains": paired,
                                      "ranking": scores, "warnings": [w for w in warnings if w]})
 
@@ -234,16 +234,34 @@ def evaluate_with_baselines(run: OpenedRun, job: EvalJob, spec: EvalSpec | None 
 WEAK_TEACHER_POINTS = 5.0
 
 
-def weak_teacher(scores, teacher_top1: Sequence[float | None]) -> str | None:
+def weak_teacher(scores, teachers: Sequence[TeacherRecord]) -> str | None:
     """One line where DD-Ranking's full-data reference student (hard labels, the whole training
     split) beats the best teacher's recorded test top-1 by more than WEAK_TEACHER_POINTS: the
-    soft labels teach less than the data itself, whatever the images; None otherwise."""
-    known = [t for t in teacher_top1 if t is not None and t == t]
+    soft labels teach less than the data itself, whatever the images; the remedy named is the one
+    that fits where that teacher came from (`stronger_teacher`). None otherwise."""
+    known = [t for t in teachers if t.test_accuracy is not None and t.test_accuracy == t.test_accuracy]
     if scores is None or scores.full_hard_top1 is None or not known or scores.full_source == TEACHERS_RECORD:
         return None
-    gap = scores.full_hard_top1 - max(known)
+    best = max(known, key=lambda t: t.test_accuracy)
+    gap = scores.full_hard_top1 - best.test_accuracy
     if gap <= WEAK_TEACHER_POINTS:
         return None
-    return (f"the teacher is the weak part: its test top-1 ({max(known):.2f}%) is {gap:.1f} points below a student "
-            f"trained on the full data with hard labels ({scores.full_hard_top1:.2f}%), and students of its soft labels "
-            f"learn what it knows; train a longer one (fadrm squeeze --epochs 60) or a larger one")
+    return (f"the teacher is the weak part: its test top-1 ({best.test_accuracy:.2f}%) is {gap:.1f} points below a "
+            f"student trained on the full data with hard labels ({scores.full_hard_top1:.2f}%), and students of its "
+            f"soft labels learn what it knows; {stronger_teacher(best)}")
+
+
+def stronger_teacher(teacher: TeacherRecord) -> str:
+    """How to get a stronger teacher than `teacher`, by where it came from: one trained here
+    (`fadrm squeeze`) is trained longer or larger; one imported from weights trained elsewhere
+    (timm, torchvision, a file) is fine-tuned further where it was trained, or replaced by
+    stronger weights, which `fadrm import-teacher` takes as it took these."""
+    if teacher.imported is None:
+        epochs = (teacher.squeeze_config or {}).get("epochs")
+        longer = max(60, 4 * epochs) if isinstance(epochs, int) else 60
+        return (f"train a longer one (`fadrm squeeze --epochs {longer}`) or a larger one "
+                f"(`fadrm squeeze --model resnet18-cifar`)")
+    model = teacher.model_name or "the model"
+    return (f"its weights were trained elsewhere ({teacher.imported.source}): fine-tune them further on this "
+            f"dataset where they were trained, or import stronger ones (`fadrm import-teacher --model {model} "
+            f"--weights FILE`, or a larger timm or torchvision model)")

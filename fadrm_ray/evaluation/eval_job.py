@@ -149,4 +149,5 @@ class EvalHooks:
     on_seed: "Callable[[StudentScore], None] | None" = None        # each new student once trained
     on_note: Callable[[str], None] | None = None                   # a line for the user: a cost about to be paid
     on_open: "Callable[[RunReader], None] | None" = None           # the evaluated run just opened, before it is read
+    on_plan: Callable[[Any], None] | None = None                   # its plan.EvalPlan, before it trains anything
     progress_label: str | None = None          # the set a student's progress bar names before its model and seed

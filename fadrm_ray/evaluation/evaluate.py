@@ -188,6 +188,23 @@ def evaluation_key(run: OpenedRun, job: EvalJob, spec: EvalSpec | None, cfg: Eva
                    test_classes=run_classes(run.reader.config, run.dataset.num_classes), augment=job.augment)
 
 
+def kept_files(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None) -> tuple[EvalConfig, EvalKey, Path,
+                                                                                   dict[int, Path]]:
+    """Where an evaluation of the opened run under `job` is kept: its recipe resolved for the
+    run's images, its key, the file of the whole evaluation and the file of each seed's student.
+    Everything that decides the result names its cached copy: a later identical call (a baseline
+    shared by several runs, a benchmark rerun) reads it instead of training again. Each student
+    is kept on its own too: asking for more seeds later, or again after an interruption, trains
+    only the new ones."""
+    images, labels = run.images, run.labels
+    cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0],
+                                                                         run.dataset.num_classes))
+    key = evaluation_key(run, job, spec, cfg)
+    layout = run.reader.layout
+    return cfg, key, layout.evaluation(key.digest()), {s: layout.evaluation(key.student(s).digest())
+                                                       for s in cfg.seed_list}
+
+
 def evaluate_run(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None,
                  hooks: EvalHooks | None = None) -> Evaluation:
     """Evaluate the opened store run `run` (`open_for_evaluation`, read at `job.ipc`): students
@@ -205,15 +222,7 @@ def evaluate_run(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None,
     spec, hooks = spec or EvalSpec(), hooks or EvalHooks()
     run.check(job)
     reader, images, labels = run.reader, run.images, run.labels
-    cfg = resolve_protocol(job.config, images.shape[0], images_per_class(labels, images.shape[0],
-                                                                         run.dataset.num_classes))
-    # Everything that decides the result names its cached copy: a later identical call (a
-    # baseline shared by several runs, a benchmark rerun) reads it instead of training again.
-    # Each student is kept on its own too: asking for more seeds later, or again after an
-    # interruption, trains only the new ones.
-    key = evaluation_key(run, job, spec, cfg)
-    cached = reader.layout.evaluation(key.digest())
-    seed_files = {s: reader.layout.evaluation(key.student(s).digest()) for s in cfg.seed_list}
+    cfg, key, cached, seed_files = kept_files(run, job, spec)
     result = read_model(Evaluation, cached) if job.cache else None  # unreadable: evaluate again
     if result is not None:
         _keep_students(result, seed_files)

@@ -135,6 +135,35 @@ class FullReference(NamedTuple):
     source: str  # what the figure is: a full-data student (kept where), or the teachers' record
 
 
+class FullDataPlan(NamedTuple):
+    """The full-data student of an evaluation, before it trains: its settings, the file that keeps
+    it, its steps, the images it reads, and whether it is there already or over the step budget
+    (then a teacher's record stands in and it never trains)."""
+
+    config: EvalConfig
+    path: Path
+    steps: int
+    images: int
+    kept: bool
+    over_budget: bool
+
+
+def full_data_plan(dataset: ImageDataset, cfg: EvalConfig, references: str | Path,
+                   classes: Sequence[int] | None = None, device: str = "cpu") -> FullDataPlan:
+    """Where the full-data student of `dataset` (its `classes`) is kept, and what training it costs."""
+    split = dataset.train.of_classes(classes)
+    full = full_data_config(cfg, len(split))
+    key = {"kind": "full-data hard labels", "data": dataset.fingerprint(), "student": full.student,
+           "student_kwargs": full.student_kwargs, "protocol": full.protocol, "epochs": full.epochs,
+           "batch_size": full.batch_size, "lr": full.lr, "weight_decay": full.weight_decay,
+           "classes": None if classes is None else sorted(int(c) for c in classes),
+           "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
+    path = Path(references) / f"full-hard-{digest(key)}.json"
+    steps = full.epochs * steps_per_epoch(len(split), full.batch_size)
+    return FullDataPlan(full, path, steps, len(split), read_model(StudentScore, path) is not None,
+                        steps > cfg.reference_steps)
+
+
 def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | Path, *,
                       classes: Sequence[int] | None = None, device: str = "cpu", progress: bool = False,
                       teacher_top1: Sequence[float] = (), on_note=None) -> FullReference:
@@ -147,20 +176,13 @@ def full_data_student(dataset: ImageDataset, cfg: EvalConfig, references: str | 
     for it, and where no teacher recorded one, ValueError names the budget. The split is read
     batch by batch, never whole."""
     split = dataset.train.of_classes(classes)
-    full = full_data_config(cfg, len(split))
-    key = {"kind": "full-data hard labels", "data": dataset.fingerprint(), "student": full.student,
-           "student_kwargs": full.student_kwargs, "protocol": full.protocol, "epochs": full.epochs,
-           "batch_size": full.batch_size, "lr": full.lr, "weight_decay": full.weight_decay,
-           "classes": None if classes is None else sorted(int(c) for c in classes),
-           "device": torch.device(device).type, "version": EVALUATION_CACHE_VERSION}
-    path = Path(references) / f"full-hard-{digest(key)}.json"
+    full, path, steps, _, _, over_budget = full_data_plan(dataset, cfg, references, classes, device)
     what = f"a {full.student} trained with hard labels on the {len(split):,} training images"
     kept = read_model(StudentScore, path)
     if kept is not None:
         return FullReference(kept.final_top1, f"{what} (kept in {path.parent})")
-    steps = full.epochs * steps_per_epoch(len(split), full.batch_size)
     note = on_note or (lambda line: None)
-    if steps > cfg.reference_steps:
+    if over_budget:
         over = (f"DD-Ranking's full-data reference would train {what} for {full.epochs} epochs ({steps:,} steps), "
                 f"over the budget of {cfg.reference_steps:,} steps (--set reference_steps=N raises it)")
         usable = [t for t in teacher_top1 if t == t]
@@ -189,8 +211,7 @@ def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
     device, dataset = spec.on_device(), run.dataset
     classes = run_classes(run.reader.config, dataset.num_classes)
     cfg = evaluation.config
-    key = EvalKey(kind="hard labels", config=cfg.key_values(), data=dataset.fingerprint(), images=run.content_hash,
-                  test_classes=classes, device=torch.device(device).type)
+    files = hard_label_files(run, cfg, device, evaluation.seeds)
     job, spec = EvalJob(config=cfg, classes=classes), EvalSpec(device=device, progress=spec.progress)
     hooks = EvalHooks(progress_label="the run, hard labels")
     shared: list[EvalParts] = []  # the test split decoded once, for the first student not kept
@@ -201,8 +222,17 @@ def hard_label_students(run: OpenedRun, evaluation: Evaluation, job: EvalJob,
                                     test_images=TestImages(dataset.test, dataset, torch.device(device), classes)))
         return train_student(run.images, seed, job, spec, shared[0], hooks)
 
-    return [_cached_student(run.reader.layout.evaluation(key.student(seed).digest()), lambda seed=seed: train(seed))
-            for seed in evaluation.seeds]
+    return [_cached_student(files[seed], lambda seed=seed: train(seed)) for seed in evaluation.seeds]
+
+
+def hard_label_files(run: OpenedRun, cfg: EvalConfig, device: str,
+                     seeds: Sequence[int] | None = None) -> dict[int, Path]:
+    """Where each seed's hard-label student on the opened run's images, under the resolved
+    recipe `cfg`, is kept (in the run's evaluation folder); `seeds`: the recipe's by default."""
+    key = EvalKey(kind="hard labels", config=cfg.key_values(), data=run.dataset.fingerprint(),
+                  images=run.content_hash, test_classes=run_classes(run.reader.config, run.dataset.num_classes),
+                  device=torch.device(device).type)
+    return {seed: run.reader.layout.evaluation(key.student(seed).digest()) for seed in (cfg.seed_list if seeds is None else seeds)}
 
 
 # --------------------------------------------------------------------------- one evaluation's ranking
@@ -228,8 +258,9 @@ def rank_evaluation(run: OpenedRun, result: Evaluation, random_real: Evaluation 
         try:
             full_top1, full_source = full_data_student(dataset, result.config, store / REFERENCES,
                                                        classes=result.classes, device=device, progress=progress,
-                                                       teacher_top1=recorded, on_note=hooks.on_note)
-            if hooks.on_note is not None and not result.cached:
+                                                       teacher_top1=recorded,
+                                                       on_note=hooks.on_note if hooks.on_plan is None else None)
+            if hooks.on_note is not None and hooks.on_plan is None and not result.cached:  # else the plan said it
                 hooks.on_note(f"DD-Ranking: {len(result.seeds)} hard-label students on the run's images, about "
                               f"{result.seconds:.0f} s (as its soft-label students) unless kept; --no-ranking skips them")
             hard = [s.final_top1 for s in hard_label_students(run, result, job, spec)]

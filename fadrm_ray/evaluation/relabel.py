@@ -11,6 +11,11 @@ sources of soft labels share one code path and cannot drift apart:
 
 - `OnlineSoftLabels` (the default) draws the plan and runs the teachers on every step;
   nothing is stored.
+
+The distilled set is held as it is, uint8 (on the teachers' device), and only the pixels of each
+step's views are converted to [0, 1] floats: a float copy of the whole set would take 4x its
+bytes per student process (30 GB at ImageNet-1K IPC 50, 224 px). The conversion is per element,
+so the views are the same floats as those cut from a converted set.
 - the stored source (evaluation/soft_labels.py) writes the plans and logits of E epochs to Parquet
   and rebuilds the same views from them with `apply_plan`.
 
@@ -103,8 +108,10 @@ def draw_plan(indices: torch.Tensor, height: int, width: int, spec: AugmentSpec,
                     mix_box=mix_box, lam=lam)
 
 
-def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
-    """The augmented batch (B, C, out, out) in [0, 1] pixel units, on the device of `images01`.
+def apply_plan(images: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
+    """The augmented batch (B, C, out, out) in [0, 1] pixel units, on the device of `images`:
+    uint8 images (N, C, H, W), each crop converted on its own (`unit`), or images already in
+    [0, 1].
 
     Bilinear resampling and CutMix are convex combinations of pixels, so working in [0, 1]
     and normalizing afterwards (per model: student and teachers may use different statistics)
@@ -115,12 +122,12 @@ def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.T
     `grid_sample` (`cut_views`), with the plan sent over in one non-blocking copy: no Python
     loop over images, and nothing that waits for the device. The two agree to rounding.
     """
-    if images01.device.type != "cpu":
-        return cut_views(images01, plan, out_size)
+    if images.device.type != "cpu":
+        return cut_views(images, plan, out_size)
     views = []
     for j in range(len(plan)):
         top, left, h, w = (int(v) for v in plan.boxes[j])
-        crop = images01[int(plan.indices[j]), :, top:top + h, left:left + w].unsqueeze(0)
+        crop = unit(images[int(plan.indices[j]), :, top:top + h, left:left + w].unsqueeze(0))
         if h != out_size or w != out_size:
             crop = F.interpolate(crop, size=(out_size, out_size), mode="bilinear", align_corners=False)
         if bool(plan.flips[j]):
@@ -135,19 +142,20 @@ def apply_plan(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.T
     return view
 
 
-def cut_views(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
-    """`apply_plan`'s views, cut in one batched operation where `images01` lives.
+def cut_views(images: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Tensor:
+    """`apply_plan`'s views, cut in one batched operation where `images` live (uint8, only the
+    batch's images converted, or in [0, 1]).
 
     Each output pixel samples the point `F.interpolate(crop, align_corners=False)` samples,
     (i + 0.5) * size / out - 0.5 in the crop, clamped to the crop's own pixels; a flip reverses
     the columns; CutMix copies the box from each slot's partner. Only the plan's integers cross
     from the host, in one non-blocking copy.
     """
-    device = images01.device
+    device = images.device
     packed = to_device(torch.cat([plan.indices.view(-1, 1), plan.boxes, plan.flips.view(-1, 1).long(),
                                   plan.partner.view(-1, 1)], dim=1), device)
     index, top, left, h, w, flip, partner = packed.unbind(1)
-    height, width = images01.shape[-2:]
+    height, width = images.shape[-2:]
     centres = torch.arange(out_size, device=device, dtype=torch.float32) + 0.5
 
     def grid_coordinates(start: torch.Tensor, size: torch.Tensor, full: int) -> torch.Tensor:
@@ -159,7 +167,7 @@ def cut_views(images01: torch.Tensor, plan: ViewPlan, out_size: int) -> torch.Te
     xs = grid_coordinates(left, w, width)
     xs = torch.where(flip.bool()[:, None], xs.flip(1), xs)
     grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), dim=-1)
-    view = F.grid_sample(images01.index_select(0, index), grid, mode="bilinear", padding_mode="border",
+    view = F.grid_sample(unit(images.index_select(0, index)), grid, mode="bilinear", padding_mode="border",
                          align_corners=True)
     if plan.mixed:
         y0, y1, x0, x1 = plan.mix_box
@@ -298,9 +306,23 @@ class Step:
 
 
 def to_unit(images_uint8: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch (N, C, H, W) as floats in [0, 1]."""
     if images_uint8.dtype != torch.uint8 or images_uint8.dim() != 4:
         raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {tuple(images_uint8.shape)}")
     return images_uint8.float().div(255.0)
+
+
+def unit(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels as floats in [0, 1] (`to_unit`'s arithmetic); floats as they are."""
+    return pixels.float().div(255.0) if pixels.dtype == torch.uint8 else pixels
+
+
+def held_images(images_uint8: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """The set a student cuts its views from: uint8 (N, C, H, W), on `device` (the very tensor
+    where it is there already); never converted whole (module docstring)."""
+    if images_uint8.dtype != torch.uint8 or images_uint8.dim() != 4:
+        raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {tuple(images_uint8.shape)}")
+    return images_uint8.to(device)
 
 
 class OnlineSoftLabels:
@@ -312,21 +334,27 @@ class OnlineSoftLabels:
                  batch_size: int, seed: int):
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        # The views are cut where the teachers run: on a GPU, a step never waits on the CPU.
-        self.images_uint8, self.images01 = images_uint8, to_unit(images_uint8).to(labeler.device)
+        # The views are cut where the teachers run: on a GPU, a step never waits on the CPU. The
+        # set stays uint8 there (`held_images`); `images_uint8` is the caller's, on the host.
+        self.images_uint8, self.images = images_uint8, held_images(images_uint8, labeler.device)
         self.labeler, self.spec, self.batch_size, self.seed = labeler, spec, int(batch_size), int(seed)
 
     @property
+    def images01(self) -> torch.Tensor:
+        """The set as `apply_plan` takes it: `images` (uint8, converted view by view)."""
+        return self.images
+
+    @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.images01.shape[0], self.batch_size)
+        return steps_per_epoch(self.images.shape[0], self.batch_size)
 
     def plans(self, epoch: int) -> list[ViewPlan]:
         gen = epoch_generator(self.seed, epoch)
-        h, w = self.images01.shape[-2:]
+        h, w = self.images.shape[-2:]
         return [draw_plan(idx, h, w, self.spec, gen)
-                for idx in epoch_batches(self.images01.shape[0], self.batch_size, gen)]
+                for idx in epoch_batches(self.images.shape[0], self.batch_size, gen)]
 
     def epoch(self, epoch: int) -> Iterator[Step]:
         for i, plan in enumerate(self.plans(epoch)):
-            view = apply_plan(self.images01, plan, self.spec.out_size)
+            view = apply_plan(self.images, plan, self.spec.out_size)
             yield Step(view, self.labeler(view), plan, epoch, i)

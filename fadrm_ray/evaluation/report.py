@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from fadrm_ray.fileio import atomic_write_text, read_model
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.evaluation.eval_job import OpenedRun
+from fadrm_ray.evaluation.fonts import drawable
 from fadrm_ray.evaluation.scores import BaselineScore, Evaluation
 from fadrm_ray.store.reader import RunReader
 from fadrm_ray.store.manifests import content_hash
@@ -139,10 +140,12 @@ def write_grid(run: OpenedRun | RunReader, path: str | Path, max_classes: int = 
     ax.imshow(mosaic, interpolation="nearest")
     names = reader.class_names or [str(k) for k in range(max(classes) + 1)]
     ax.set_yticks([pad + i * (h + pad) + h / 2 - 0.5 for i in range(len(classes))])
-    ax.set_yticklabels([f"{k}: {names[k]}" if k < len(names) else str(k) for k in classes], fontsize=8)
+    rows = drawable([f"{k}: {names[k]}" if k < len(names) else str(k) for k in classes])  # any script
+    ax.set_yticklabels(rows.labels, fontsize=8, fontfamily=rows.family)
     ax.set_xticks([pad + j * (w + pad) + w / 2 - 0.5 for j in range(len(columns))])
     ax.set_xticklabels([str(v) for v in columns], fontsize=7)
-    ax.set_xlabel("IPC index")
+    ax.set_xlabel("IPC index" + ("\n(\\uXXXX: a character of a class name\nthat no installed font has)"
+                                 if rows.escaped else ""), fontsize=8 if rows.escaped else None)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)

@@ -13,7 +13,9 @@ How much is kept is a `LabelStorage`:
 - `epochs`: only E epochs are kept; training epoch e reads stored epoch e mod E.
 
 A run keeps its labels in a folder per key (`<dir>/<key>/epoch=NNNNN.parquet`, each written
-atomically, and `meta.json`, a `SoftLabelMeta`); a rerun fills in only what is missing.
+atomically, `meta.json`, a `SoftLabelMeta`, and `sha256.json`, the sha256 of each epoch file as
+written: `EpochDigests`, what `fadrm verify` checks them against); a rerun fills in only what is
+missing.
 `pack_soft_labels` puts the folders of one or more student seeds in one Parquet file (a row
 row per view with its seed and epoch, the metas in the schema metadata): what `fadrm export --soft-labels`
 ships and `fadrm train-student --soft-labels` reads. `StoredSoftLabels` reads either.
@@ -34,7 +36,8 @@ from pydantic import BaseModel, ConfigDict
 from fadrm_ray.fileio import atomic_write_bytes, atomic_write_text
 from fadrm_ray.config import EvalConfig, LabelStorage
 from fadrm_ray.settings import EvaluationError
-from fadrm_ray.evaluation.relabel import AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, steps_per_epoch, to_unit
+from fadrm_ray.evaluation.relabel import (AugmentSpec, OnlineSoftLabels, Step, ViewPlan, apply_plan, held_images,
+                                         steps_per_epoch)
 from fadrm_ray.runtime import to_device
 from fadrm_ray.errors import InputError
 
@@ -75,6 +78,25 @@ class SoftLabelMeta(BaseModel):
     temperature: float | None = None   # the KD temperature of the top-k values
     teacher_bn: Literal["running", "batch"] = "running"  # how the teachers' BatchNorm layers labelled
     epochs_kept: int | None = None     # LabelStorage.epochs: None, a folder training epochs add to
+
+
+class EpochDigests(BaseModel):
+    """The sha256 of each epoch file of a folder (`DIGESTS`), by file name, as it was written."""
+
+    model_config = ConfigDict(extra="ignore")
+    format: Literal["fadrm-soft-label-digests"] = "fadrm-soft-label-digests"
+    files: dict[str, str] = {}
+
+
+DIGESTS = "sha256.json"
+
+
+def recorded_digests(folder: Path) -> dict[str, str]:
+    """The digests recorded in `folder` ({} where none are, or the file does not read)."""
+    try:
+        return dict(EpochDigests.model_validate_json((Path(folder) / DIGESTS).read_bytes()).files)
+    except (OSError, ValueError):
+        return {}
 
 
 class PackPart(BaseModel):
@@ -185,15 +207,21 @@ def precompute_soft_labels(source: OnlineSoftLabels, epochs: int, directory: str
     out.mkdir(parents=True, exist_ok=True)
     keep = min(int(epochs), storage.epochs or int(epochs))
     num_classes = None
+    digests = recorded_digests(out)
     for epoch in tqdm(range(keep), desc="relabel", unit="epoch", disable=not progress):
         path = _epoch_file(out, epoch)
         if path.is_file():
+            if path.name not in digests:  # written by a run stopped before it recorded them
+                digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
             continue
         steps = list(source.epoch(epoch))
         num_classes = steps[0].logits.shape[1]
         sink = pa.BufferOutputStream()
         pq.write_table(_plan_table(steps, storage), sink, compression="zstd")
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        atomic_write_bytes(path, data)
+        digests[path.name] = hashlib.sha256(data).hexdigest()
+    atomic_write_text(out / DIGESTS, EpochDigests(files=dict(sorted(digests.items()))).model_dump_json())
     if num_classes is None:  # every epoch was there: the classes are the stored ones
         num_classes = StoredSoftLabels(out, source.images_uint8).num_classes
     images = source.images_uint8
@@ -310,12 +338,14 @@ class StoredSoftLabels(torch.utils.data.Dataset):
     """A plain map-style Dataset over stored steps, from a folder or a packed file (`seed` picks
     the part): item i is step i % steps_per_epoch of epoch i // steps_per_epoch, returned as
     (ViewPlan, logits float32). `epoch(e)` rebuilds the views of a whole epoch with the same
-    `apply_plan` the online path uses; training epochs past the stored ones read them in turn."""
+    `apply_plan` the online path uses; training epochs past the stored ones read them in turn.
+    The images are held uint8 where the student trains (`relabel.held_images`; `held`: that very
+    tensor where the caller has it there already) and converted view by view."""
 
     mode = "stored"
 
     def __init__(self, source: str | Path, images_uint8: torch.Tensor, seed: int | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", held: torch.Tensor | None = None):
         self.source, self.device = Path(source), torch.device(device)
         if self.source.is_dir():
             self.meta, self._packed = _read_meta(self.source), False
@@ -335,13 +365,13 @@ class StoredSoftLabels(torch.utils.data.Dataset):
         if self.epochs < 1:
             raise SoftLabelError(f"{self.source}: no epoch is stored")
         # The views are cut, and the logits held, where the student trains (relabel.apply_plan).
-        self.images01 = to_unit(images_uint8).to(self.device)
+        self.images = held if held is not None and held.device == self.device else held_images(images_uint8, self.device)
         self.spec, self.batch_size = meta.spec, meta.batch_size
         self._cache: tuple[int, list[tuple[ViewPlan, torch.Tensor]]] | None = None
 
     @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.images01.shape[0], self.batch_size)
+        return steps_per_epoch(self.images.shape[0], self.batch_size)
 
     @property
     def num_classes(self) -> int:
@@ -397,7 +427,7 @@ class StoredSoftLabels(torch.utils.data.Dataset):
 
     def epoch(self, epoch: int) -> Iterator[Step]:
         for i, (plan, logits) in enumerate(self._load_epoch(epoch)):
-            yield Step(apply_plan(self.images01, plan, self.spec.out_size), logits, plan, epoch, i)
+            yield Step(apply_plan(self.images, plan, self.spec.out_size), logits, plan, epoch, i)
 
 
 def _fixed_list(table: pa.Table, name: str, dtype: str) -> torch.Tensor:
@@ -424,5 +454,5 @@ def soft_label_source(mode: str, online: OnlineSoftLabels, epochs: int, director
         if directory is None:
             raise InputError('soft_labels="stored" needs a folder for the labels (soft_label_dir)')
         folder = precompute_soft_labels(online, epochs, directory, storage, progress=progress)
-        return StoredSoftLabels(folder, online.images_uint8, device=online.labeler.device)
+        return StoredSoftLabels(folder, online.images_uint8, device=online.labeler.device, held=online.images)
     raise InputError(f"soft_labels must be one of {', '.join(SOFT_LABEL_MODES)}, got {mode!r}")

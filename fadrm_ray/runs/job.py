@@ -90,6 +90,7 @@ class ExecutionSpec(Settings):
     threads: Annotated[int, Ge(1)] | None = None  # torch threads of this process (--local)
     data_root: str | None = None         # where downloadable datasets live
     progress: bool = True
+    verbose: bool = False                # Ray's own lines on the terminal, not in the run's ray.log
 
 
 def reopenable_spec(dataset_spec: str, dataset: "ImageDataset") -> str:

@@ -318,20 +318,54 @@ class RunReader:
         return [(int(r["label"]), int(r["ipc_index"]), r["image"]["bytes"]) for r in self._rows(classes, with_images=True)]
 
     def read(self, classes: Iterable[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """images uint8 (N, C, H, W), labels int64 (N,), ipc_index int64 (N,), by (label, ipc)."""
-        rows = self._rows(classes, with_images=True)
-        if not rows:
+        """images uint8 (N, C, H, W), labels int64 (N,), ipc_index int64 (N,), by (label, ipc).
+
+        One part at a time is read and decoded into one tensor sized from the manifests: the
+        memory a read takes is the set's own bytes, never a second copy of it nor every part's
+        encoded bytes at once (a student holds the set as it is: evaluation/relabel.py)."""
+        wanted = self._check_classes(classes)
+        parts = [p for p in self._parts if wanted is None or p.label is None or p.label in wanted]
+        capacity = sum(self._rows_in_view(p) for p in parts)
+        images, keys = None, []
+        for part in parts:
+            table = self._load(part, ["image", "label", "ipc_index"])
+            blobs = table.column("image").combine_chunks().field("bytes")
+            labels, indices = table.column("label").to_pylist(), table.column("ipc_index").to_pylist()
+            for i, (label, index) in enumerate(zip(labels, indices)):
+                if (wanted is not None and int(label) not in wanted) or (self.ipc is not None and int(index) >= self.ipc):
+                    continue
+                image = decode_image(blobs[i].as_py(), f"{part.path} row {i}")
+                if images is None:
+                    images = torch.empty((max(capacity, 1), *image.shape), dtype=torch.uint8)
+                elif image.shape != images.shape[1:]:
+                    shapes = sorted({tuple(images.shape[1:]), tuple(image.shape)})
+                    raise StoreError(f"{self.run_dir}: images have different shapes {shapes}; read fewer classes or "
+                                     "use as_dataset()")
+                if len(keys) == images.shape[0]:  # parts no manifest counts (a bare copy): grow
+                    images = torch.cat([images, torch.empty_like(images)])
+                images[len(keys)] = image
+                keys.append((int(label), int(index)))
+        if images is None:
             empty = torch.empty(0, dtype=torch.int64)
             return torch.empty((0, 0, 0, 0), dtype=torch.uint8), empty, empty.clone()
-        images = [decode_image(r["image"]["bytes"], r["where"]) for r in rows]
-        shapes = {tuple(im.shape) for im in images}
-        if len(shapes) > 1:
-            raise StoreError(
-                f"{self.run_dir}: images have different shapes {sorted(shapes)}; read fewer classes or use as_dataset()"
-            )
-        labels = torch.tensor([int(r["label"]) for r in rows], dtype=torch.int64)
-        ipcs = torch.tensor([int(r["ipc_index"]) for r in rows], dtype=torch.int64)
-        return torch.stack(images), labels, ipcs
+        images = images[:len(keys)]
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        for a, b in zip(order, order[1:]):
+            if keys[a] == keys[b]:
+                raise StoreError(f"{self.run_dir}: label {keys[a][0]} ipc_index {keys[a][1]} is stored twice")
+        if order != list(range(len(order))):  # parts are read in (label, ipc) order: only a hand-made run gets here
+            images = images[order]
+        keys = [keys[i] for i in order]
+        return images, torch.tensor([k[0] for k in keys], dtype=torch.int64), torch.tensor([k[1] for k in keys])
+
+    def _rows_in_view(self, part: Part) -> int:
+        """Rows of `part` this view reads, as its manifest counts them (at most that many where its
+        IPC indices have gaps); 0 for a part no manifest counts."""
+        if part.rows is None:
+            return 0
+        if self.ipc is None or part.ipc_range is None:
+            return part.rows
+        return min(part.rows, max(0, self.ipc - part.ipc_range[0]))
 
     def as_dataset(self, classes: Iterable[int] | None = None, transform: Callable | None = None):
         rows = self._rows(classes, with_images=True)
@@ -407,3 +441,4 @@ def _config_summary(config: dict) -> dict:
         elif v is None or isinstance(v, (bool, int, float, str)):
             out[str(k)] = v
     return out
+
