@@ -42,13 +42,13 @@ TOKEN = secrets.token_urlsafe(32)
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _teacher(folder: Path) -> Path:
+def small_teacher(folder: Path) -> Path:
     from fadrm_ray.data import get_dataset
     from fadrm_ray.config import SqueezeConfig
     from fadrm_ray.squeeze import ensure_teacher
@@ -67,7 +67,7 @@ def _start(root: Path, port: int) -> tuple[subprocess.Popen, dict]:
     return proc, env
 
 
-def _wait_ready(http: httpx.Client, timeout: float = 240) -> None:
+def wait_ready(http: httpx.Client, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -170,14 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.out or tempfile.mkdtemp(prefix="fadrm-api-load-"))
     (root / "teachers").mkdir(parents=True, exist_ok=True)
-    shutil.copy(_teacher(root / "teacher"), root / "teachers" / "bench.pt")
+    shutil.copy(small_teacher(root / "teacher"), root / "teachers" / "bench.pt")
     shutil.rmtree(root / "store", ignore_errors=True)
-    port = _free_port()
+    port = free_port()
     proc, env = _start(root, port)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
-            _wait_ready(http)
+            wait_ready(http)
             baseline = _wait_job(http, _run_job(http, seed=1, iterations=args.iterations))
             loaded_id = _run_job(http, seed=2, iterations=args.iterations)
             running = _wait_job(http, loaded_id, states=("running", "succeeded", "failed"))

@@ -130,12 +130,12 @@ class StepTimer:
     def scoring_crop(self, cfg: DistillConfig, threads: int) -> float:
         """The patch scoring of one crop: the teachers' forward (`patches.crop_scores`, timed on a
         batch of at most `_SCORING_PROBE` crops) and its share of its image's decoding."""
-        from fadrm_ray.patches import _score_batch, crop_scores
+        from fadrm_ray.patches import score_batch_size, crop_scores
 
         key = ("scoring", threads, cfg.precision, cfg.channels_last)
         if key not in self.seconds:
             size = self.dataset.image_size
-            batch = min(_SCORING_PROBE, _score_batch(size, self.device))
+            batch = min(_SCORING_PROBE, score_batch_size(size, self.device))
             crops = torch.randint(0, 256, (batch, self.dataset.channels, size, size), dtype=torch.uint8,
                                   generator=torch.Generator().manual_seed(0))
             with torch_threads(threads):

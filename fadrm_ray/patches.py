@@ -127,7 +127,7 @@ def score_class(dataset: ImageDataset, label: int, cfg: DistillConfig, teachers:
     cfg = cfg.sized(dataset.image_size, dataset.channels)
     candidates, gen = _candidates(dataset, label, cfg)
     n, m, size = candidates.numel(), cfg.patch_crops, dataset.image_size
-    batch = _score_batch(size, torch.device(device))
+    batch = score_batch_size(size, torch.device(device))
     # The candidates are decoded a chunk at a time, the next chunk while the teacher scores this
     # one; the crops are scored in the same batches of `batch` crops as if all were cut at once.
     chunk = max(-(-batch // m), _DECODE_CHUNK)
@@ -250,7 +250,7 @@ def select_patches(dataset: ImageDataset, classes: Sequence[int], ipc_indices: S
     return torch.stack(per_class, dim=1)
 
 
-def _score_batch(image_size: int, device: torch.device) -> int:
+def score_batch_size(image_size: int, device: torch.device) -> int:
     budget = _SCORE_PIXELS["cuda" if device.type == "cuda" else "cpu"]
     return max(16, min(4096, budget // (image_size * image_size)))
 
@@ -277,7 +277,7 @@ def crop_scores(crops: torch.Tensor, label: int, dataset: ImageDataset, teachers
     for t in teachers:
         t.set_memory_format(memory_format)
     scores = []
-    for chunk in crops.split(batch_size or _score_batch(crops.shape[-1], device)):
+    for chunk in crops.split(batch_size or score_batch_size(crops.shape[-1], device)):
         x = dataset.normalize(chunk).to(device).contiguous(memory_format=memory_format)
         target = torch.full((x.shape[0],), label, dtype=torch.long, device=device)
         with _autocast(precision, device):

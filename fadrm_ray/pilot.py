@@ -94,7 +94,7 @@ def _sample_classes(dataset: ImageDataset, count: int) -> list[int]:
     return sorted(rng.sample(range(dataset.num_classes), min(count, dataset.num_classes)))
 
 
-# Test evaluations of each pilot student (`training._eval_epochs`: about six), each image a forward
+# Test evaluations of each pilot student (`training.epochs_tested`: about six), each image a forward
 # pass, about a third of a training step's work per image.
 _TESTS_PER_STUDENT, _FORWARD_SHARE = 6, 1 / 3
 

@@ -191,3 +191,32 @@ def test_an_evaluations_students_done_never_pass_its_total(tmp_path):
         (RunLayout(run).evaluations_dir / f"{i:016x}.json").write_text(student.model_dump_json())
     done, students, eta = _evaluation_progress(run, plan, since)
     assert (done, students) == (total, total) and eta == 0, (done, students, eta)
+
+
+def test_once_an_evaluations_first_student_is_kept_the_others_time_is_estimated(tmp_path):
+    """The ETA of an evaluation: None before any student is kept (no pace timed in this process
+    for the data and student), then the students left at the pace of those kept so far."""
+    import time
+
+    from api.jobs import job_outputs
+    from api.planning.requests import JobPlan
+    from fadrm_ray.config import EvalConfig
+    from fadrm_ray.evaluation.scores import StudentScore
+    from fadrm_ray.layout import RunLayout
+
+    plan = JobPlan.model_validate_json(_old_plan_json())
+    plan = plan.model_copy(update={"evaluate": True, "evaluation": EvalConfig(seeds=1),
+                                   "dataset": "a-dataset-no-evaluation-timed"})
+    total = plan.eval_students[0]
+    assert total >= 2
+    run = tmp_path / "run"
+    RunLayout(run).evaluations_dir.mkdir(parents=True)
+    since = time.time() - 10.0  # the evaluation started ten seconds ago
+    assert job_outputs._evaluation_progress(run, plan, since) == (0, total, None)
+    student = StudentScore(seed=0, final_top1=50.0, best_top1=50.0, curve=[], epochs=1, steps=1, seconds=1.0)
+    (RunLayout(run).evaluations_dir / f"{0:016x}.json").write_text(student.model_dump_json())
+    job_outputs._STUDENTS_CACHE.clear()  # counted at most every STUDENTS_CACHE_S seconds
+    done, students, eta = job_outputs._evaluation_progress(run, plan, since)
+    assert (done, students) == (1, total)
+    assert eta is not None and 9.0 * (total - 1) <= eta <= 12.0 * (total - 1), eta  # ten seconds a student
+

@@ -3,6 +3,8 @@ the research code (experiments) sits above actors, tune and api: nothing shipped
 import ast
 from pathlib import Path
 
+import pytest
+
 import fadrm_ray
 
 ROOT = Path(fadrm_ray.__file__).parent.parent
@@ -217,8 +219,9 @@ def test_tune_has_no_import_cycle_even_through_function_level_and_type_checking_
     assert importers == ["tune.sweep_command"], f"only the command imports the sweep's driver: {importers}"
 
 
-def test_no_private_name_crosses_the_modules_of_tune():
-    assert private_names_crossing("tune") == []
+@pytest.mark.parametrize("package", ["fadrm_ray", "actors", "tune", "api", "bench"])
+def test_no_private_name_crosses_the_modules_of_a_package(package):
+    assert private_names_crossing(package) == []
 
 
 # The service's floors, from the bottom: what it says to a client, what a request may ask and the

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from api.jobs.local_ray import RayHead
-from bench.api_load import TOKEN, _wait_ready
+from bench.api_load import TOKEN, wait_ready
 from bench.api_probes.server import BASE, Server, healthz_while, median, raw_exchange
 
 # (name, where the change goes: "overrides", "evaluation" or "body", the change, the field the 422 names)
@@ -132,7 +132,7 @@ def floods(root: Path, seconds: float) -> dict:
     base = BASE
     try:
         with server.client() as http:
-            _wait_ready(http)
+            wait_ready(http)
             post_raw(http, probe_body(base, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
 
             # One token at its allowed rate of the largest bodies with errors.
@@ -314,7 +314,7 @@ def limits(root: Path) -> dict:
     rows = []
     try:
         with server.client() as http:
-            _wait_ready(http)
+            wait_ready(http)
             post_raw(http, probe_body(BASE, "overrides", {"alpha": 2.0}))  # the first request loads the dataset
             for name, where, change, _ in PROBES:
                 started = time.perf_counter()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.api_load import REPO, TOKEN, _free_port, _teacher, _wait_ready
+from bench.api_load import REPO, TOKEN, free_port, small_teacher, wait_ready
 
 # The request the probes start from: 2 digits classes, IPC 2, a few iterations.
 BASE = {"dataset": "digits", "teacher": "bench", "classes": [3, 7], "ipc": 2,
@@ -29,7 +29,7 @@ def prepare(out: str | None, prefix: str) -> Path:
     root = Path(out or tempfile.mkdtemp(prefix=prefix))
     (root / "teachers").mkdir(parents=True, exist_ok=True)
     if not (root / "teachers" / "bench.pt").is_file():
-        shutil.copy(_teacher(root / "teacher"), root / "teachers" / "bench.pt")
+        shutil.copy(small_teacher(root / "teacher"), root / "teachers" / "bench.pt")
     return root
 
 
@@ -47,7 +47,7 @@ class Server:
     the service's code this checkout's, or `code`'s (another checkout, to measure a change against)."""
 
     def __init__(self, root: Path, tmpfs: bool = False, code: Path | None = None, **settings):
-        self.root, self.tmpfs, self.port = root, tmpfs, _free_port()
+        self.root, self.tmpfs, self.port = root, tmpfs, free_port()
         self.store = root / "store"
         self.store.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "FADRM_API_TOKEN": TOKEN, "FADRM_STORE": str(self.store),
@@ -79,7 +79,7 @@ class Server:
 
     def ready(self) -> None:
         with self.client() as http:
-            _wait_ready(http)
+            wait_ready(http)
 
     def stop(self) -> None:
         """SIGTERM, then what `fadrm serve --stop-ray` does, for a head left up (its record read

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.api_load import TOKEN, _wait_ready
+from bench.api_load import TOKEN, wait_ready
 from bench.api_probes.server import BASE, Server, done, median, tmpfs_allowed
 
 BASE = {**BASE, "ipc": 4}
@@ -309,7 +309,7 @@ def run_all(root: Path, seconds: float, records: int, soft_label_mib: int) -> di
     watcher = None
     try:
         with s.client() as http:
-            _wait_ready(http)
+            wait_ready(http)
             for classes in RACED:  # the runs the retention race asks for again
                 job = done(http, {**BASE, "classes": classes, "ipc": 5})
             for route in ROUTES:  # every route once: what it loads, loaded

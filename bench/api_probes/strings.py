@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.api_load import _wait_ready
+from bench.api_load import wait_ready
 from bench.api_probes.server import BASE, Server, healthz_while, median
 from fadrm_ray.layout import RunLayout
 
@@ -147,7 +147,7 @@ def run_all(root: Path, bursts: int, idle: float, teacher_mb: int) -> dict:
     out: dict = {}
     try:
         with server.client() as http:
-            _wait_ready(http)
+            wait_ready(http)
             out["strings"] = strings(http)
             out["no_token"] = no_token(server.url)
             out["damaged_run"] = damaged_run(root, http)

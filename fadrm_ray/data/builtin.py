@@ -32,12 +32,12 @@ def _from_arrays(name: str, images: torch.Tensor, labels: torch.Tensor, class_na
     train = subset_split(images, labels, train_idx)
     test = subset_split(images, labels, test_idx)
     mean, std = channel_stats(images[train_idx])
-    return _finish(ImageDataset(name=name, class_names=class_names, image_size=images.shape[-1],
+    return at_size(ImageDataset(name=name, class_names=class_names, image_size=images.shape[-1],
                                 channels=images.shape[1], mean=mean, std=std, train=train, test=test, hflip=hflip,
                                 info=info), image_size)
 
 
-def _finish(native: ImageDataset, image_size: int | None) -> ImageDataset:
+def at_size(native: ImageDataset, image_size: int | None) -> ImageDataset:
     """`native` (a dataset at the size its images have) resized to `image_size` where that is
     another size, its info recording the native size."""
     size, train, test = native.image_size, native.train, native.test
@@ -135,5 +135,5 @@ def load_cifar(kind: str, root: str | os.PathLike | None = None, image_size: int
     test = Split.in_memory(*to_tensors(test_ds))
     mean, std = CIFAR_STATS[kind]
     info = {"source": f"torchvision.datasets.{type(train_ds).__name__}", "root": str(root_path)}
-    return _finish(ImageDataset(name=kind, class_names=list(train_ds.classes), image_size=32, channels=3, mean=mean,
+    return at_size(ImageDataset(name=kind, class_names=list(train_ds.classes), image_size=32, channels=3, mean=mean,
                                 std=std, train=train, test=test, hflip=True, info=info), image_size)

@@ -323,7 +323,7 @@ def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_clipart10(root: str | os.PathLike | None = None, image_size: int | None = None) -> ImageDataset:
-    from .builtin import _finish
+    from .builtin import at_size
 
     folder = find_root(root)
     files = list_files(folder)
@@ -345,5 +345,5 @@ def load_clipart10(root: str | os.PathLike | None = None, image_size: int | None
     info = {"source": str(folder), "package": PACKAGE, "cache": str(cache), "build": source, "files": listed,
             "left_out": skipped, "same_bytes": copies, "groups": int(np.unique(arrays["groups"]).size)}
     # A mirrored drawing is the same object.
-    return _finish(ImageDataset(name=NAME, class_names=CLASS_NAMES, image_size=SIZE, channels=3, mean=mean, std=std,
+    return at_size(ImageDataset(name=NAME, class_names=CLASS_NAMES, image_size=SIZE, channels=3, mean=mean, std=std,
                                 train=train_split, test=test_split, hflip=True, info=info), image_size)

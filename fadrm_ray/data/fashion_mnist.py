@@ -95,13 +95,13 @@ def pixel_stats(split: Split) -> tuple[tuple[float], tuple[float]]:
 
 
 def load_fashion_mnist(root: str | os.PathLike | None = None, image_size: int | None = None) -> ImageDataset:
-    from .builtin import _finish
+    from .builtin import at_size
 
     folder = find_files(root)
     train, test = _split(folder, "train"), _split(folder, "test")
     native = int(train.load([0]).shape[-1]) if len(train) else 28
     mean, std = pixel_stats(train)
     # A horizontal flip keeps a garment's class.
-    return _finish(ImageDataset(name="fashion-mnist", class_names=CLASS_NAMES, image_size=native, channels=1,
+    return at_size(ImageDataset(name="fashion-mnist", class_names=CLASS_NAMES, image_size=native, channels=1,
                                 mean=mean, std=std, train=train, test=test, hflip=True,
                                 info={"source": str(folder)}), image_size)

@@ -27,7 +27,7 @@ from fadrm_ray.evaluation.eval_job import EvalJob, EvalParts, EvalSpec, OpenedRu
 from fadrm_ray.evaluation.evaluate import kept_files, read_for_evaluation, run_classes
 from fadrm_ray.evaluation.ranking import REFERENCES, full_data_plan, hard_label_files
 from fadrm_ray.evaluation.relabel import AugmentSpec, apply_plan, draw_plan, epoch_generator, steps_per_epoch, to_unit
-from fadrm_ray.evaluation.training import _eval_epochs, kd_loss, param_groups
+from fadrm_ray.evaluation.training import epochs_tested, kd_loss, param_groups
 from fadrm_ray.frozen_teacher import FrozenTeacher
 from fadrm_ray.layout import RunLayout
 from fadrm_ray.models import create_model
@@ -89,7 +89,7 @@ def plan_evaluation(run: OpenedRun, job: EvalJob, spec: EvalSpec | None = None, 
     batch = min(cfg.batch_size, run.images.shape[0])
     steps = cfg.epochs * steps_per_epoch(run.images.shape[0], cfg.batch_size)
     test_images = len(dataset.test.of_classes(run_classes(run.reader.config, dataset.num_classes)))
-    tests = len(_eval_epochs(cfg.epochs, cfg.eval_every)) * test_images
+    tests = len(epochs_tested(cfg.epochs, cfg.eval_every)) * test_images
     soft = student_step_seconds(dataset, run.labeler, cfg.student, batch, device)
 
     def student_seconds(step: float, count: int, per_student: int = steps, views: int = batch) -> float:

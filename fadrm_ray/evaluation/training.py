@@ -120,7 +120,7 @@ def cosine_factor(epoch: int, epochs: int, stretch: float = 1.0) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * epoch / (max(1, epochs) * stretch)))
 
 
-def _eval_epochs(epochs: int, eval_every: int | None) -> set[int]:
+def epochs_tested(epochs: int, eval_every: int | None) -> set[int]:
     """0-based epochs after which the test split is evaluated: the last one, and every
     `eval_every` (default: about 6 points in all) counted back from it."""
     every = eval_every or max(1, math.ceil(epochs / 6))
@@ -191,7 +191,7 @@ def train_student(images_uint8: torch.Tensor, seed: int, job: EvalJob, spec: Eva
         optimizer, lambda epoch: cosine_factor(epoch, epochs, cfg.cosine_stretch))
     mean = torch.tensor(dataset.mean, device=device_t).view(1, -1, 1, 1)
     std = torch.tensor(dataset.std, device=device_t).view(1, -1, 1, 1)
-    evaluate_at = _eval_epochs(epochs, cfg.eval_every)
+    evaluate_at = epochs_tested(epochs, cfg.eval_every)
     test_images = test_images_for(parts, dataset, device_t, classes)
 
     from tqdm.auto import tqdm
