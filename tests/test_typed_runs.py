@@ -29,6 +29,7 @@ NOT_RUN_FILES = {
     ("api/planning/requests.py", "config"): "the service's job record as submitted, before it is validated",
     ("api/web/service.py", "run_id"): "a job record the service could not validate, listed as it is",
     ("bench/accuracy.py", "iterations"): "the bench's own table of overrides",
+    ("bench/accuracy.py", "teachers"): "the bench's own result rows (accuracy.json)",
     ("bench/speed/contender.py", "pack"): "the bench's own overrides",
     ("bench/faults.py", "complete"): "`fadrm verify --json`'s output, a command's reply",
     ("bench/rehearsal/imagenet.py", "timings"): "a REST reply (the service's Job)",
