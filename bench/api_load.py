@@ -67,16 +67,17 @@ def _start(root: Path, port: int) -> tuple[subprocess.Popen, dict]:
     return proc, env
 
 
-def wait_ready(http: httpx.Client, timeout: float = 240) -> None:
+def wait_ready(http: httpx.Client, timeout: float = 240, path: str = "/readyz", interval: float = 0.5) -> None:
+    """Poll `path` (the readiness probe, or /healthz for a process that merely answers) until 200."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            if http.get("/readyz").status_code == 200:
+            if http.get(path).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
-    raise TimeoutError("the service did not become ready")
+        time.sleep(interval)
+    raise TimeoutError(f"the service did not answer {path} with 200 in {timeout:g} s")
 
 
 def _run_job(http: httpx.Client, seed: int, iterations: int) -> str:

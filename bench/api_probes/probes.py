@@ -23,9 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
-from bench.api_load import TOKEN
+from bench.api_load import TOKEN, wait_ready
 from bench.api_probes.server import BASE, Server, done
 
 
@@ -130,13 +128,7 @@ def catalog(root: Path) -> dict:
     started = time.monotonic()
     try:
         with server.client() as http:
-            while True:
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
+            wait_ready(http, path="/healthz", interval=0.05)
             out["healthz_after_s"] = round(time.monotonic() - started, 1)
             first = True
             while True:
